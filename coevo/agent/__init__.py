@@ -1,0 +1,18 @@
+"""The agent runtime: policies, traces, and running harnessed episodes."""
+
+from coevo.agent.policy import ChatRequest, Generation, Policy, ScriptedPolicy
+from coevo.agent.runtime import Job, run_episode, run_episodes
+from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
+
+__all__ = [
+    "ChatRequest",
+    "Generation",
+    "Job",
+    "ModelCall",
+    "Policy",
+    "ScriptedPolicy",
+    "ToolCallRecord",
+    "Trace",
+    "run_episode",
+    "run_episodes",
+]

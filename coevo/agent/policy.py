@@ -1,0 +1,77 @@
+"""The Policy protocol and a deterministic scripted policy for tests and demos.
+
+A policy turns a batch of chat requests into completions. It must return the exact token ids it
+was conditioned on and produced, because the trainer learns from those ids: re-tokenising text
+later can give different ids and silently corrupt the importance ratios.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+from coevo.harness.events import Message, SamplingParams
+
+
+@dataclass
+class ChatRequest:
+    messages: list[Message]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class Generation:
+    text: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float] | None  # sampler log-prob of each completion token, after temperature
+    finish_reason: str = "stop"  # "stop" (EOS or stop string) | "length"
+
+
+@runtime_checkable
+class Policy(Protocol):
+    model_version: str
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
+        """One completion per request, in order."""
+        ...
+
+
+def render_plain(messages: Sequence[Message]) -> str:
+    """A simple chat rendering for policies without a tokenizer chat template."""
+    parts = [f"<|{m['role']}|>{(':' + m['name']) if m.get('name') else ''}\n{m.get('content', '')}\n" for m in messages]
+    return "".join(parts) + "<|assistant|>\n"
+
+
+def byte_ids(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+class ScriptedPolicy:
+    """Answers with ``respond(messages)``; tokens are UTF-8 bytes, log-probs are 0 (deterministic).
+
+    It honours ``max_new_tokens`` (in bytes) and stop strings like a real policy, and records the
+    size of every batch it was given, so tests can check that the runtime batches model calls.
+    """
+
+    def __init__(self, respond: Callable[[list[Message]], str], model_version: str = "scripted") -> None:
+        self.respond = respond
+        self.model_version = model_version
+        self.batch_sizes: list[int] = []
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
+        self.batch_sizes.append(len(requests))
+        return [self._one(r) for r in requests]
+
+    def _one(self, request: ChatRequest) -> Generation:
+        text = self.respond(request.messages)
+        finish = "stop"
+        for stop in request.sampling.stop:
+            if stop and stop in text:
+                text = text[: text.index(stop)]
+        ids = byte_ids(text)
+        if len(ids) > request.sampling.max_new_tokens:
+            ids = ids[: request.sampling.max_new_tokens]
+            text = bytes(ids).decode("utf-8", errors="ignore")
+            finish = "length"
+        return Generation(text, byte_ids(render_plain(request.messages)), ids, [0.0] * len(ids), finish)

@@ -1,0 +1,346 @@
+"""The agent runtime: Harness × Policy × Env → Trace, for many tasks at once.
+
+Each episode is a generator that runs the harness's hooks and yields a ``ChatRequest`` whenever
+it needs the model. ``run_episodes`` drives all episodes together: it gathers the pending
+requests into batches for the policy (one ``generate`` call serves many episodes) and advances
+the episodes between model calls in a thread pool, so slow tools overlap.
+
+Failures stay local. An exception raised by the environment, a tool or a processor ends that
+episode as a failed trace whose ``error`` names where it happened; the other episodes go on. A
+tool that hangs is abandoned after its timeout and reported to the model as a tool error.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Generator, Sequence
+
+from coevo.agent.policy import ChatRequest, Generation, Policy
+from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
+from coevo.envs.base import Env, EnvSession, Task
+from coevo.harness import events as ev
+from coevo.harness.errors import ProcessorContractError
+from coevo.harness.harness import Harness
+from coevo.harness.hooks import Hook
+
+Episode = Generator[ChatRequest, Generation, Trace]
+
+
+class EpisodeError(Exception):
+    """An episode failed; ``where`` says which component (env, tool or processor) raised."""
+
+    def __init__(self, where: str, err: BaseException) -> None:
+        self.where = where
+        super().__init__(f"{where}: {type(err).__name__}: {err}")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One episode to run: a task on a harness (``variant`` labels which harness variant)."""
+
+    task: Task
+    harness: Harness
+    variant: str = "base"
+    trace_id: str | None = None
+
+
+def _summary(event: ev.Event) -> dict[str, Any]:
+    """A few fields of an event worth keeping in the trace's event log."""
+    if isinstance(event, ev.ModelRequestEvent):
+        return {"messages": len(event.messages), "temperature": event.sampling.temperature}
+    if isinstance(event, ev.ParsedOutputEvent):
+        return {"tool_calls": [c.name for c in event.tool_calls], "answer": event.answer, "parse_error": event.parse_error}
+    if isinstance(event, ev.ToolCallEvent):
+        return {"tool": event.call.name, "blocked": event.result is not None}
+    if isinstance(event, ev.ToolResultEvent):
+        return {"tool": event.call.name, "error": event.result.error}
+    if isinstance(event, ev.StepEndEvent):
+        return {"actions": event.actions, "done": event.state.done}
+    if isinstance(event, ev.TaskEndEvent):
+        return {"stop_reason": event.state.stop_reason, "answer": event.state.final_answer}
+    return {}
+
+
+def fire(harness: Harness, hook: Hook, event: ev.Event, log: list[dict[str, Any]]) -> Any:
+    """Run the processors of ``hook`` in order, checking each returns its declared event type."""
+    start = time.perf_counter()
+    for p in harness.at(hook):
+        try:
+            out = p.process(event)
+        except Exception as err:
+            raise EpisodeError(f"processor {p.name!r} at {hook.value}", err) from err
+        if not isinstance(out, p.produces):
+            err = ProcessorContractError(f"returned {type(out).__name__}, declared {p.produces.__name__}")
+            raise EpisodeError(f"processor {p.name!r} at {hook.value}", err)
+        event = out
+    log.append(
+        {"hook": hook.value, "step": event.state.step, "processors": [p.name for p in harness.at(hook)],
+         "seconds": round(time.perf_counter() - start, 6), **_summary(event)}
+    )
+    return event
+
+
+def call_with_timeout(fn: Callable[[], ev.ToolResult], timeout_s: float) -> tuple[ev.ToolResult, bool]:
+    """Run a tool in a daemon thread; returns (result, timed_out). A hung tool is abandoned, not
+    joined: Python cannot kill a thread, so tools that may hang should run in subprocesses."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as err:  # reported to the episode, which fails
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True, name="coevo-tool")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return ev.ToolResult("", error=f"tool timed out after {timeout_s:g} s", seconds=timeout_s), True
+    if "error" in box:
+        raise box["error"]
+    result = box.get("result")
+    if not isinstance(result, ev.ToolResult):
+        raise TypeError(f"tool returned {type(result).__name__}, expected ToolResult")
+    return result, False
+
+
+class _EpisodeRun:
+    """State and steps of one episode; ``run()`` is the generator the driver advances."""
+
+    def __init__(self, job: Job, env: Env, model_version: str, max_steps: int) -> None:
+        self.job, self.env, self.harness = job, env, job.harness
+        self.max_steps = max_steps
+        task = job.task
+        self.trace = Trace(
+            trace_id=job.trace_id or uuid.uuid4().hex,
+            task_id=task.task_id,
+            env=task.env,
+            split=task.split,
+            harness_id=job.harness.id,
+            variant=job.variant,
+            model_version=model_version,
+        )
+        self.state = ev.EpisodeState(task=ev.TaskView(task.task_id, task.env, task.instruction, task.split))
+        self.session: EnvSession | None = None
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.state.usage[key] = self.state.usage.get(key, 0) + n
+
+    def run(self) -> Episode:
+        start = time.perf_counter()
+        try:
+            yield from self._steps()
+            self._verify()
+        except EpisodeError as err:
+            self.trace.error = str(err)
+            self.state.stop("error")
+        except Exception as err:  # a policy failure thrown in by the driver
+            self.trace.error = f"policy: {type(err).__name__}: {err}"
+            self.state.stop("error")
+        finally:
+            if self.session is not None:
+                try:
+                    self.session.close()
+                except Exception as err:
+                    self.trace.error = self.trace.error or f"env close: {type(err).__name__}: {err}"
+        return self._finish(time.perf_counter() - start)
+
+    def _steps(self) -> Episode:
+        state, harness, log = self.state, self.harness, self.trace.events
+        try:
+            self.session = self.env.reset(self.job.task)
+            state.messages = [{"role": "user", "content": self.session.observation}]
+            state.available_tools = dict(self.session.tools)
+        except Exception as err:
+            raise EpisodeError("env reset", err) from err
+        state.max_steps = self.max_steps
+        fire(harness, Hook.TASK_START, ev.TaskStartEvent(state), log)
+        state.prefix_len = len(state.messages)
+        while not state.done:
+            fire(harness, Hook.STEP_START, ev.StepStartEvent(state), log)
+            request = fire(
+                harness,
+                Hook.BEFORE_MODEL,
+                ev.ModelRequestEvent(state, messages=copy.deepcopy(state.messages), sampling=copy.deepcopy(state.sampling)),
+                log,
+            )
+            generation = yield ChatRequest(request.messages, request.sampling)
+            self._count("model_calls")
+            self._count("prompt_tokens", len(generation.prompt_ids))
+            self._count("completion_tokens", len(generation.completion_ids))
+            call = ModelCall(
+                step=state.step,
+                messages=request.messages,
+                prompt_ids=list(generation.prompt_ids),
+                completion_ids=list(generation.completion_ids),
+                sampler_logprobs=None if generation.logprobs is None else list(generation.logprobs),
+                text=generation.text,
+                finish_reason=generation.finish_reason,
+            )
+            self.trace.model_calls.append(call)
+            out: ev.ParsedOutputEvent = fire(
+                harness,
+                Hook.AFTER_MODEL,
+                ev.ModelOutputEvent(state, generation.text, generation.finish_reason, len(self.trace.model_calls) - 1),
+                log,
+            )
+            call.trainable, call.loss_weight = out.trainable, out.loss_weight
+            state.messages.append({"role": "assistant", "content": generation.text})
+            actions = self._act(out)
+            fire(harness, Hook.STEP_END, ev.StepEndEvent(state, actions=actions), log)
+            if self.session.done:
+                state.stop("env_done")
+            if not state.done:
+                state.step += 1
+                if state.step >= self.max_steps:
+                    state.stop("step_cap")
+        fire(harness, Hook.TASK_END, ev.TaskEndEvent(state), log)
+
+    def _act(self, out: ev.ParsedOutputEvent) -> list[str]:
+        """Carry out what the parsed completion asks for; return short action descriptions."""
+        state = self.state
+        actions: list[str] = []
+        for call in out.tool_calls:
+            actions.append(self._tool(call))
+        if not out.tool_calls and out.answer is not None and not out.hold_answer:
+            state.final_answer = out.answer
+            state.stop("answer")
+            actions.append(f"answer {out.answer}")
+        state.messages.extend(out.followup)
+        if not out.tool_calls and not out.followup and not state.done:
+            state.stop("no_action")
+        return actions
+
+    def _tool(self, call: ev.ToolCall) -> str:
+        state, harness, log = self.state, self.harness, self.trace.events
+        before = fire(harness, Hook.BEFORE_TOOL, ev.ToolCallEvent(state, call=call), log)
+        call, result = before.call, before.result
+        blocked = result is not None
+        if result is None:
+            result = self._execute(call, before.timeout_s)
+        after = fire(harness, Hook.AFTER_TOOL, ev.ToolResultEvent(state, call=call, result=result), log)
+        result = after.result
+        self._count("tool_calls")
+        self._count("tool_errors", result.error is not None)
+        self.trace.tool_calls.append(
+            ToolCallRecord(state.step, call.name, call.arguments, result.output, result.error, result.seconds,
+                           call.call_id, blocked)
+        )
+        content = result.output if result.error is None else f"Error: {result.error}\n{result.output}".rstrip()
+        state.messages.append({"role": "tool", "name": call.name, "content": content})
+        return f"{call.name}({_short(call.arguments)})"
+
+    def _execute(self, call: ev.ToolCall, timeout_s: float) -> ev.ToolResult:
+        spec = self.state.tools.get(call.name)
+        if spec is None:
+            return ev.ToolResult("", error=f"unknown tool {call.name!r}; available: {sorted(self.state.tools)}")
+        session = self.session
+        if spec.provider == "env":
+            fn = lambda: session.call_tool(call.name, call.arguments)  # noqa: E731
+            where = f"env tool {call.name!r}"
+        else:
+            provider = self.harness.get(spec.provider)
+            fn = lambda: provider.call_tool(call.name, call.arguments, timeout_s)  # noqa: E731
+            where = f"tool {call.name!r} of processor {spec.provider!r}"
+        start = time.perf_counter()
+        try:
+            result, timed_out = call_with_timeout(fn, timeout_s)
+        except Exception as err:
+            raise EpisodeError(where, err) from err
+        self._count("tool_timeouts", timed_out)
+        if not result.seconds:
+            result = ev.ToolResult(result.output, result.error, time.perf_counter() - start)
+        return result
+
+    def _verify(self) -> None:
+        try:
+            score = self.session.verify(self.state.final_answer)
+        except Exception as err:
+            raise EpisodeError("env verify", err) from err
+        if not 0.0 <= score.reward <= 1.0:
+            raise EpisodeError("env verify", ValueError(f"reward {score.reward} outside [0, 1]"))
+        self.trace.reward, self.trace.passed = float(score.reward), bool(score.passed)
+        self.trace.verifier_info = dict(score.info)
+
+    def _finish(self, seconds: float) -> Trace:
+        t, s = self.trace, self.state
+        if t.error is not None:
+            t.reward, t.passed, s.trainable = 0.0, False, False
+        t.messages = s.messages
+        t.final_answer = s.final_answer
+        t.stop_reason = s.stop_reason
+        t.trainable = s.trainable
+        t.journal, t.metrics = s.journal, s.metrics
+        t.cost = {
+            "prompt_tokens": s.usage.get("prompt_tokens", 0),
+            "completion_tokens": s.usage.get("completion_tokens", 0),
+            "seconds": round(seconds, 4),
+        }
+        return t
+
+
+def _short(arguments: dict[str, Any], width: int = 80) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def run_episodes(
+    jobs: Sequence[Job],
+    policy: Policy,
+    env: Env,
+    *,
+    batch_size: int = 32,
+    workers: int = 8,
+    max_steps: int = 32,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> list[Trace]:
+    """Run every job to completion; traces come back in job order.
+
+    ``batch_size`` bounds the requests per ``policy.generate`` call; ``workers`` the threads that
+    run tools and processors between model calls; ``max_steps`` is a hard cap per episode on top
+    of whatever budget the harness sets. ``on_trace`` is called as each episode finishes.
+    """
+    if batch_size < 1 or workers < 1:
+        raise ValueError("batch_size and workers must be >= 1")
+    runs = [_EpisodeRun(job, env, policy.model_version, max_steps).run() for job in jobs]
+    traces: list[Trace | None] = [None] * len(runs)
+    pending: dict[int, ChatRequest] = {}
+
+    def advance(i: int, value: Generation | BaseException | None) -> None:
+        gen = runs[i]
+        try:
+            if value is None:
+                request = next(gen)
+            elif isinstance(value, BaseException):
+                request = gen.throw(value)
+            else:
+                request = gen.send(value)
+        except StopIteration as stop:
+            traces[i] = stop.value
+            if on_trace is not None:
+                on_trace(stop.value)
+            return
+        pending[i] = request
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="coevo-episode") as pool:
+        list(pool.map(lambda i: advance(i, None), range(len(runs))))
+        while pending:
+            ids = sorted(pending)[:batch_size]
+            requests = [pending.pop(i) for i in ids]
+            try:
+                generations: list[Generation | BaseException] = list(policy.generate(requests))
+                if len(generations) != len(requests):
+                    raise RuntimeError(f"policy returned {len(generations)} generations for {len(requests)} requests")
+            except Exception as err:
+                generations = [err] * len(ids)
+            list(pool.map(lambda pair: advance(*pair), zip(ids, generations, strict=True)))
+    return [t for t in traces if t is not None]
+
+
+def run_episode(task: Task, harness: Harness, policy: Policy, env: Env, **kwargs: Any) -> Trace:
+    return run_episodes([Job(task, harness)], policy, env, **kwargs)[0]

@@ -1,0 +1,77 @@
+"""The environment protocol: tasks with stable ids and splits, multi-turn sessions, verifiers.
+
+An episode is ``session = env.reset(task)``, then tool calls through ``session.call_tool`` (the
+multi-turn step: for a text game the action is a tool call too), then ``session.verify(answer)``
+and ``session.close()``. The ground truth in ``Task.answer`` is for verifiers and reference
+trajectories only; the agent sees ``Task.instruction`` and observations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+from coevo.harness.events import ToolCall, ToolResult, ToolSpec
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    env: str
+    instruction: str
+    split: str
+    answer: Any  # hidden ground truth
+    capabilities: tuple[str, ...] = ()  # what the gold solution needs (tools used, game type)
+    gold_actions: tuple[ToolCall, ...] = ()  # a known-good action sequence, when the source has one
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float  # in [0, 1]
+    passed: bool
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+class EnvSession(Protocol):
+    observation: str  # what the agent is shown first
+    tools: dict[str, ToolSpec]  # tools this session offers (provider "env")
+    done: bool  # the environment ended the episode (e.g. a game was won or lost)
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult: ...
+
+    def verify(self, answer: str | None) -> Score: ...
+
+    def close(self) -> None: ...
+
+
+class Env(Protocol):
+    name: str
+
+    def tasks(self, split: str) -> list[Task]: ...
+
+    def reset(self, task: Task) -> EnvSession: ...
+
+
+def assign_split(task_id: str, seed: int, fractions: Sequence[float] = (0.6, 0.2, 0.2)) -> str:
+    """Deterministic split from a hash of (seed, task_id): the same on every machine and run,
+    and a task keeps its split when other tasks are added or removed."""
+    if len(fractions) != len(SPLITS) or abs(sum(fractions) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must be three numbers summing to 1 for {SPLITS}, got {list(fractions)}")
+    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    edge = 0.0
+    for split, frac in zip(SPLITS, fractions, strict=True):
+        edge += frac
+        if u < edge:
+            return split
+    return SPLITS[-1]
+
+
+def check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
+    return split

@@ -1,0 +1,99 @@
+"""Evaluate a harness and policy on one split of an environment: pass@1, pass@k, mean reward."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from coevo.agent.policy import Policy
+from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.trace import Trace
+from coevo.envs.base import Env, check_split
+from coevo.harness.harness import Harness
+
+
+def pass_rates(outcomes: Mapping[str, Sequence[bool]]) -> tuple[float, float]:
+    """(pass@1, pass@k) over tasks from each task's k attempt outcomes.
+
+    pass@1 is the mean success rate of single attempts; pass@k the fraction of tasks with at least
+    one success among their k attempts.
+    """
+    if not outcomes:
+        return 0.0, 0.0
+    p1 = sum(sum(o) / len(o) for o in outcomes.values()) / len(outcomes)
+    pk = sum(any(o) for o in outcomes.values()) / len(outcomes)
+    return p1, pk
+
+
+@dataclass
+class EvalReport:
+    env: str
+    split: str
+    harness_id: str
+    model_version: str
+    attempts: int
+    n_tasks: int
+    pass_at_1: float
+    pass_at_k: float
+    mean_reward: float
+    errors: int
+    seconds: float
+    outcomes: dict[str, list[bool]]
+
+
+def evaluate(
+    harness: Harness,
+    policy: Policy,
+    env: Env,
+    split: str = "test",
+    *,
+    attempts: int = 1,
+    limit: int | None = None,
+    batch_size: int = 32,
+    workers: int = 8,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> tuple[EvalReport, list[Trace]]:
+    """Run every task of ``split`` (the first ``limit``) ``attempts`` times on ``harness``."""
+    check_split(split)
+    if attempts < 1:
+        raise ValueError("attempts must be >= 1")
+    tasks = env.tasks(split)[: limit if limit is not None else None]
+    if not tasks:
+        raise ValueError(f"env {env.name!r} has no tasks in split {split!r}")
+    jobs = [Job(task, harness) for task in tasks for _ in range(attempts)]
+    start = time.perf_counter()
+    traces = run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, on_trace=on_trace)
+    outcomes: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
+    for trace in traces:
+        outcomes[trace.task_id].append(trace.passed)
+    p1, pk = pass_rates(outcomes)
+    report = EvalReport(
+        env=env.name,
+        split=split,
+        harness_id=harness.id,
+        model_version=policy.model_version,
+        attempts=attempts,
+        n_tasks=len(tasks),
+        pass_at_1=p1,
+        pass_at_k=pk,
+        mean_reward=sum(t.reward for t in traces) / len(traces),
+        errors=sum(t.error is not None for t in traces),
+        seconds=round(time.perf_counter() - start, 3),
+        outcomes=outcomes,
+    )
+    return report, traces
+
+
+def write_eval(out_dir: str | Path, harness: Harness, report: EvalReport, traces: Sequence[Trace]) -> Path:
+    """Write harness.yaml, traces.jsonl and summary.json into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    harness.save(out / "harness.yaml")
+    with open(out / "traces.jsonl", "w") as f:
+        for t in traces:
+            f.write(json.dumps(t.to_dict()) + "\n")
+    (out / "summary.json").write_text(json.dumps(asdict(report), indent=2))
+    return out

@@ -1,0 +1,137 @@
+"""Code-level processors: a subclass of a built-in processor, written as source text.
+
+This is how the meta-agent makes edits that parameters cannot express (OO-Harness's subclass
+hierarchy). The source is refused unless it passes the sandbox's static policy and defines the
+named class as a subclass of a built-in processor whose ``process`` calls ``super()``; the class
+is then evaluated only inside a forked, time- and memory-limited child, once to read its
+declared hook and types, and once per call. Calls are stateless: state that must persist across
+hooks lives in ``event.state.memory``, exactly as for built-in processors.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from coevo.harness import events as ev
+from coevo.harness.errors import ParamError
+from coevo.harness.hooks import Dimension, Hook
+from coevo.harness.processor import Param, Processor
+from coevo.sandbox.restricted import SandboxRefusal, call_in_sandbox, check_source
+
+EVENT_TYPES: dict[str, type[ev.Event]] = {
+    cls.__name__: cls
+    for cls in (
+        ev.Event,
+        ev.TaskStartEvent,
+        ev.StepStartEvent,
+        ev.ModelRequestEvent,
+        ev.ModelOutputEvent,
+        ev.ParsedOutputEvent,
+        ev.ToolCallEvent,
+        ev.ToolResultEvent,
+        ev.StepEndEvent,
+        ev.TaskEndEvent,
+    )
+}
+
+
+def subclassable() -> tuple[type[Processor], ...]:
+    """Built-in processors code may extend. Those that implement tools (``call_tool``) are left
+    out: a subclass could call the tool itself, e.g. run arbitrary code through the python tool."""
+    from coevo.harness.library import BUILTIN
+
+    return tuple(cls for cls in BUILTIN if cls.call_tool is Processor.call_tool)
+
+
+def _exposed() -> dict[str, Any]:
+    """Names the source may use: subclassable processors, event and payload types, Param."""
+    names: dict[str, Any] = {cls.__name__: cls for cls in subclassable()}
+    names.update(EVENT_TYPES)
+    names.update(ToolCall=ev.ToolCall, ToolResult=ev.ToolResult, Param=Param)
+    return names
+
+
+def check_structure(source: str, class_name: str) -> None:
+    """Refuse source that does not define ``class_name`` with a base and a process() calling super()."""
+    tree = ast.parse(source)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    if cls is None:
+        raise SandboxRefusal(f"the source defines no top-level class {class_name!r}")
+    if not cls.bases:
+        raise SandboxRefusal(f"class {class_name!r} must subclass a built-in processor")
+    process = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "process"), None)
+    if process is None:
+        raise SandboxRefusal(f"class {class_name!r} must define process(self, event)")
+    calls_super = any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "super" for n in ast.walk(process)
+    )
+    if not calls_super:
+        raise SandboxRefusal(f"{class_name}.process must call super() so the parent's behaviour is kept")
+
+
+def _describe(ns: dict[str, Any], class_name: str, name: str, init_params: dict[str, Any]) -> dict[str, Any]:
+    """Runs in the sandbox child: instantiate the class and report its declared interface."""
+    cls = ns.get(class_name)
+    bases = subclassable()
+    if not (isinstance(cls, type) and issubclass(cls, bases) and cls not in bases):
+        raise TypeError(f"{class_name} is not a subclass of a built-in processor")
+    p = cls(name=name, **init_params)
+    return {
+        "base": next(b.kind for b in cls.__mro__ if b in bases),
+        "hook": p.hook.value,
+        "dimension": p.dimension.value,
+        "consumes": p.consumes.__name__,
+        "produces": p.produces.__name__,
+        "group": p.group,
+        "runs_after": sorted(p.runs_after),
+        "description": p.description,
+    }
+
+
+class CodeProcessor(Processor):
+    kind = "code"
+    description = "A processor subclass given as source code, run in the sandbox."
+    params = (
+        Param("source", "prompt", "", "Python source defining the class"),
+        Param("class_name", "str", "", "the class to instantiate"),
+        Param("init_params", "dict", {}, "parameters passed to the class (its base's parameters)"),
+        Param("time_limit_s", "float", 2.0, "wall-clock limit per call"),
+        Param("memory_mb", "int", 128, "memory limit per call"),
+    )
+
+    def __init__(self, name: str | None = None, **params: Any) -> None:
+        super().__init__(name or params.get("class_name") or None, **params)
+        source, class_name = self.config["source"], self.config["class_name"]
+        try:
+            check_source(source)
+            check_structure(source, class_name)
+            meta = self._call(lambda ns: _describe(ns, class_name, self.name, dict(self.config["init_params"])))
+        except Exception as err:  # refusal, timeout, or the class failing to instantiate
+            raise ParamError(self.name, f"code processor refused: {err}") from err
+        self.hook = Hook(meta["hook"])
+        self.dimension = Dimension(meta["dimension"])
+        self.consumes = EVENT_TYPES[meta["consumes"]]
+        self.produces = EVENT_TYPES[meta["produces"]]
+        self.group = meta["group"]
+        self.runs_after = frozenset(meta["runs_after"])
+        self.description = meta["description"]
+        self.base_kind: str = meta["base"]
+
+    def _call(self, entry: Any) -> Any:
+        return call_in_sandbox(
+            self.config["source"],
+            entry,
+            exposed=_exposed(),
+            time_limit_s=self.config["time_limit_s"],
+            memory_limit_mb=self.config["memory_mb"],
+        )
+
+    def process(self, event: ev.Event) -> ev.Event:
+        class_name, init = self.config["class_name"], dict(self.config["init_params"])
+        out = self._call(lambda ns: ns[class_name](name=self.name, **init).process(event))
+        if isinstance(out, ev.Event):
+            # The child worked on a copy; carry its state changes back into the live state object.
+            vars(event.state).update(vars(out.state))
+            out.state = event.state
+        return out

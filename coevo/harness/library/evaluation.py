@@ -1,0 +1,86 @@
+"""Evaluation: turning completions into a final answer, and checking it before submitting."""
+
+from __future__ import annotations
+
+import re
+
+from coevo.harness.events import ParsedOutputEvent
+from coevo.harness.hooks import Dimension, Hook
+from coevo.harness.processor import Param, Processor
+
+DEFAULT_PATTERNS = [
+    r"<answer>\s*(.*?)\s*</answer>",
+    r"\\boxed\{([^{}]*)\}",
+    r"(?i)final answer\s*(?:is)?\s*[:：]?\s*(.+)",
+    r"(?i)^\s*answer\s*[:：]\s*(.+)",
+]
+NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class AnswerExtraction(Processor):
+    kind = "answer_extraction"
+    description = (
+        "Finds the final answer in a completion that calls no tool: the first matching pattern wins "
+        "(answer tags, \\boxed{}, 'Final answer:'); optionally the last number as a fallback."
+    )
+    hook = Hook.AFTER_MODEL
+    dimension = Dimension.EVALUATION
+    consumes = produces = ParsedOutputEvent
+    group = "answer_extraction"
+    params = (
+        Param("patterns", "str_list", DEFAULT_PATTERNS, "regexes with one group, tried in order (multiline)"),
+        Param("last_number_fallback", "bool", False, "use the last number when no pattern matches"),
+    )
+
+    def __init__(self, name: str | None = None, **params):
+        super().__init__(name, **params)
+        from coevo.harness.errors import ParamError
+
+        try:
+            self._regexes = [re.compile(p, re.MULTILINE | re.DOTALL) for p in self.config["patterns"]]
+        except re.error as err:
+            raise ParamError(self.name, f"parameter 'patterns' holds an invalid regex: {err}") from None
+
+    def process(self, event: ParsedOutputEvent) -> ParsedOutputEvent:
+        if event.tool_calls or event.answer is not None:
+            return event
+        for rx in self._regexes:
+            m = rx.search(event.text)
+            if m and m.group(1).strip():
+                event.answer = m.group(1).strip().splitlines()[0].strip()
+                return event
+        if self.config["last_number_fallback"]:
+            numbers = NUMBER_RE.findall(event.text)
+            if numbers:
+                event.answer = numbers[-1]
+        return event
+
+
+class SelfVerification(Processor):
+    kind = "self_verification"
+    description = (
+        "Before accepting the first answer of an episode, asks the model to check it once; the answer "
+        "given after the check is final."
+    )
+    hook = Hook.AFTER_MODEL
+    dimension = Dimension.EVALUATION
+    consumes = produces = ParsedOutputEvent
+    runs_after = frozenset({"answer_extraction"})
+    params = (
+        Param(
+            "prompt",
+            "prompt",
+            "You answered {answer}. Check your work step by step. If it is right, repeat it as "
+            "<answer>...</answer>; otherwise give the corrected answer the same way.",
+            "verification request; {answer} is the proposed answer",
+        ),
+    )
+    ASKED = "self_verification_asked"
+
+    def process(self, event: ParsedOutputEvent) -> ParsedOutputEvent:
+        if event.answer is None or event.state.memory.get(self.ASKED):
+            return event
+        event.state.memory[self.ASKED] = True
+        event.hold_answer = True
+        event.followup.append({"role": "user", "content": self.config["prompt"].replace("{answer}", event.answer)})
+        return event

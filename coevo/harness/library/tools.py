@@ -1,0 +1,142 @@
+"""Tool ecosystem: which tools the agent has, how they are described, how calls are parsed."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from coevo.harness.events import ModelOutputEvent, ParsedOutputEvent, TaskStartEvent, ToolCall, ToolCallEvent, ToolResult
+from coevo.harness.hooks import Dimension, Hook
+from coevo.harness.processor import Param, Processor
+
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+DEFAULT_HINT = (
+    "You can call these tools:\n{tools}\n"
+    "To call a tool, write exactly:\n"
+    '<tool_call>{"name": "TOOL_NAME", "arguments": {...}}</tool_call>\n'
+    "and wait for its result."
+)
+
+
+def _json_objects(text: str) -> list[Any]:
+    """Every top-level JSON object embedded in ``text`` (a lenient scan for small models)."""
+    decoder = json.JSONDecoder()
+    found, i = [], text.find("{")
+    while i != -1:
+        try:
+            obj, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i = text.find("{", i + 1)
+            continue
+        found.append(obj)
+        i = text.find("{", end)
+    return found
+
+
+def _as_call(obj: Any) -> ToolCall | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models JSON-encode the arguments twice
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    return ToolCall(obj["name"], args) if isinstance(args, dict) else None
+
+
+class ToolRegistry(Processor):
+    kind = "tool_registry"
+    description = "Enables a subset of the tools the environment and harness offer ('*' enables all)."
+    hook = Hook.TASK_START
+    dimension = Dimension.TOOLS
+    consumes = produces = TaskStartEvent
+    group = "tool_registry"
+    runs_after = frozenset({"python_executor"})  # tool providers register before the registry filters
+    params = (Param("enabled", "str_list", ["*"], "tool names to enable, or ['*']"),)
+
+    def process(self, event: TaskStartEvent) -> TaskStartEvent:
+        enabled = self.config["enabled"]
+        offered = event.state.available_tools
+        names = list(offered) if "*" in enabled else [n for n in enabled if n in offered]
+        event.state.tools = {n: offered[n] for n in names}
+        return event
+
+
+class ToolSchemaHint(Processor):
+    kind = "tool_schema_hint"
+    description = "Appends the enabled tools' names, descriptions and argument schemas, and the call format, to the system message."
+    hook = Hook.TASK_START
+    dimension = Dimension.TOOLS
+    consumes = produces = TaskStartEvent
+    runs_after = frozenset({"system_prompt", "tool_registry"})
+    params = (Param("template", "prompt", DEFAULT_HINT, "{tools} is replaced by one line per tool"),)
+
+    def process(self, event: TaskStartEvent) -> TaskStartEvent:
+        tools = event.state.tools
+        if not tools:
+            return event
+        lines = "\n".join(
+            f"- {t.name}: {t.description} Arguments: {json.dumps(t.parameters.get('properties', {}))}"
+            for t in tools.values()
+        )
+        hint = self.config["template"].replace("{tools}", lines)
+        msgs = event.state.messages
+        if msgs and msgs[0].get("role") == "system":
+            msgs[0] = {**msgs[0], "content": msgs[0]["content"] + "\n\n" + hint}
+        else:
+            msgs.insert(0, {"role": "system", "content": hint})
+        return event
+
+
+class JsonToolCallParser(Processor):
+    kind = "json_tool_parser"
+    description = (
+        'Parses <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks from a completion; '
+        "lenient mode also accepts a bare JSON object with name and arguments."
+    )
+    hook = Hook.AFTER_MODEL
+    dimension = Dimension.TOOLS
+    consumes = ModelOutputEvent
+    produces = ParsedOutputEvent
+    group = "action_parser"
+    params = (
+        Param("max_calls", "int", 4, "tool calls honoured per completion"),
+        Param("lenient", "bool", True, "accept bare JSON objects outside <tool_call> tags"),
+    )
+
+    def process(self, event: ModelOutputEvent) -> ParsedOutputEvent:
+        calls: list[ToolCall] = []
+        error = None
+        blocks = TOOL_CALL_RE.findall(event.text)
+        for block in blocks:
+            objs = _json_objects(block)
+            call = _as_call(objs[0]) if objs else None
+            if call is None:
+                error = f"could not parse tool call: {block[:80]!r}"
+            else:
+                calls.append(call)
+        if not blocks and self.config["lenient"]:
+            calls = [c for c in map(_as_call, _json_objects(event.text)) if c is not None]
+        calls = calls[: self.config["max_calls"]]
+        for k, c in enumerate(calls):
+            c.call_id = f"s{event.state.step}c{k}"
+        fields = {k: getattr(event, k) for k in ("state", "text", "finish_reason", "call_index", "trainable", "loss_weight")}
+        return ParsedOutputEvent(**fields, tool_calls=calls, parse_error=error)
+
+
+class ToolWhitelist(Processor):
+    kind = "tool_whitelist"
+    description = "Refuses calls to tools outside an allowed list, answering the model with the list instead."
+    hook = Hook.BEFORE_TOOL
+    dimension = Dimension.TOOLS
+    consumes = produces = ToolCallEvent
+    params = (Param("allowed", "str_list", [], "allowed tool names; empty means the enabled tools"),)
+
+    def process(self, event: ToolCallEvent) -> ToolCallEvent:
+        allowed = self.config["allowed"] or list(event.state.tools)
+        if event.call.name not in allowed:
+            event.result = ToolResult("", error=f"tool {event.call.name!r} is not allowed; use one of {allowed}")
+        return event

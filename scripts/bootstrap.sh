@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create (or reuse) a virtual environment and install coevo into it, editable, with test tools.
+#
+# torch is installed first and only when missing, so an existing build is kept:
+#   - a machine with an NVIDIA GPU (nvidia-smi lists one) gets PyPI's default CUDA build;
+#   - a CPU machine gets torch==2.13.0; set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+#     where pip would otherwise fetch the multi-GB CUDA build of that version.
+# Usage: scripts/bootstrap.sh [VENV_DIR]
+set -euo pipefail
+venv="${1:-.venv}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+    echo "bootstrap: creating virtual environment $venv"
+    "$python" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+
+if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        echo "bootstrap: NVIDIA GPU found, installing a CUDA build of torch"
+        "${pip[@]}" install "torch>=2.4"
+    else
+        echo "bootstrap: no GPU, installing the CPU build torch==2.13.0"
+        "${pip[@]}" install "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+    fi
+fi
+"${pip[@]}" install -e ".[dev]"
+echo "bootstrap: done ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

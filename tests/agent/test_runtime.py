@@ -1,0 +1,254 @@
+"""The runtime: hook order, exact token ids in traces, batching, and failures that stay local."""
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+from coevo.agent import Job, ScriptedPolicy, run_episode, run_episodes
+from coevo.agent.policy import byte_ids
+from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
+from coevo.envs.base import Score, Task
+from coevo.harness import Dimension, Hook, Processor
+from coevo.harness import events as ev
+from coevo.harness.defaults import base_harness
+from coevo.harness.events import HOOK_INPUT
+from coevo.harness.library import PythonExecutor, ToolRegistry
+
+ORDER = "hook_order"
+
+
+def recorder(hook: Hook) -> Processor:
+    cls = type(
+        f"Record_{hook.value}",
+        (Processor,),
+        {
+            "kind": f"record_{hook.value}",
+            "hook": hook,
+            "dimension": Dimension.OBSERVABILITY,
+            "consumes": HOOK_INPUT[hook],
+            "produces": HOOK_INPUT[hook],
+            "process": lambda self, e: (e.state.memory.setdefault(ORDER, []).append(self.hook.value), e)[1],
+        },
+    )
+    return cls()
+
+
+@dataclass
+class FakeSession:
+    task: Task
+    fail_on: str = ""
+    observation: str = "do the thing"
+    done: bool = False
+    tools: dict = field(default_factory=lambda: {
+        "echo": ev.ToolSpec("echo", "echo"), "hang": ev.ToolSpec("hang", "hangs"), "boom": ev.ToolSpec("boom", "raises")})
+
+    def call_tool(self, name, arguments):
+        if name == "hang":
+            time.sleep(30)
+        if name == "boom":
+            raise RuntimeError("tool exploded")
+        return ev.ToolResult(f"echo:{arguments.get('x')}")
+
+    def verify(self, answer):
+        if self.fail_on == "verify":
+            raise ValueError("verifier broke")
+        return Score(float(answer == self.task.answer), answer == self.task.answer)
+
+    def close(self):
+        pass
+
+
+class FakeEnv:
+    name = "fake"
+
+    def __init__(self, fail_on: dict[str, str] | None = None):
+        self.fail_on = fail_on or {}
+
+    def tasks(self, split):
+        return [Task(f"t{i}", "fake", f"task {i}", split, answer="42") for i in range(4)]
+
+    def reset(self, task):
+        if self.fail_on.get(task.task_id) == "reset":
+            raise ConnectionError("env down")
+        return FakeSession(task, self.fail_on.get(task.task_id, ""))
+
+
+def tool_then_answer(tool: str):
+    def respond(messages):
+        if messages[-1]["role"] == "tool":
+            return "<answer>42</answer>"
+        return f'<tool_call>{{"name": "{tool}", "arguments": {{"x": 1}}}}</tool_call>'
+    return respond
+
+
+def test_hooks_fire_in_order():
+    h = base_harness()
+    for hook in Hook:
+        h = h.insert(recorder(hook), index=0 if hook is not Hook.AFTER_MODEL else len(h.at(hook)))
+    env = FakeEnv()
+    trace = run_episode(env.tasks("test")[0], h, ScriptedPolicy(tool_then_answer("echo")), env)
+    step_with_tool = ["step_start", "before_model", "after_model", "before_tool", "after_tool", "step_end"]
+    step_answer = ["step_start", "before_model", "after_model", "step_end"]
+    expected = ["task_start", *step_with_tool, *step_answer, "task_end"]
+    assert [e["hook"] for e in trace.events] == expected
+    assert trace.passed and trace.final_answer == "42" and trace.stop_reason == "answer"
+    assert trace.tool_calls[0].output == "echo:1"
+    assert trace.messages[-1] == {"role": "assistant", "content": "<answer>42</answer>"}
+
+
+def test_trace_keeps_exact_token_ids_and_costs():
+    env = ArithmeticEnv(n_tasks=10)
+    task = env.tasks("test")[0]
+    policy = ScriptedPolicy(calculator_solver)
+    trace = run_episode(task, base_harness(), policy, env)
+    assert trace.passed and trace.reward == 1.0
+    assert len(trace.model_calls) == 2
+    for call in trace.model_calls:
+        assert call.completion_ids == byte_ids(call.text)
+        assert call.sampler_logprobs == [0.0] * len(call.completion_ids)
+        assert call.messages[0]["role"] == "system"
+    total = sum(len(c.prompt_ids) for c in trace.model_calls)
+    assert trace.cost["prompt_tokens"] == total
+    assert trace.cost["completion_tokens"] == sum(len(c.completion_ids) for c in trace.model_calls)
+    assert trace.harness_id == base_harness().id and trace.model_version == "scripted"
+    assert trace.to_dict() == type(trace).from_dict(trace.to_dict()).to_dict()
+
+
+def test_model_calls_are_batched_across_episodes():
+    env = ArithmeticEnv(n_tasks=30)
+    tasks = env.tasks("train")
+    policy = ScriptedPolicy(calculator_solver)
+    traces = run_episodes([Job(t, base_harness()) for t in tasks], policy, env, batch_size=8)
+    assert [t.task_id for t in traces] == [t.task_id for t in tasks]
+    assert all(t.passed for t in traces)
+    # two model calls per episode, served in full batches of 8 (except the remainder)
+    assert sum(policy.batch_sizes) == 2 * len(tasks)
+    assert max(policy.batch_sizes) == 8 and len(policy.batch_sizes) <= 2 * (len(tasks) // 8 + 1)
+
+
+def test_env_that_raises_fails_only_its_episode():
+    env = FakeEnv({"t1": "reset", "t2": "verify"})
+    traces = run_episodes([Job(t, base_harness()) for t in env.tasks("test")], ScriptedPolicy(tool_then_answer("echo")), env)
+    by_id = {t.task_id: t for t in traces}
+    assert "env reset: ConnectionError: env down" in by_id["t1"].error
+    assert "env verify: ValueError: verifier broke" in by_id["t2"].error
+    assert not by_id["t1"].passed and not by_id["t2"].trainable
+    assert by_id["t0"].passed and by_id["t3"].passed and by_id["t0"].error is None
+
+
+def test_tool_that_raises_fails_the_episode():
+    env = FakeEnv()
+    trace = run_episode(env.tasks("test")[0], base_harness(), ScriptedPolicy(tool_then_answer("boom")), env)
+    assert trace.error == "env tool 'boom': RuntimeError: tool exploded"
+    assert trace.stop_reason == "error" and trace.reward == 0.0
+
+
+def test_tool_that_hangs_times_out_and_episode_continues():
+    env = FakeEnv()
+    h = base_harness().set_param("tool_timeout", "default_s", 0.3)
+    start = time.perf_counter()
+    traces = run_episodes([Job(t, h) for t in env.tasks("test")], ScriptedPolicy(tool_then_answer("hang")), env)
+    assert time.perf_counter() - start < 5  # four hung tools overlap, none is waited for
+    for trace in traces:
+        assert trace.error is None
+        assert trace.tool_calls[0].error == "tool timed out after 0.3 s"
+        assert trace.messages[-2]["content"].startswith("Error: tool timed out")
+        assert not trace.trainable  # infra_error_filter keeps timed-out episodes out of training
+        assert trace.passed  # the model answered after the timeout
+
+
+class Exploding(Processor):
+    kind = "exploding"
+    hook = Hook.STEP_START
+    dimension = Dimension.CONTROL
+    consumes = produces = ev.StepStartEvent
+
+    def process(self, event):
+        if event.state.task.task_id == "t2":
+            raise KeyError("bad processor")
+        return event
+
+
+class WrongType(Processor):
+    kind = "wrong_type"
+    hook = Hook.STEP_END
+    dimension = Dimension.CONTROL
+    consumes = produces = ev.StepEndEvent
+
+    def process(self, event):
+        return "not an event"
+
+
+def test_processor_that_raises_fails_only_its_episode():
+    env = FakeEnv()
+    h = base_harness().insert(Exploding())
+    traces = run_episodes([Job(t, h) for t in env.tasks("test")], ScriptedPolicy(tool_then_answer("echo")), env)
+    bad = [t for t in traces if t.error]
+    assert [t.task_id for t in bad] == ["t2"]
+    assert bad[0].error == "processor 'exploding' at step_start: KeyError: 'bad processor'"
+    assert sum(t.passed for t in traces) == 3
+
+
+def test_processor_returning_wrong_type_is_caught():
+    env = FakeEnv()
+    trace = run_episode(env.tasks("test")[0], base_harness().insert(WrongType()), ScriptedPolicy(tool_then_answer("echo")), env)
+    assert "processor 'wrong_type' at step_end: ProcessorContractError" in trace.error
+
+
+def test_policy_failure_fails_the_batch_episodes_not_the_run():
+    class Broken:
+        model_version = "broken"
+
+        def generate(self, requests):
+            raise RuntimeError("CUDA out of memory")
+
+    env = FakeEnv()
+    traces = run_episodes([Job(t, base_harness()) for t in env.tasks("test")], Broken(), env)
+    assert len(traces) == 4 and all("policy: RuntimeError: CUDA out of memory" == t.error for t in traces)
+
+
+def test_unknown_tool_and_processor_tools():
+    env = FakeEnv()
+    h = base_harness().insert(PythonExecutor(), index=0)
+    code = '<tool_call>{"name": "python", "arguments": {"code": "print(40 + 2)"}}</tool_call>'
+
+    def respond(messages):
+        if messages[-1]["role"] == "tool":
+            return f"<answer>{messages[-1]['content'].strip()}</answer>"
+        return code
+
+    trace = run_episode(env.tasks("test")[0], h, ScriptedPolicy(respond), env)
+    assert trace.tool_calls[0].name == "python" and trace.tool_calls[0].output.strip() == "42"
+    assert trace.passed
+    # a tool that is not enabled is answered with an error naming the enabled ones
+    h2 = base_harness().replace("tool_registry", ToolRegistry(enabled=["echo"]))
+    trace2 = run_episode(env.tasks("test")[0], h2, ScriptedPolicy(tool_then_answer("boom")), env)
+    assert trace2.error is None and "unknown tool 'boom'" in trace2.tool_calls[0].error
+
+
+def test_step_budget_and_no_action_stop_episodes():
+    env = FakeEnv()
+    looping = ScriptedPolicy(lambda m: '<tool_call>{"name": "echo", "arguments": {"x": ' + str(len(m)) + "}}</tool_call>")
+    trace = run_episode(env.tasks("test")[0], base_harness().set_param("step_budget", "max_steps", 3), looping, env)
+    assert trace.stop_reason == "step_budget" and len(trace.model_calls) == 3
+    silent = ScriptedPolicy(lambda m: "hmm")
+    trace = run_episode(env.tasks("test")[0], base_harness(), silent, env)
+    # parse_retry (max_retries=1) reminds once, then the episode ends for lack of an action
+    assert trace.stop_reason == "no_action" and len(trace.model_calls) == 2
+    assert "could not find a tool call" in trace.model_calls[1].messages[-1]["content"]
+
+
+def test_hard_step_cap_without_budget_processor():
+    env = FakeEnv()
+    looping = ScriptedPolicy(lambda m: '<tool_call>{"name": "echo", "arguments": {"x": ' + str(len(m)) + "}}</tool_call>")
+    h = base_harness().remove("step_budget")
+    trace = run_episode(env.tasks("test")[0], h, looping, env, max_steps=5)
+    assert trace.stop_reason == "step_cap" and len(trace.model_calls) == 5
+
+
+def test_no_threads_leak_from_normal_runs():
+    before = threading.active_count()
+    env = ArithmeticEnv(n_tasks=10)
+    run_episodes([Job(t, base_harness()) for t in env.tasks("train")], ScriptedPolicy(calculator_solver), env)
+    assert threading.active_count() <= before

@@ -1,0 +1,89 @@
+"""Code-level processors: a subclass given as source, checked, then run in the sandbox."""
+
+import pytest
+
+from coevo.agent import ScriptedPolicy, run_episode
+from coevo.envs.arithmetic import ArithmeticEnv
+from coevo.harness import Harness, ParamError, build_processor
+from coevo.harness.defaults import base_harness
+from coevo.harness.events import ParsedOutputEvent
+
+STRICT_ANSWER = '''
+import re
+
+class DigitsOnlyAnswer(AnswerExtraction):
+    description = "Keeps only the digits (and sign) of the extracted answer."
+
+    def process(self, event):
+        event = super().process(event)
+        if event.answer is not None:
+            found = re.findall(r"-?[0-9]+", event.answer)
+            event.answer = found[-1] if found else None
+            event.state.memory["digits_only_used"] = True
+        return event
+'''
+
+
+def code_spec(source=STRICT_ANSWER, class_name="DigitsOnlyAnswer", **extra):
+    return {"kind": "code", "name": "digits_only", "params": {"source": source, "class_name": class_name, **extra}}
+
+
+def test_code_processor_reads_interface_from_its_class():
+    p = build_processor(code_spec())
+    assert p.hook.value == "after_model" and p.consumes is ParsedOutputEvent
+    assert p.base_kind == "answer_extraction" and p.group == "answer_extraction"
+
+
+def test_code_edit_end_to_end_through_the_runtime():
+    base = base_harness()
+    h = base.replace("answer_extraction", build_processor(code_spec()))
+    assert h.edit.op == "replace" and h.edit.spec["kind"] == "code"
+    env = ArithmeticEnv(n_tasks=10)
+    task = env.tasks("test")[0]
+
+    def respond(messages):  # answers with decoration the base extractor would keep
+        return f"<answer>The result is {task.answer} units</answer>"
+
+    base_trace = run_episode(task, base, ScriptedPolicy(respond), env)
+    code_trace = run_episode(task, h, ScriptedPolicy(respond), env)
+    assert base_trace.final_answer == f"The result is {task.answer} units"
+    assert code_trace.final_answer == str(task.answer) and code_trace.passed and code_trace.error is None
+    # the YAML round trip keeps the source and gives the same id
+    assert Harness.from_yaml(h.to_yaml()).id == h.id
+
+
+def test_code_processor_state_changes_come_back():
+    from coevo.harness import events as ev
+
+    p = build_processor(code_spec())
+    state = ev.EpisodeState(task=ev.TaskView("t", "e", "q"))
+    out = p.process(ev.ParsedOutputEvent(state, text="<answer>x 12</answer>"))
+    assert out.answer == "12" and out.state is state and state.memory["digits_only_used"] is True
+
+
+@pytest.mark.parametrize(
+    "source,class_name,reason",
+    [
+        ("import os\nclass X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n", "X", "os"),
+        ("class X(AnswerExtraction):\n    def process(self, e):\n        return e\n", "X", "super()"),
+        ("class X:\n    def process(self, e):\n        return super().process(e)\n", "X", "subclass"),
+        (STRICT_ANSWER, "Missing", "no top-level class"),
+        # tool-providing processors are not exposed: a subclass could run code through the tool
+        ("class X(PythonExecutor):\n    def process(self, e):\n        return super().process(e)\n", "X", "PythonExecutor"),
+        ("class X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e).__class__\n", "X", "_"),
+        ("while True:\n    pass\nclass X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n", "X", "Timeout"),
+    ],
+)
+def test_bad_code_is_refused_with_a_reason(source, class_name, reason):
+    with pytest.raises(ParamError, match="code processor refused") as info:
+        build_processor(code_spec(source, class_name, time_limit_s=1.0))
+    assert reason in str(info.value) or reason in type(info.value.__cause__).__name__
+
+
+def test_code_that_hangs_at_call_time_fails_the_episode_only():
+    hangs = STRICT_ANSWER.replace("event = super().process(event)", "event = super().process(event)\n        while event.answer:\n            pass")
+    h = base_harness().replace("answer_extraction", build_processor(code_spec(hangs, time_limit_s=0.5)))
+    env = ArithmeticEnv(n_tasks=10)
+    task = env.tasks("test")[0]
+    trace = run_episode(task, h, ScriptedPolicy(lambda m: "<answer>1</answer>"), env)
+    assert "processor 'digits_only' at after_model: SandboxTimeout" in trace.error

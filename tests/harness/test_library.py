@@ -1,0 +1,281 @@
+"""Each built-in processor does its job, checked directly on events."""
+
+import pytest
+
+from coevo.harness import Dimension, ParamError
+from coevo.harness import events as ev
+from coevo.harness.library import (
+    BUILTIN,
+    AnswerExtraction,
+    ArgumentGuard,
+    EpisodeMetrics,
+    FewShotDemos,
+    InfraErrorFilter,
+    InstructionTemplate,
+    JsonToolCallParser,
+    Journal,
+    LoopDetection,
+    ParseRetry,
+    PythonExecutor,
+    SamplingConfig,
+    SelfVerification,
+    SlidingWindowMemory,
+    StepBudget,
+    SummaryMemory,
+    SystemPrompt,
+    TemperatureSchedule,
+    TokenAnnotation,
+    ToolRegistry,
+    ToolSchemaHint,
+    ToolTimeout,
+    ToolWhitelist,
+)
+from coevo.harness.library.control import CONSECUTIVE_PARSE_FAILURES
+
+
+def state(**kw):
+    s = ev.EpisodeState(task=ev.TaskView("t1", "arithmetic", "What is 2 + 3?"), **kw)
+    if not s.messages:
+        s.messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    return s
+
+
+def parsed(text="", **kw):
+    return ev.ParsedOutputEvent(state(), text=text, **kw)
+
+
+def test_at_least_two_processors_per_dimension():
+    for dim in Dimension:
+        assert sum(cls.dimension is dim for cls in BUILTIN) >= 2, dim
+
+
+# --- model selection
+def test_sampling_config_sets_params():
+    s = state()
+    SamplingConfig(temperature=0.7, max_new_tokens=64, stop=["</answer>"]).process(ev.TaskStartEvent(s))
+    assert (s.sampling.temperature, s.sampling.max_new_tokens, s.sampling.stop) == (0.7, 64, ["</answer>"])
+
+
+def test_temperature_schedule_rises_with_failures_and_caps():
+    s = state()
+    req = ev.ModelRequestEvent(s, messages=[], sampling=ev.SamplingParams(temperature=0.2))
+    assert TemperatureSchedule().process(req).sampling.temperature == 0.2
+    s.memory[CONSECUTIVE_PARSE_FAILURES] = 2
+    req = ev.ModelRequestEvent(s, messages=[], sampling=ev.SamplingParams(temperature=0.2))
+    assert TemperatureSchedule(increase=0.3, max_temperature=0.7).process(req).sampling.temperature == 0.7
+
+
+# --- context
+def test_system_prompt_instruction_and_demos_compose_in_order():
+    s = state(messages=[{"role": "system", "content": "old"}, {"role": "user", "content": "raw"}])
+    e = ev.TaskStartEvent(s)
+    SystemPrompt(template="Solve {env} tasks.").process(e)
+    InstructionTemplate(template="Task: {instruction}").process(e)
+    FewShotDemos(demos=["What is 1+1?", "<answer>2</answer>"]).process(e)
+    assert [m["role"] for m in s.messages] == ["system", "user", "assistant", "user"]
+    assert s.messages[0]["content"] == "Solve arithmetic tasks."
+    assert s.messages[-1]["content"] == "Task: What is 2 + 3?"
+    assert s.messages[2]["content"] == "<answer>2</answer>"
+
+
+def test_few_shot_needs_pairs():
+    with pytest.raises(ParamError, match="even number"):
+        FewShotDemos(demos=["only a question"])
+
+
+# --- memory
+def _long_request():
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    msgs += [{"role": "assistant" if i % 2 == 0 else "tool", "content": f"m{i} " + "x" * 300} for i in range(10)]
+    s = state(messages=msgs, prefix_len=2)
+    return ev.ModelRequestEvent(s, messages=list(msgs))
+
+
+def test_sliding_window_keeps_prefix_and_last_n():
+    out = SlidingWindowMemory(keep_last=3).process(_long_request())
+    assert [m["content"][:3] for m in out.messages] == ["sys", "tas", "m7 ", "m8 ", "m9 "]
+    assert len(out.state.messages) == 12  # history untouched
+
+
+def test_summary_memory_compresses_older_messages():
+    out = SummaryMemory(keep_last=2, line_chars=20).process(_long_request())
+    assert len(out.messages) == 2 + 1 + 2
+    summary = out.messages[2]["content"]
+    assert summary.startswith("Summary of earlier steps") and summary.count("\n- ") == 8
+    assert "m0 xxxxxxxxxxxxxxxxx…" in summary
+    assert sum(len(m["content"]) for m in out.messages) < 1500
+
+
+# --- tools
+def _offered(s):
+    s.available_tools = {n: ev.ToolSpec(n, f"does {n}", {"properties": {"x": {"type": "string"}}}) for n in ("a", "b", "c")}
+
+
+def test_tool_registry_and_schema_hint():
+    s = state(messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "q"}])
+    _offered(s)
+    e = ev.TaskStartEvent(s)
+    ToolRegistry(enabled=["b", "zzz"]).process(e)
+    assert list(s.tools) == ["b"]
+    ToolSchemaHint().process(e)
+    assert "- b: does b" in s.messages[0]["content"] and "- a:" not in s.messages[0]["content"]
+    assert "<tool_call>" in s.messages[0]["content"]
+    ToolRegistry().process(e)
+    assert sorted(s.tools) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    "text,names,error",
+    [
+        ('<tool_call>{"name": "calc", "arguments": {"e": "1+1"}}</tool_call>', ["calc"], None),
+        ('a<tool_call>{"name": "a", "arguments": {}}</tool_call> b <tool_call>{"name": "b", "arguments": "{\\"k\\": 1}"}</tool_call>', ["a", "b"], None),
+        ('<tool_call>{"name": calc}</tool_call>', [], "could not parse"),
+        ('I will use {"name": "calc", "arguments": {"e": "2"}} now', ["calc"], None),
+        ("no call here {not json}", [], None),
+    ],
+)
+def test_json_tool_parser(text, names, error):
+    out = JsonToolCallParser().process(ev.ModelOutputEvent(state(), text=text))
+    assert isinstance(out, ev.ParsedOutputEvent)
+    assert [c.name for c in out.tool_calls] == names
+    assert (out.parse_error is None) == (error is None)
+    if error:
+        assert error in out.parse_error
+
+
+def test_json_tool_parser_strict_and_max_calls():
+    text = '{"name": "calc", "arguments": {}}'
+    assert JsonToolCallParser(lenient=False).process(ev.ModelOutputEvent(state(), text=text)).tool_calls == []
+    many = "".join(f'<tool_call>{{"name": "t{i}", "arguments": {{}}}}</tool_call>' for i in range(6))
+    assert len(JsonToolCallParser(max_calls=2).process(ev.ModelOutputEvent(state(), text=many)).tool_calls) == 2
+
+
+def test_tool_whitelist_blocks_with_message():
+    s = state()
+    s.tools = {"calc": ev.ToolSpec("calc", "")}
+    ok = ToolWhitelist().process(ev.ToolCallEvent(s, call=ev.ToolCall("calc", {})))
+    assert ok.result is None
+    blocked = ToolWhitelist(allowed=["calc"]).process(ev.ToolCallEvent(s, call=ev.ToolCall("python", {})))
+    assert "not allowed" in blocked.result.error and "calc" in blocked.result.error
+
+
+# --- execution
+def test_python_executor_registers_and_runs_with_limits():
+    p = PythonExecutor(timeout_s=2.0)
+    s = state()
+    p.process(ev.TaskStartEvent(s))
+    assert s.available_tools["python"].provider == "python_executor"
+    assert p.call_tool("python", {"code": "print(6*7)"}, 5.0).output.strip() == "42"
+    slow = p.call_tool("python", {"code": "while True: pass"}, 0.5)
+    assert slow.error is not None and "timed out" in slow.error
+    assert p.call_tool("python", {}, 1.0).error == "python needs a string argument 'code'"
+
+
+def test_tool_timeout_per_tool():
+    s = state()
+    p = ToolTimeout(default_s=3, per_tool={"python": 1.5})
+    assert p.process(ev.ToolCallEvent(s, call=ev.ToolCall("python", {}))).timeout_s == 1.5
+    assert p.process(ev.ToolCallEvent(s, call=ev.ToolCall("calc", {}))).timeout_s == 3.0
+
+
+# --- evaluation
+@pytest.mark.parametrize(
+    "text,answer",
+    [
+        ("so <answer> 42 </answer>", "42"),
+        ("the result is \\boxed{17}", "17"),
+        ("Final answer: 8\nbye", "8"),
+        ("Answer: 12", "12"),
+        ("I think it is 5", None),
+    ],
+)
+def test_answer_extraction(text, answer):
+    assert AnswerExtraction().process(parsed(text)).answer == answer
+
+
+def test_answer_extraction_fallback_and_tool_calls_win():
+    assert AnswerExtraction(last_number_fallback=True).process(parsed("maybe 3 or 5")).answer == "5"
+    e = parsed("<answer>4</answer>", tool_calls=[ev.ToolCall("calc", {})])
+    assert AnswerExtraction().process(e).answer is None
+    with pytest.raises(ParamError, match="invalid regex"):
+        AnswerExtraction(patterns=["(unclosed"])
+
+
+def test_self_verification_holds_first_answer_only():
+    e = parsed("<answer>4</answer>", answer="4")
+    out = SelfVerification().process(e)
+    assert out.hold_answer and "You answered 4" in out.followup[0]["content"]
+    again = ev.ParsedOutputEvent(out.state, text="<answer>5</answer>", answer="5")
+    assert not SelfVerification().process(again).hold_answer
+
+
+# --- control
+def test_step_budget():
+    s = state()
+    s.step = 1
+    StepBudget(max_steps=3).process(ev.StepEndEvent(s))
+    assert not s.done
+    s.step = 2
+    StepBudget(max_steps=3).process(ev.StepEndEvent(s))
+    assert s.done and s.stop_reason == "step_budget"
+
+
+def test_loop_detection_stop_and_warn():
+    s = state()
+    for _ in range(3):
+        LoopDetection(window=3).process(ev.StepEndEvent(s, actions=["calc(e='1')"]))
+    assert s.stop_reason == "loop"
+    s2 = state()
+    for a in ["x", "y", "y"]:
+        LoopDetection(window=2, action="warn").process(ev.StepEndEvent(s2, actions=[a]))
+    assert not s2.done and "repeating" in s2.messages[-1]["content"]
+
+
+def test_parse_retry_counts_and_gives_up():
+    p = ParseRetry(max_retries=1)
+    e = p.process(parsed("mumble", parse_error="could not parse tool call"))
+    assert e.followup and "could not parse" in e.followup[0]["content"]
+    assert e.state.memory[CONSECUTIVE_PARSE_FAILURES] == 1
+    e2 = p.process(ev.ParsedOutputEvent(e.state, text="mumble"))
+    assert e2.followup == [] and e.state.memory[CONSECUTIVE_PARSE_FAILURES] == 2
+    e3 = p.process(ev.ParsedOutputEvent(e.state, text="<answer>1</answer>", answer="1"))
+    assert e3.state.memory[CONSECUTIVE_PARSE_FAILURES] == 0
+
+
+def test_argument_guard():
+    s = state()
+    bad = ArgumentGuard().process(ev.ToolCallEvent(s, call=ev.ToolCall("python", {"code": "import os\nos.system('x')"})))
+    assert "blocked" in bad.result.error
+    good = ArgumentGuard().process(ev.ToolCallEvent(s, call=ev.ToolCall("python", {"code": "import math"})))
+    assert good.result is None
+
+
+# --- observability
+def test_journal_and_episode_metrics():
+    s = state()
+    s.usage.update(prompt_tokens=100, completion_tokens=20, tool_calls=4, tool_errors=1)
+    Journal(max_chars=5).process(ev.StepEndEvent(s, actions=["calculator(expression='1+1')"]))
+    assert s.journal == [{"step": 0, "actions": ["calcu"], "messages": 1, "completion_tokens": 20}]
+    s.step, s.final_answer, s.stop_reason = 1, "2", "answer"
+    EpisodeMetrics().process(ev.TaskEndEvent(s))
+    assert s.metrics == {"steps": 2, "tokens_per_step": 60.0, "tool_calls": 4, "tool_error_rate": 0.25,
+                         "answered": True, "stop_reason": "answer"}
+
+
+# --- training bridge
+def test_token_annotation():
+    e = TokenAnnotation().process(ev.ModelOutputEvent(state(), text="x", finish_reason="length"))
+    assert e.trainable is False and e.loss_weight == 1.0
+    s = state()
+    s.memory[CONSECUTIVE_PARSE_FAILURES] = 1
+    e2 = TokenAnnotation(retry_weight=0.25).process(ev.ModelOutputEvent(s, text="x"))
+    assert e2.trainable and e2.loss_weight == 0.25
+
+
+def test_infra_error_filter():
+    s = state()
+    InfraErrorFilter().process(ev.TaskEndEvent(s))
+    assert s.trainable
+    s.usage["tool_timeouts"] = 1
+    InfraErrorFilter().process(ev.TaskEndEvent(s))
+    assert not s.trainable

@@ -1,0 +1,53 @@
+"""The command line: help lists the commands; harness show/diff/id; eval writes a summary."""
+
+import json
+
+from typer.testing import CliRunner
+
+from coevo.cli import app
+from coevo.harness.defaults import base_harness
+from coevo.harness.library import SlidingWindowMemory
+
+runner = CliRunner()
+
+
+def test_help_lists_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("eval", "harness"):
+        assert command in result.output
+    sub = runner.invoke(app, ["harness", "--help"])
+    for command in ("show", "diff", "id", "processors"):
+        assert command in sub.output
+
+
+def test_harness_show_diff_and_id(tmp_path):
+    a = base_harness()
+    b = a.insert(SlidingWindowMemory(keep_last=2)).set_param("step_budget", "max_steps", 4)
+    pa, pb = a.save(tmp_path / "a.yaml"), b.save(tmp_path / "b.yaml")
+    shown = runner.invoke(app, ["harness", "show", str(pb)], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert b.id in shown.output and "memory" in shown.output and "sliding_window" in shown.output
+    assert "before_model" in shown.output and "control_safety" in shown.output
+    d = runner.invoke(app, ["harness", "diff", str(pa), str(pb)])
+    assert d.exit_code == 0 and "added sliding_window" in d.output and "max_steps: 6 -> 4" in d.output
+    assert runner.invoke(app, ["harness", "id", str(pa)]).output.strip() == a.id
+    bad = runner.invoke(app, ["harness", "show", str(tmp_path / "missing.yaml")])
+    assert bad.exit_code != 0 and "neither a built-in harness" in bad.output
+
+
+def test_processors_listing():
+    out = runner.invoke(app, ["harness", "processors"], terminal_width=250).output
+    for kind in ("system_prompt", "sliding_window", "python_executor", "code"):
+        assert kind in out
+
+
+def test_eval_writes_summary(tmp_path):
+    result = runner.invoke(app, ["eval", "--limit", "5", "--attempts", "2", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["n_tasks"] == 5 and summary["attempts"] == 2 and summary["pass_at_1"] == 1.0
+    assert len((tmp_path / "run" / "traces.jsonl").read_text().splitlines()) == 10
+    assert (tmp_path / "run" / "harness.yaml").exists()
+    bad = runner.invoke(app, ["eval", "--env", "nope"])
+    assert bad.exit_code != 0 and "unknown env" in bad.output

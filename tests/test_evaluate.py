@@ -1,0 +1,34 @@
+import pytest
+
+from coevo.agent import ScriptedPolicy
+from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
+from coevo.evaluate import evaluate, pass_rates
+from coevo.harness.defaults import base_harness
+
+
+def test_pass_rates_formula():
+    outcomes = {"a": [True, False], "b": [False, False], "c": [True, True], "d": [False, True]}
+    p1, pk = pass_rates(outcomes)
+    assert p1 == pytest.approx((0.5 + 0 + 1 + 0.5) / 4)
+    assert pk == pytest.approx(3 / 4)
+    assert pass_rates({}) == (0.0, 0.0)
+
+
+def test_evaluate_counts_attempts_and_failures():
+    env = ArithmeticEnv(n_tasks=20)
+    flaky = {"n": 0}
+
+    def respond(messages):  # every other episode answers wrong on its final turn
+        reply = calculator_solver(messages)
+        if "<answer>" in reply:
+            flaky["n"] += 1
+            if flaky["n"] % 2:
+                return "<answer>-1</answer>"
+        return reply
+
+    report, traces = evaluate(base_harness(), ScriptedPolicy(respond), env, "val", attempts=2, batch_size=1, workers=1)
+    assert report.n_tasks == len(env.tasks("val")) and len(traces) == 2 * report.n_tasks
+    assert report.pass_at_1 == pytest.approx(0.5)
+    assert report.mean_reward == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="attempts"):
+        evaluate(base_harness(), ScriptedPolicy(respond), env, attempts=0)

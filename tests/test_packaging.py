@@ -1,0 +1,47 @@
+"""One import root: the sibling folders install as coevo.* and nothing else reaches the top level."""
+
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_subpackages_import_after_install(tmp_path):
+    # run from an unrelated directory so the repository root is not on sys.path
+    code = "import coevo.trainers, coevo.buffers, coevo.kernels, coevo.harness, coevo.agent; print(coevo.kernels.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()).parent == ROOT / "kernels"
+    probe = "import importlib.util as u; print([n for n in ('trainers', 'buffers', 'kernels') if u.find_spec(n) and str(u.find_spec(n).origin).startswith(%r)])" % str(ROOT)
+    leaked = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True)
+    assert leaked.stdout.strip() == "[]", leaked.stdout + leaked.stderr
+
+
+def test_every_package_directory_is_listed():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapping = config["package-dir"]
+    listed = set(config["packages"])
+    found = set()
+    for top, folder in mapping.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([top, *rel.parts]))
+    assert found == listed
+
+
+@pytest.mark.slow
+def test_wheel_installs_only_under_coevo(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+                   check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    wheel = next(tmp_path.glob("coevo-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"coevo", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
+    for sub in ("trainers", "buffers", "kernels", "harness/library", "sandbox"):
+        assert f"coevo/{sub}/__init__.py" in names
