@@ -86,47 +86,91 @@ def _short(value: object, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def build_policy(model: str, backend: str, device: str, adapter: str | None, env_name: str, seed: int):
+    """The policy for ``coevo eval``: ``scripted`` (the env's scripted solver), or a model name
+    or path served by transformers or vLLM."""
+    from coevo.agent.policy import ScriptedPolicy
+    from coevo.envs import SCRIPTED_SOLVERS
+
+    if model == "scripted":
+        if env_name not in SCRIPTED_SOLVERS:
+            raise typer.BadParameter(f"env {env_name!r} has no scripted solver; use a model", param_hint="--model")
+        return ScriptedPolicy(SCRIPTED_SOLVERS[env_name], model_version=f"scripted-{env_name}")
+    if backend == "transformers":
+        from coevo.policy.load import transformers_policy
+
+        return transformers_policy(model, device=device, adapter=adapter, seed=seed)
+    if backend == "vllm":
+        from coevo.policy.smollm2 import converted_dir
+        from coevo.policy.vllm import ColocatedEngine, VLLMPolicy
+
+        from transformers import AutoTokenizer
+
+        path = str(converted_dir()) if model == "smollm2" else model
+        if not Path(path).is_dir():
+            raise typer.BadParameter("vllm serves smollm2 or a local model directory", param_hint="--model")
+        return VLLMPolicy(ColocatedEngine(path, seed=seed), AutoTokenizer.from_pretrained(path),
+                          model_version=Path(path).name)
+    raise typer.BadParameter(f"backend must be transformers or vllm, got {backend!r}", param_hint="--backend")
+
+
 @app.command("eval")
 def eval_cmd(
-    env_name: str = typer.Option("arithmetic", "--env", help="environment name"),
+    env_name: str = typer.Option("reasoning", "--env", help="environment: reasoning | textworld_express | arithmetic"),
+    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | a local model directory"),
+    backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
+    device: str = typer.Option("cpu", help="torch device for the transformers backend"),
+    adapter: Optional[str] = typer.Option(None, help="PEFT adapter directory to load on the model"),
     harness: str = typer.Option("base", help="built-in harness name or YAML path"),
-    split: str = typer.Option("test", help="train | val | test"),
-    policy: str = typer.Option("scripted", help="scripted: the env's scripted solver (a demo policy)"),
-    attempts: int = typer.Option(1, min=1, help="attempts per task (pass@k uses all of them)"),
-    limit: Optional[int] = typer.Option(None, min=1, help="evaluate only the first N tasks"),
-    out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<time>)"),
+    split: str = typer.Option("val", help="train | val | test"),
+    attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="attempts per task: reports pass@1 and pass@k"),
+    temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
+    limit: Optional[int] = typer.Option(None, min=1, help="evaluate only the first N tasks of the split"),
+    batch_size: int = typer.Option(16, min=1, help="model calls per generate() batch"),
+    seed: int = typer.Option(0, help="sampling seed"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
-    """Evaluate a harness with a policy on one split; write traces and a summary."""
-    from coevo.agent.policy import ScriptedPolicy
+    """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
     from coevo.envs import ENVS
-    from coevo.envs.arithmetic import calculator_solver
     from coevo.evaluate import evaluate, write_eval
 
     if env_name not in ENVS:
         raise typer.BadParameter(f"unknown env {env_name!r}; choose one of {sorted(ENVS)}", param_hint="--env")
-    policies = {"scripted": lambda: ScriptedPolicy(calculator_solver, model_version="scripted-calculator")}
-    if policy not in policies:
-        raise typer.BadParameter(f"unknown policy {policy!r}; choose one of {sorted(policies)}", param_hint="--policy")
     h = load_harness(harness)
+    if temperature is not None:
+        if "sampling" not in h:
+            raise typer.BadParameter("the harness has no 'sampling' processor to set", param_hint="--temperature")
+        h = h.set_param("sampling", "temperature", temperature)
+    greedy = "sampling" in h and h.get("sampling").config["temperature"] == 0
+    if attempts > 1 and greedy:
+        console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical; pass --temperature[/yellow]")
     env = ENVS[env_name]()
-    n = len(env.tasks(split)[:limit]) * attempts
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        bar = progress.add_task(f"{env_name}/{split}", total=n)
-        report, traces = evaluate(h, policies[policy](), env, split, attempts=attempts, limit=limit,
-                                  on_trace=lambda _t: progress.advance(bar))
-    out = out or Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
+    try:
+        n = len(env.tasks(split)[:limit]) * attempts
+        with console.status(f"loading model {model}"):
+            policy = build_policy(model, backend, device, adapter, env_name, seed)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as progress:
+            bar = progress.add_task(f"{env_name}/{split} episodes", total=n)
+            report, traces = evaluate(h, policy, env, split, attempts=attempts, limit=limit, batch_size=batch_size,
+                                      on_trace=lambda _t: progress.advance(bar))
+    finally:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+    out = out or Path("runs") / time.strftime(f"eval-{env_name}-%Y%m%d-%H%M%S")
     write_eval(out, h, report, traces)
     table = Table(title=f"{env_name} / {split} — harness {h.name} ({h.id}), policy {report.model_version}")
     columns = {"tasks": str(report.n_tasks), "attempts": str(attempts), "pass@1": f"{report.pass_at_1:.3f}"}
     if attempts > 1:
         columns[f"pass@{attempts}"] = f"{report.pass_at_k:.3f}"
-    columns |= {"mean reward": f"{report.mean_reward:.3f}", "errors": str(report.errors), "seconds": f"{report.seconds:.1f}"}
+    columns |= {"mean reward": f"{report.mean_reward:.3f}", "errors": str(report.errors),
+                "tokens": str(report.completion_tokens), "seconds": f"{report.seconds:.1f}"}
     for col in columns:
         table.add_column(col)
     table.add_row(*columns.values())
     console.print(table)
-    console.print(f"traces and summary written to {out}")
+    console.print(f"report: {out / 'report.md'}  (traces: {out / 'traces.jsonl'})")
 
 
 def main() -> None:

@@ -41,6 +41,8 @@ class EvalReport:
     mean_reward: float
     errors: int
     seconds: float
+    prompt_tokens: int
+    completion_tokens: int
     outcomes: dict[str, list[bool]]
 
 
@@ -82,13 +84,46 @@ def evaluate(
         mean_reward=sum(t.reward for t in traces) / len(traces),
         errors=sum(t.error is not None for t in traces),
         seconds=round(time.perf_counter() - start, 3),
+        prompt_tokens=int(sum(t.cost.get("prompt_tokens", 0) for t in traces)),
+        completion_tokens=int(sum(t.cost.get("completion_tokens", 0) for t in traces)),
         outcomes=outcomes,
     )
     return report, traces
 
 
+def markdown_report(report: EvalReport, traces: Sequence[Trace]) -> str:
+    """Aggregate and per-task tables of an evaluation, for people."""
+    k = report.attempts
+    lines = [
+        f"# Evaluation: {report.env} / {report.split}",
+        "",
+        f"harness `{report.harness_id}`, policy `{report.model_version}`, {report.n_tasks} tasks x {k} attempts",
+        "",
+        f"| pass@1 | pass@{k} | mean reward | errors | prompt tokens | completion tokens | seconds |",
+        "|---|---|---|---|---|---|---|",
+        f"| {report.pass_at_1:.3f} | {report.pass_at_k:.3f} | {report.mean_reward:.3f} | {report.errors} | "
+        f"{report.prompt_tokens} | {report.completion_tokens} | {report.seconds:.1f} |",
+        "",
+        "## Per task",
+        "",
+        "| task | passed | mean reward | completion tokens | seconds | stop reasons | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by_task: dict[str, list[Trace]] = {}
+    for t in traces:
+        by_task.setdefault(t.task_id, []).append(t)
+    for task_id, ts in by_task.items():
+        errors = "; ".join(sorted({t.error for t in ts if t.error}))[:120]
+        lines.append(
+            f"| {task_id} | {sum(t.passed for t in ts)}/{len(ts)} | {sum(t.reward for t in ts) / len(ts):.2f} | "
+            f"{sum(t.cost.get('completion_tokens', 0) for t in ts)} | {sum(t.cost.get('seconds', 0) for t in ts):.1f} | "
+            f"{', '.join(sorted({str(t.stop_reason) for t in ts}))} | {errors.replace('|', '/')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_eval(out_dir: str | Path, harness: Harness, report: EvalReport, traces: Sequence[Trace]) -> Path:
-    """Write harness.yaml, traces.jsonl and summary.json into ``out_dir``."""
+    """Write harness.yaml, traces.jsonl, summary.json and report.md into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     harness.save(out / "harness.yaml")
@@ -96,4 +131,5 @@ def write_eval(out_dir: str | Path, harness: Harness, report: EvalReport, traces
         for t in traces:
             f.write(json.dumps(t.to_dict()) + "\n")
     (out / "summary.json").write_text(json.dumps(asdict(report), indent=2))
+    (out / "report.md").write_text(markdown_report(report, traces))
     return out

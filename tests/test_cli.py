@@ -43,11 +43,25 @@ def test_processors_listing():
 
 
 def test_eval_writes_summary(tmp_path):
-    result = runner.invoke(app, ["eval", "--limit", "5", "--attempts", "2", "--out", str(tmp_path / "run")])
+    args = ["eval", "--env", "arithmetic", "--model", "scripted", "--split", "test"]
+    result = runner.invoke(app, [*args, "--limit", "5", "--k", "2", "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["n_tasks"] == 5 and summary["attempts"] == 2 and summary["pass_at_1"] == 1.0
     assert len((tmp_path / "run" / "traces.jsonl").read_text().splitlines()) == 10
     assert (tmp_path / "run" / "harness.yaml").exists()
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| 1.000 | 1.000 |" in report and report.count("| arith-") == 5 and "2/2" in report
     bad = runner.invoke(app, ["eval", "--env", "nope"])
     assert bad.exit_code != 0 and "unknown env" in bad.output
+    bad_backend = runner.invoke(app, ["eval", "--env", "arithmetic", "--model", "tiny", "--backend", "x"])
+    assert bad_backend.exit_code != 0 and "backend must be transformers or vllm" in bad_backend.output
+
+
+def test_eval_with_a_tiny_model(tmp_path):
+    args = ["eval", "--env", "arithmetic", "--model", "tiny", "--split", "val", "--limit", "3", "--k", "2",
+            "--temperature", "1.0", "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["n_tasks"] == 3 and summary["completion_tokens"] > 0 and summary["errors"] == 0

@@ -1,0 +1,177 @@
+"""A Policy over vLLM, for GPUs: colocated (``vllm.LLM`` in this process) or a server
+(``vllm serve`` reached through TRL's ``VLLMClient``).
+
+Same contract as ``TransformersPolicy``: prompts are rendered with the tokenizer's chat template
+and sent as token ids; ``completion_ids`` and per-token ``logprobs`` come back from the engine,
+which must run with ``logprobs_mode="processed_logprobs"`` so the log-probs are those of the
+temperature-scaled distribution (vLLM's default, raw log-probs, would bias importance ratios).
+``text`` is the decoding of ``completion_ids``.
+
+After each trainer update, ``sync_weights(model)`` pushes the new weights into the engine (a
+LoRA adapter is merged for the copy and unmerged afterwards) and bumps ``model_version``.
+
+vLLM is an optional GPU-only extra (``pip install coevo[vllm]``); this module imports it only
+when an engine is built, so it can be imported and unit-tested on a CPU against a fake engine.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol, Sequence
+
+from coevo.agent.policy import ChatRequest, Generation
+from coevo.harness.events import SamplingParams
+from coevo.policy.hf import to_template_messages
+
+VLLM_HINT = "vLLM is a GPU-only extra: pip install 'coevo[vllm]'"
+
+
+@dataclass
+class EngineOutput:
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+
+
+class Engine(Protocol):
+    """What VLLMPolicy needs from a backend; ``ColocatedEngine`` and ``ServerEngine`` adapt vLLM."""
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[EngineOutput]: ...
+
+    def load_weights(self, weights: Iterator[tuple[str, Any]]) -> None: ...
+
+
+def named_weights(model: Any) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) pairs in the base model's naming. For a PEFT model the adapter must already
+    be merged (``VLLMPolicy.sync_weights`` does that): LoRA factors and frozen originals of
+    ``modules_to_save`` are skipped, and the trained copies take the original names."""
+    is_peft = hasattr(model, "peft_config")
+    for name, tensor in model.state_dict().items():
+        if is_peft:
+            if "lora_" in name or ".original_module." in name:
+                continue
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            name = re.sub(r"\.modules_to_save\.[^.]+", "", name)
+        yield name, tensor.detach()
+
+
+class ColocatedEngine:
+    """``vllm.LLM`` in this process, sharing the GPU with the trainer."""
+
+    def __init__(self, model_path: str, **llm_kwargs: Any) -> None:
+        try:
+            from vllm import LLM
+        except ImportError as err:
+            raise ImportError(VLLM_HINT) from err
+        llm_kwargs.setdefault("gpu_memory_utilization", 0.3)
+        self.llm = LLM(model=model_path, logprobs_mode="processed_logprobs", **llm_kwargs)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[EngineOutput]:
+        from vllm import SamplingParams as VSampling
+
+        params = VSampling(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop) or None,
+            include_stop_str_in_output=True,
+            logprobs=0,
+        )
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        results = []
+        for out in outs:
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            lps = [step[t].logprob for step, t in zip(o.logprobs, ids, strict=True)]
+            results.append(EngineOutput(ids, lps, "length" if o.finish_reason == "length" else "stop"))
+        return results
+
+    def load_weights(self, weights: Iterator[tuple[str, Any]]) -> None:
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        runner.model.load_weights(weights)
+        self.llm.reset_prefix_cache()
+
+
+class ServerEngine:
+    """A ``vllm serve`` process (started with ``--logprobs-mode processed_logprobs``), through
+    TRL's ``VLLMClient``; weights travel over NCCL after ``init_communicator``."""
+
+    def __init__(self, base_url: str, *, connection_timeout: float = 60.0, device: str = "cuda") -> None:
+        try:
+            from trl.generation.vllm_client import VLLMClient
+        except ImportError as err:
+            raise ImportError(VLLM_HINT) from err
+        self.client = VLLMClient(base_url=base_url, connection_timeout=connection_timeout)
+        self.device = device
+        self._communicator = False
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[EngineOutput]:
+        out = self.client.generate(
+            prompts,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+            generation_kwargs={"stop": list(sampling.stop) or None, "include_stop_str_in_output": True},
+        )
+        results = []
+        for ids, lps in zip(out["completion_ids"], out["logprobs"], strict=True):
+            results.append(EngineOutput(list(ids), [step[0] for step in lps], "stop"))
+        for r in results:  # the completions endpoint does not report why each stopped
+            if len(r.completion_ids) >= sampling.max_new_tokens:
+                r.finish_reason = "length"
+        return results
+
+    def load_weights(self, weights: Iterator[tuple[str, Any]]) -> None:
+        if not self._communicator:
+            self.client.init_communicator(device=self.device)
+            self._communicator = True
+        for name, tensor in weights:
+            self.client.update_named_param(name, tensor)
+        self.client.reset_prefix_cache()
+
+
+class VLLMPolicy:
+    def __init__(self, engine: Engine, tokenizer: Any, *, model_version: str = "0", tool_role: bool = False) -> None:
+        if tokenizer.chat_template is None:
+            raise ValueError("the tokenizer has no chat template; VLLMPolicy renders chats with it")
+        self.engine, self.tokenizer = engine, tokenizer
+        self.model_version = model_version
+        self.tool_role = tool_role
+
+    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        rendered = to_template_messages(messages, self.tool_role)
+        ids = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
+        results: list[Generation | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):  # one engine call per sampling configuration
+            s = r.sampling
+            groups.setdefault((s.temperature, s.top_p, s.max_new_tokens, tuple(s.stop)), []).append(i)
+        for idx in groups.values():
+            prompts = [self.prompt_ids(requests[i].messages) for i in idx]
+            outs = self.engine.generate(prompts, requests[idx[0]].sampling)
+            for i, prompt, out in zip(idx, prompts, outs, strict=True):
+                results[i] = Generation(
+                    text=self.tokenizer.decode(out.completion_ids, skip_special_tokens=True),
+                    prompt_ids=prompt,
+                    completion_ids=out.completion_ids,
+                    logprobs=out.logprobs,
+                    finish_reason=out.finish_reason,
+                )
+        return [r for r in results if r is not None]
+
+    def sync_weights(self, model: Any, model_version: str) -> None:
+        """Copy the trainer's current weights into the engine; rollouts after this use them."""
+        is_peft = hasattr(model, "merge_adapter")
+        if is_peft:
+            model.merge_adapter()
+        try:
+            self.engine.load_weights(named_weights(model))
+        finally:
+            if is_peft:
+                model.unmerge_adapter()
+        self.model_version = model_version

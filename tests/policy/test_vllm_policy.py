@@ -1,0 +1,97 @@
+"""VLLMPolicy's contract against a fake engine (the real engine is checked by scripts/gpu_check.py)."""
+
+import pytest
+import torch
+
+from coevo.agent.policy import ChatRequest
+from coevo.harness.events import SamplingParams
+from coevo.policy.tiny import tiny_model, tiny_tokenizer
+from coevo.policy.vllm import EngineOutput, VLLMPolicy, named_weights
+
+
+class FakeEngine:
+    """Greedy decoding with a real tiny model, returning log-probs at the request temperature —
+    what vLLM with processed_logprobs returns — and recording weight loads."""
+
+    def __init__(self, model):
+        self.model = model
+        self.calls: list[tuple[int, SamplingParams]] = []
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def generate(self, prompts, sampling):
+        self.calls.append((len(prompts), sampling))
+        outs = []
+        for p in prompts:
+            ids, lps = list(p), []
+            for _ in range(sampling.max_new_tokens):
+                logits = self.model(torch.tensor([ids])).logits[0, -1].double()
+                tok = int(logits.argmax())
+                lps.append(float(torch.log_softmax(logits / max(sampling.temperature, 1e-6), -1)[tok]))
+                ids.append(tok)
+            outs.append(EngineOutput(ids[len(p):], lps, "length"))
+        return outs
+
+    def load_weights(self, weights):
+        self.loaded.update({k: v.clone() for k, v in weights})
+
+
+@pytest.fixture
+def setup():
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=0)
+    return VLLMPolicy(FakeEngine(model), tok, model_version="m0"), model, tok
+
+
+def test_contract_ids_text_logprobs_and_grouping(setup):
+    policy, model, tok = setup
+    msgs = [{"role": "user", "content": "hi"}]
+    reqs = [ChatRequest(msgs, SamplingParams(temperature=0.7, max_new_tokens=5)),
+            ChatRequest(msgs, SamplingParams(temperature=1.0, max_new_tokens=3)),
+            ChatRequest(msgs, SamplingParams(temperature=0.7, max_new_tokens=5))]
+    gens = policy.generate(reqs)
+    assert [len(g.completion_ids) for g in gens] == [5, 3, 5]
+    assert sorted(n for n, _ in policy.engine.calls) == [1, 2]  # one engine call per sampling config
+    for g, r in zip(gens, reqs, strict=True):
+        assert tok.decode(g.completion_ids, skip_special_tokens=True) == g.text
+        assert g.prompt_ids == policy.prompt_ids(r.messages)
+        with torch.no_grad():
+            logits = model(torch.tensor([g.prompt_ids + g.completion_ids])).logits[0, len(g.prompt_ids) - 1 : -1].double()
+        ref = torch.log_softmax(logits / r.sampling.temperature, -1).gather(-1, torch.tensor(g.completion_ids)[:, None])
+        assert torch.allclose(torch.tensor(g.logprobs, dtype=torch.float64), ref.squeeze(-1), atol=1e-4)
+
+
+def test_sync_weights_plain_and_peft(setup):
+    from peft import LoraConfig, get_peft_model
+
+    policy, model, tok = setup
+    policy.sync_weights(model, "m1")
+    assert policy.model_version == "m1"
+    assert set(policy.engine.loaded) == set(model.state_dict())
+    peft_model = get_peft_model(tiny_model(tok, seed=0), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    before = {k: v.clone() for k, v in peft_model.state_dict().items()}
+    policy.sync_weights(peft_model, "m2")
+    loaded = policy.engine.loaded
+    assert set(loaded) == set(model.state_dict())  # base names, no LoRA factors
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(loaded[q], model.state_dict()[q])  # the merged adapter reached the engine
+    after = peft_model.state_dict()
+    assert all(torch.allclose(before[k], after[k], atol=1e-6) for k in before)  # and was unmerged again
+    assert dict(named_weights(model)).keys() == model.state_dict().keys()
+
+
+def test_missing_vllm_names_the_extra(monkeypatch):
+    import builtins
+
+    from coevo.policy import vllm as vmod
+
+    real_import = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    with pytest.raises(ImportError, match=r"pip install 'coevo\[vllm\]'"):
+        vmod.ColocatedEngine("some/model")
