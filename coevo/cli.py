@@ -86,6 +86,19 @@ def _short(value: object, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def parse_env_args(pairs: list[str]) -> dict[str, object]:
+    """``["n_per_dataset=10", "games=[coin]"]`` -> keyword arguments (values parsed as YAML)."""
+    import yaml
+
+    kwargs: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--env-arg")
+        kwargs[key] = yaml.safe_load(value)
+    return kwargs
+
+
 def build_policy(model: str, backend: str, device: str, adapter: str | None, env_name: str, seed: int):
     """The policy for ``coevo eval``: ``scripted`` (the env's scripted solver), or a model name
     or path served by transformers or vLLM."""
@@ -117,6 +130,7 @@ def build_policy(model: str, backend: str, device: str, adapter: str | None, env
 @app.command("eval")
 def eval_cmd(
     env_name: str = typer.Option("reasoning", "--env", help="environment: reasoning | textworld_express | arithmetic"),
+    env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
     model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | a local model directory"),
     backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
     device: str = typer.Option("cpu", help="torch device for the transformers backend"),
@@ -126,7 +140,7 @@ def eval_cmd(
     attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="attempts per task: reports pass@1 and pass@k"),
     temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
     limit: Optional[int] = typer.Option(None, min=1, help="evaluate only the first N tasks of the split"),
-    batch_size: int = typer.Option(16, min=1, help="model calls per generate() batch"),
+    batch_size: int = typer.Option(32, min=1, help="model calls per generate() batch"),
     seed: int = typer.Option(0, help="sampling seed"),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
@@ -144,7 +158,10 @@ def eval_cmd(
     greedy = "sampling" in h and h.get("sampling").config["temperature"] == 0
     if attempts > 1 and greedy:
         console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical; pass --temperature[/yellow]")
-    env = ENVS[env_name]()
+    try:
+        env = ENVS[env_name](**parse_env_args(env_args))
+    except (TypeError, ValueError) as err:
+        raise typer.BadParameter(f"{env_name}: {err}", param_hint="--env-arg") from None
     try:
         n = len(env.tasks(split)[:limit]) * attempts
         with console.status(f"loading model {model}"):

@@ -43,7 +43,7 @@ def test_processors_listing():
 
 
 def test_eval_writes_summary(tmp_path):
-    args = ["eval", "--env", "arithmetic", "--model", "scripted", "--split", "test"]
+    args = ["eval", "--env", "arithmetic", "--model", "scripted", "--split", "test", "--env-arg", "n_tasks=40"]
     result = runner.invoke(app, [*args, "--limit", "5", "--k", "2", "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -54,6 +54,8 @@ def test_eval_writes_summary(tmp_path):
     assert "| 1.000 | 1.000 |" in report and report.count("| arith-") == 5 and "2/2" in report
     bad = runner.invoke(app, ["eval", "--env", "nope"])
     assert bad.exit_code != 0 and "unknown env" in bad.output
+    bad_arg = runner.invoke(app, ["eval", "--env", "arithmetic", "--env-arg", "n_taks=3"])
+    assert bad_arg.exit_code != 0 and "n_taks" in bad_arg.output
     bad_backend = runner.invoke(app, ["eval", "--env", "arithmetic", "--model", "tiny", "--backend", "x"])
     assert bad_backend.exit_code != 0 and "backend must be transformers or vllm" in bad_backend.output
 

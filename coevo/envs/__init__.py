@@ -2,12 +2,16 @@
 
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
 from coevo.envs.base import SPLITS, Env, EnvSession, Score, Task, assign_split
+from coevo.envs.reasoning import ReasoningEnv
+from coevo.envs.textworld_express import TWXEnv
 
-ENVS = {"arithmetic": ArithmeticEnv}
+ENVS = {"arithmetic": ArithmeticEnv, "reasoning": ReasoningEnv, "textworld_express": TWXEnv}
 """Environments constructible by name (the CLI and configs use this)."""
 
 SCRIPTED_SOLVERS = {"arithmetic": calculator_solver}
 """Scripted demo policies, for envs that have one."""
 
-__all__ = ["ArithmeticEnv", "ENVS",
-    "SCRIPTED_SOLVERS", "Env", "EnvSession", "SPLITS", "Score", "Task", "assign_split"]
+__all__ = ["ArithmeticEnv",
+    "ReasoningEnv", "ENVS",
+    "SCRIPTED_SOLVERS", "Env", "EnvSession", "SPLITS", "Score", "TWXEnv",
+    "Task", "assign_split"]

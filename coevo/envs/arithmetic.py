@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import math
 import operator
 import random
 import re
@@ -42,9 +43,14 @@ def safe_arithmetic(expression: str) -> int | float:
             if isinstance(node.op, ast.Pow) and abs(right) > 64:
                 raise ValueError("exponent too large")
             try:
-                return _BINARY[type(node.op)](left, right)
+                value = _BINARY[type(node.op)](left, right)
             except ZeroDivisionError:
                 raise ValueError("division by zero") from None
+            except OverflowError:
+                raise ValueError("result too large") from None
+            if (isinstance(value, int) and value.bit_length() > 256) or not math.isfinite(value):
+                raise ValueError("result too large")
+            return value
         raise ValueError(f"unsupported element {type(node).__name__}")
 
     return ev(tree.body)

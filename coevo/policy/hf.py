@@ -43,7 +43,7 @@ class TransformersPolicy:
         tokenizer: Any,
         *,
         model_version: str = "0",
-        max_batch_size: int = 16,
+        max_batch_size: int = 32,
         tool_role: bool = False,
         seed: int = 0,
     ) -> None:

@@ -42,7 +42,7 @@ def load_model(model: str = "smollm2", *, device: str = "cpu", dtype: str = "aut
 
 
 def transformers_policy(model: str = "smollm2", *, device: str = "cpu", adapter: str | None = None,
-                        max_batch_size: int = 16, seed: int = 0, model_version: str | None = None):
+                        max_batch_size: int = 32, seed: int = 0, model_version: str | None = None):
     from coevo.policy.hf import TransformersPolicy
 
     lm, tok = load_model(model, device=device, adapter=adapter, seed=seed)

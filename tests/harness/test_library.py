@@ -183,6 +183,8 @@ def test_tool_timeout_per_tool():
     "text,answer",
     [
         ("so <answer> 42 </answer>", "42"),
+        ("<answer>1 2\n3 4</answer>", "1 2\n3 4"),
+        ("Final answer: 8\nand more text", "8"),
         ("the result is \\boxed{17}", "17"),
         ("Final answer: 8\nbye", "8"),
         ("Answer: 12", "12"),

@@ -9,9 +9,9 @@ from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor
 
 DEFAULT_PATTERNS = [
-    r"<answer>\s*(.*?)\s*</answer>",
+    r"<answer>\s*([\s\S]*?)\s*</answer>",  # may span lines (grids, lists)
     r"\\boxed\{([^{}]*)\}",
-    r"(?i)final answer\s*(?:is)?\s*[:：]?\s*(.+)",
+    r"(?i)final answer\s*(?:is)?\s*[:：]?\s*(.+)",  # to the end of the line
     r"(?i)^\s*answer\s*[:：]\s*(.+)",
 ]
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
@@ -28,7 +28,7 @@ class AnswerExtraction(Processor):
     consumes = produces = ParsedOutputEvent
     group = "answer_extraction"
     params = (
-        Param("patterns", "str_list", DEFAULT_PATTERNS, "regexes with one group, tried in order (multiline)"),
+        Param("patterns", "str_list", DEFAULT_PATTERNS, "regexes with one group, tried in order (^ and $ match at lines)"),
         Param("last_number_fallback", "bool", False, "use the last number when no pattern matches"),
     )
 
@@ -37,7 +37,7 @@ class AnswerExtraction(Processor):
         from coevo.harness.errors import ParamError
 
         try:
-            self._regexes = [re.compile(p, re.MULTILINE | re.DOTALL) for p in self.config["patterns"]]
+            self._regexes = [re.compile(p, re.MULTILINE) for p in self.config["patterns"]]
         except re.error as err:
             raise ParamError(self.name, f"parameter 'patterns' holds an invalid regex: {err}") from None
 
@@ -47,7 +47,7 @@ class AnswerExtraction(Processor):
         for rx in self._regexes:
             m = rx.search(event.text)
             if m and m.group(1).strip():
-                event.answer = m.group(1).strip().splitlines()[0].strip()
+                event.answer = m.group(1).strip()
                 return event
         if self.config["last_number_fallback"]:
             numbers = NUMBER_RE.findall(event.text)

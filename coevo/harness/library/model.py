@@ -18,7 +18,7 @@ class SamplingConfig(Processor):
     params = (
         Param("temperature", "float", 0.0, "0 is greedy decoding"),
         Param("top_p", "float", 1.0, "nucleus sampling mass"),
-        Param("max_new_tokens", "int", 256, "completion budget per model call"),
+        Param("max_new_tokens", "int", 192, "completion budget per model call"),
         Param("stop", "str_list", [], "extra stop strings"),
     )
 
