@@ -1,0 +1,29 @@
+"""Run a few GRPO steps on a tiny model and save the parameters; launched once with one process
+and once with ``accelerate launch --multi_gpu --num_processes 2`` by test_distributed.py."""
+
+import sys
+
+import torch
+from accelerate import Accelerator
+
+from coevo.policy.tiny import tiny_model, tiny_tokenizer
+from coevo.trainers.grpo import GRPOTrainer
+from tests.trainers.helpers import synthetic_traces
+
+
+def main(out: str, micro_batch_size: int) -> None:
+    accelerator = Accelerator(cpu=True)
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=0)
+    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, accelerator=accelerator, lr=1e-3,
+                          micro_batch_size=micro_batch_size, aggregation="sequence_mean", kernel="chunked")
+    for step in range(3):
+        traces = synthetic_traces(trainer.unwrapped, tok, n_tasks=3, per_task=3, seed=step, stale=0.1)
+        trainer.step(traces)
+    if accelerator.is_main_process:
+        torch.save({k: v.detach().cpu() for k, v in trainer.unwrapped.state_dict().items()}, out)
+    print(f"rank {accelerator.process_index} of {accelerator.num_processes} done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,33 @@
+"""Synthetic traces on a tiny model, shared by the trainer tests and the two-process worker."""
+
+from __future__ import annotations
+
+import random
+
+from coevo.agent.trace import ModelCall, Trace
+from coevo.trainers.logprobs import logprob_fn
+
+
+def synthetic_traces(model, tok, *, n_tasks: int = 3, per_task: int = 4, calls: int = 2, seed: int = 0,
+                     stale: float = 0.0) -> list[Trace]:
+    """Traces with random prompt/completion ids, binary rewards that vary within each task, and
+    behaviour log-probs from ``model`` (shifted by ``stale`` to imitate an older checkpoint)."""
+    rng = random.Random(seed)
+    vocab = len(tok)
+    traces = []
+    for t in range(n_tasks):
+        for k in range(per_task):
+            mc = []
+            for c in range(calls):
+                prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 9))]
+                completion = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 7))]
+                mc.append(ModelCall(c, [], prompt, completion, None, "", "stop"))
+            traces.append(Trace(f"tr-{t}-{k}", f"task-{t}", "env", "train", f"h{k % 2}", "base", "0",
+                                model_calls=mc, reward=float((k + t) % 2), passed=bool((k + t) % 2)))
+    fn = logprob_fn(model, tok.pad_token_id)
+    pairs = [(c.prompt_ids, c.completion_ids) for tr in traces for c in tr.model_calls]
+    logps = iter(fn(pairs))
+    for tr in traces:
+        tr.behaviour_logprobs = [[v + (stale * rng.choice([-1, 1]) if stale else 0.0) for v in next(logps)]
+                                 for _ in tr.model_calls]
+    return traces

@@ -1,0 +1,72 @@
+"""Advantages and loss aggregation against slow, obvious twins."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from coevo.trainers.advantages import group_advantages
+from coevo.trainers.aggregation import token_weights
+
+
+def loop_twin(ids, rewards, scale_by_std=True, eps=1e-6):
+    groups: dict[str, list[float]] = {}
+    for g, r in zip(ids, rewards):
+        groups.setdefault(g, []).append(r)
+    out = []
+    for g, r in zip(ids, rewards):
+        rs = groups[g]
+        mean = sum(rs) / len(rs)
+        if max(rs) == min(rs):
+            out.append(0.0)
+            continue
+        std = math.sqrt(sum((x - mean) ** 2 for x in rs) / (len(rs) - 1))
+        out.append((r - mean) / (std + eps) if scale_by_std else r - mean)
+    return out
+
+
+@pytest.mark.parametrize("scale_by_std", [True, False])
+def test_advantages_match_loop_twin_with_unequal_groups_and_singletons(scale_by_std):
+    rng = random.Random(0)
+    ids, rewards = [], []
+    for g, size in enumerate([1, 2, 3, 5, 8, 1, 4]):  # unequal sizes, two singletons
+        for _ in range(size):
+            ids.append(f"task-{g}")
+            rewards.append(float(rng.random() < 0.5) if g % 2 else rng.random())
+    order = list(range(len(ids)))
+    rng.shuffle(order)  # groups interleaved, as traces from several harnesses arrive
+    ids, rewards = [ids[i] for i in order], [rewards[i] for i in order]
+    adv, signal, stats = group_advantages(ids, rewards, scale_by_std=scale_by_std)
+    assert adv.tolist() == pytest.approx(loop_twin(ids, rewards, scale_by_std), abs=1e-5)
+    zero = {g for g in set(ids) if len({r for i, r in zip(ids, rewards) if i == g}) == 1}
+    assert stats.n_groups == 7 and stats.zero_variance_groups == len(zero)
+    assert signal.tolist() == [g not in zero for g in ids]
+    assert stats.zero_variance_fraction == pytest.approx(len(zero) / 7)
+
+
+def test_binary_group_advantages_and_all_equal_groups():
+    adv, signal, stats = group_advantages(["a", "a", "a", "a", "b", "b"], [1, 0, 0, 0, 1, 1])
+    std = math.sqrt((0.75**2 + 3 * 0.25**2) / 3)
+    assert adv[:4].tolist() == pytest.approx([0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std], rel=1e-5)
+    assert adv[4:].tolist() == [0.0, 0.0] and signal.tolist() == [True] * 4 + [False] * 2
+    assert stats.zero_variance_traces == 2
+    with pytest.raises(ValueError):
+        group_advantages(["a"], [1.0, 2.0])
+
+
+def test_token_weights_match_explicit_formulas():
+    lengths = [3, 1, 4, 0, 2]
+    tm = token_weights(lengths, "token_mean")
+    assert tm.shape == (10,) and torch.allclose(tm, torch.full((10,), 1 / 10))
+    sm = token_weights(lengths, "sequence_mean")
+    expected = [1 / (4 * 3)] * 3 + [1 / (4 * 1)] + [1 / (4 * 4)] * 4 + [1 / (4 * 2)] * 2
+    assert sm.tolist() == pytest.approx(expected)
+    assert float(sm.sum()) == pytest.approx(1.0)  # each sequence weighs the same, 1/4
+    dapo = token_weights(lengths, "dapo", step_tokens=40)
+    assert torch.allclose(dapo, torch.full((10,), 1 / 40))
+    # a shard of a larger step: its weights are normalised by the step's totals
+    shard = token_weights([3, 1], "sequence_mean", step_tokens=10, step_sequences=4)
+    assert shard.tolist() == pytest.approx([1 / 12] * 3 + [1 / 4])
+    with pytest.raises(ValueError, match="aggregation"):
+        token_weights(lengths, "mean")

@@ -1,0 +1,92 @@
+"""From traces to training sequences: one sequence per trainable model call.
+
+Every model call of a trace is trained with that trace's advantage (DESIGN §6). A sequence keeps
+the exact prompt and completion ids the policy saw and produced, the behaviour log-probs cached
+by the replay buffer, and the sampler's log-probs when the policy gave them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from coevo.agent.trace import Trace
+
+
+@dataclass(frozen=True)
+class TrainSequence:
+    trace_index: int  # position of its trace in the update's trace list
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logp: list[float]  # behaviour log-probs (buffer), one per completion token
+    sampler_logp: list[float] | None
+    advantage: float
+    loss_weight: float
+
+
+def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor) -> list[TrainSequence]:
+    """Flatten the trainable, non-empty model calls of trainable traces into sequences."""
+    out: list[TrainSequence] = []
+    for i, (trace, adv) in enumerate(zip(traces, advantages.tolist(), strict=True)):
+        if not trace.trainable:
+            continue
+        if trace.behaviour_logprobs is None:
+            raise ValueError(f"trace {trace.trace_id} has no behaviour log-probs; insert it through the replay buffer")
+        for k, call in enumerate(trace.model_calls):
+            if not call.trainable or not call.completion_ids:
+                continue
+            old = trace.behaviour_logprobs[k]
+            if len(old) != len(call.completion_ids):
+                raise ValueError(f"trace {trace.trace_id} call {k}: {len(old)} behaviour log-probs for "
+                                 f"{len(call.completion_ids)} tokens")
+            out.append(TrainSequence(i, call.prompt_ids, call.completion_ids, old, call.sampler_logprobs,
+                                     float(adv), call.loss_weight))
+    return out
+
+
+@dataclass
+class Collated:
+    input_ids: torch.Tensor  # [B, T] right-padded prompt+completion
+    attention_mask: torch.Tensor  # [B, T]
+    rows: torch.Tensor  # [N] batch row of each completion token
+    positions: torch.Tensor  # [N] position whose hidden state predicts that token
+    targets: torch.Tensor  # [N] the completion token ids
+    old_logp: torch.Tensor  # [N]
+    sampler_logp: torch.Tensor | None  # [N] (None when any sequence lacks sampler log-probs)
+    advantages: torch.Tensor  # [N]
+    loss_weights: torch.Tensor  # [N]
+    lengths: list[int]  # completion tokens per sequence
+
+
+def collate(seqs: Sequence[TrainSequence], pad_id: int, device: torch.device | str = "cpu") -> Collated:
+    full = [s.prompt_ids + s.completion_ids for s in seqs]
+    width = max(len(f) for f in full)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    rows, positions = [], []
+    for b, (s, f) in enumerate(zip(seqs, full, strict=True)):
+        input_ids[b, : len(f)] = torch.tensor(f)
+        mask[b, : len(f)] = 1
+        start = len(s.prompt_ids) - 1  # the hidden state at position p predicts token p + 1
+        positions.extend(range(start, start + len(s.completion_ids)))
+        rows.extend([b] * len(s.completion_ids))
+
+    def flat(values: Sequence[Sequence[float]]) -> torch.Tensor:
+        return torch.tensor([v for seq in values for v in seq], dtype=torch.float32, device=device)
+
+    has_sampler = all(s.sampler_logp is not None for s in seqs)
+    lengths = [len(s.completion_ids) for s in seqs]
+    return Collated(
+        input_ids=input_ids.to(device),
+        attention_mask=mask.to(device),
+        rows=torch.tensor(rows, device=device),
+        positions=torch.tensor(positions, device=device),
+        targets=torch.tensor([t for s in seqs for t in s.completion_ids], device=device),
+        old_logp=flat([s.old_logp for s in seqs]),
+        sampler_logp=flat([s.sampler_logp for s in seqs]) if has_sampler else None,  # type: ignore[misc]
+        advantages=flat([[s.advantage] * n for s, n in zip(seqs, lengths, strict=True)]),
+        loss_weights=flat([[s.loss_weight] * n for s, n in zip(seqs, lengths, strict=True)]),
+        lengths=lengths,
+    )

@@ -1,0 +1,265 @@
+"""Cross-harness GRPO: one optimizer step over traces from the replay buffer.
+
+``GRPOTrainer.step(traces)`` groups the traces by task id (any harness, any checkpoint),
+computes advantages, turns every trainable model call into a sequence carrying its trace's
+advantage, and takes one optimizer step on the clipped off-policy objective against the cached
+behaviour log-probs. The loss comes from the fused kernels in ``coevo.kernels``, which never
+hold the full [tokens × vocab] logits.
+
+Distribution is accelerate's: the step's sequences are dealt to processes in a fixed order,
+each process accumulates its micro-batches without synchronising, and gradients are reduced
+once at its last micro-batch. Loss weights are normalised over the whole step (see
+``aggregation``), and the loss is scaled by the number of processes to undo DDP's averaging, so
+N processes compute exactly the gradient of one process holding the whole step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from coevo.agent.trace import Trace
+from coevo.kernels import grpo_loss
+from coevo.trainers.advantages import group_advantages
+from coevo.trainers.aggregation import MODES, token_weights
+from coevo.trainers.batch import TrainSequence, collate, training_sequences
+from coevo.trainers.logprobs import completion_hidden, lm_head_weight, token_logprobs
+
+
+@dataclass
+class StepMetrics:
+    loss: float
+    clip_fraction: float
+    kl: float
+    ratio_mean: float
+    ratio_min: float
+    ratio_max: float
+    advantage_mean: float
+    advantage_std: float
+    zero_variance_fraction: float
+    sequences: int
+    tokens: int
+    tokens_per_s: float
+    grad_norm: float
+    lr: float
+    staleness: dict[int, int]  # model-version lag -> traces
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items()}
+
+
+class GRPOTrainer:
+    """Owns the optimizer of ``model`` and applies GRPO steps to it.
+
+    Args are flat on purpose (no config objects): ``lr``, ``weight_decay``, ``max_grad_norm``,
+    ``warmup_steps`` and ``total_steps`` (linear schedule), ``micro_batch_size`` (sequences per
+    forward), clip ``eps_low``/``eps_high``, ``dual_clip`` (c > 1 or None), ``beta`` for the k3
+    KL to a reference (for LoRA the base model with the adapter disabled; otherwise
+    ``ref_model``), ``tis_cap`` for the truncated importance weight between the trainer's
+    behaviour log-probs and the sampler's, ``aggregation`` (token_mean | sequence_mean | dapo),
+    ``scale_by_std`` (False is Dr. GRPO), ``drop_zero_variance``, ``temperature`` (the rollout
+    temperature the log-probs refer to), ``kernel`` (auto | chunked | reference | triton).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_id: int,
+        accelerator: Any | None = None,
+        ref_model: Any | None = None,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        max_grad_norm: float = 1.0,
+        warmup_steps: int = 0,
+        total_steps: int = 1000,
+        micro_batch_size: int = 4,
+        eps_low: float = 0.2,
+        eps_high: float = 0.28,
+        dual_clip: float | None = None,
+        beta: float = 0.0,
+        tis_cap: float | None = None,
+        aggregation: str = "token_mean",
+        scale_by_std: bool = True,
+        drop_zero_variance: bool = True,
+        temperature: float = 1.0,
+        kernel: str = "auto",
+    ) -> None:
+        from accelerate import Accelerator
+
+        if aggregation not in MODES:
+            raise ValueError(f"aggregation must be one of {MODES}, got {aggregation!r}")
+        if micro_batch_size < 1 or temperature <= 0:
+            raise ValueError("micro_batch_size must be >= 1 and temperature > 0")
+        self.accelerator = accelerator or Accelerator()
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameters")
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+        def schedule(step: int) -> float:
+            warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+            return warm * max(0.0, 1.0 - step / max(total_steps, 1))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.ref_model = ref_model
+        self.pad_id = pad_id
+        self.max_grad_norm = max_grad_norm
+        self.micro_batch_size = micro_batch_size
+        self.loss_kwargs = dict(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, beta=beta,
+                                temperature=temperature, impl=kernel)
+        self.beta, self.tis_cap, self.temperature = beta, tis_cap, temperature
+        self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, scale_by_std, drop_zero_variance
+        self.version = 0  # optimizer steps taken: the model version of the next rollouts
+
+    @property
+    def unwrapped(self) -> Any:
+        return self.accelerator.unwrap_model(self.model)
+
+    # ----------------------------------------------------------------- the step
+    def step(self, traces: Sequence[Trace], *, versions: Sequence[int] | None = None) -> StepMetrics:
+        """One optimizer step on ``traces`` (all processes must pass the same traces).
+
+        ``versions`` are the model versions that produced each trace (for the staleness metric).
+        """
+        start = time.perf_counter()
+        adv, signal, stats = group_advantages([t.task_id for t in traces], [t.reward for t in traces],
+                                              scale_by_std=self.scale_by_std)
+        keep = [i for i in range(len(traces)) if signal[i] or not self.drop_zero_variance]
+        seqs = training_sequences([traces[i] for i in keep], adv[keep])
+        staleness = dict(Counter(self.version - v for v in versions)) if versions is not None else {}
+        if not seqs:  # nothing to learn from: no step, but say why in the metrics
+            return self._metrics(0.0, [], adv, stats.zero_variance_fraction, 0, 0, start, 0.0, staleness)
+        lengths = [len(s.completion_ids) for s in seqs]
+        step_tokens, step_seqs = sum(lengths), len(seqs)
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        mine = seqs[rank::world]
+        n_micro = math.ceil(math.ceil(len(seqs) / world) / self.micro_batch_size)
+        micro = [mine[k * self.micro_batch_size : (k + 1) * self.micro_batch_size] for k in range(n_micro)]
+
+        self.model.train()
+        total_loss, details = 0.0, []
+        for k, mb in enumerate(micro):
+            sync = k == n_micro - 1
+            ctx = contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model)
+            with ctx:
+                loss, detail = self._micro_loss(mb, step_tokens, step_seqs)
+                self.accelerator.backward(loss * world)  # undo DDP's mean: the step loss is a sum
+            total_loss += float(loss.detach())
+            if detail is not None:
+                details.append(detail)
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        total_loss = float(self.accelerator.reduce(torch.tensor(total_loss, device=self.accelerator.device), "sum"))
+        return self._metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
+                             start, float(grad_norm), staleness)
+
+    def _micro_loss(self, mb: list[TrainSequence], step_tokens: int, step_seqs: int) -> tuple[torch.Tensor, Any]:
+        if not mb:  # this process has fewer sequences: take part in the gradient reduction with zeros
+            return sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0, None
+        device = self.accelerator.device
+        batch = collate(mb, self.pad_id, device)
+        hidden = completion_hidden(self.model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
+        weight = lm_head_weight(self.model)
+        weights = token_weights(batch.lengths, self.aggregation, step_tokens=step_tokens, step_sequences=step_seqs)
+        weights = weights.to(device) * batch.loss_weights
+        if self.tis_cap is not None and batch.sampler_logp is not None:
+            weights = weights * torch.exp(batch.old_logp - batch.sampler_logp).clamp(max=self.tis_cap)
+        ref = self._ref_logp(batch) if self.beta > 0 else None
+        out = grpo_loss(hidden, weight, batch.targets, batch.old_logp, batch.advantages, weights, ref_logp=ref,
+                        **self.loss_kwargs)
+        return out.loss, out
+
+    @torch.no_grad()
+    def _ref_logp(self, batch: Any) -> torch.Tensor:
+        model = self.unwrapped
+        if hasattr(model, "disable_adapter"):  # LoRA: the reference is the base model
+            with model.disable_adapter():
+                hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
+                return token_logprobs(hidden, lm_head_weight(model), batch.targets, self.temperature)
+        if self.ref_model is None:
+            raise ValueError("beta > 0 needs a ref_model (or a LoRA model, whose base is the reference)")
+        hidden = completion_hidden(self.ref_model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
+        return token_logprobs(hidden, lm_head_weight(self.ref_model), batch.targets, self.temperature)
+
+    def _metrics(self, loss: float, details: list[Any], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,
+                 start: float, grad_norm: float, staleness: dict[int, int]) -> StepMetrics:
+        ratio = torch.cat([d.ratio for d in details]) if details else torch.ones(1)
+        clipped = torch.cat([d.clipped.float() for d in details]) if details else torch.zeros(1)
+        kls = [d.kl for d in details if d.kl is not None]
+        return StepMetrics(
+            loss=loss,
+            clip_fraction=float(clipped.mean()),
+            kl=float(torch.cat(kls).mean()) if kls else 0.0,
+            ratio_mean=float(ratio.mean()),
+            ratio_min=float(ratio.min()),
+            ratio_max=float(ratio.max()),
+            advantage_mean=float(adv.mean()) if adv.numel() else 0.0,
+            advantage_std=float(adv.std()) if adv.numel() > 1 else 0.0,
+            zero_variance_fraction=zero_var,
+            sequences=seqs,
+            tokens=tokens,
+            tokens_per_s=tokens / max(time.perf_counter() - start, 1e-9),
+            grad_norm=grad_norm,
+            lr=float(self.scheduler.get_last_lr()[0]),
+            staleness=staleness,
+        )
+
+    # ----------------------------------------------------------------- checkpoints
+    def save(self, directory: str | Path) -> Path:
+        """``directory/model`` in save_pretrained format (the adapter only, for LoRA) and
+        ``directory/trainer_state.pt`` with optimizer, scheduler and version. Rank 0 writes."""
+        directory = Path(directory)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.unwrapped.save_pretrained(directory / "model")
+            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                     "version": self.version}
+            tmp = directory / "trainer_state.pt.tmp"
+            torch.save(state, tmp)
+            tmp.replace(directory / "trainer_state.pt")
+        self.accelerator.wait_for_everyone()
+        return directory
+
+    def load(self, directory: str | Path) -> None:
+        """Restore weights, optimizer, scheduler and version saved by ``save``."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        model = self.unwrapped
+        weights_file = next((directory / "model").glob("*.safetensors"))
+        tensors = load_file(weights_file, device=str(self.accelerator.device))
+        if hasattr(model, "peft_config"):
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(model, tensors)
+        else:
+            missing, unexpected = model.load_state_dict(tensors, strict=False)
+            tied = {k for k in missing if "lm_head" in k}  # tied heads are not saved twice
+            if set(missing) - tied or unexpected:
+                raise ValueError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
+        state = torch.load(directory / "trainer_state.pt", map_location=self.accelerator.device, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+
+
+def apply_lora(model: Any, *, r: int = 16, alpha: int = 32, dropout: float = 0.0,
+               target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> Any:
+    """Wrap ``model`` with a LoRA adapter (PEFT); only the adapter is trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                                            target_modules=list(target_modules), task_type="CAUSAL_LM"))

@@ -1,0 +1,85 @@
+"""Hidden states at completion positions and chunked token log-probs, without full logits.
+
+The replay buffer's behaviour log-probs, the reference model's log-probs and the trainer's loss
+all use the same path: the decoder's final (normed) hidden states, then the LM head applied in
+row chunks. Using one path keeps the ratio exactly 1 on-policy up to float rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from coevo.trainers.batch import TrainSequence, collate
+
+
+def lm_head_weight(model: Any) -> torch.Tensor:
+    """The LM head weight [V, H] of a causal LM, under PEFT and DDP wrappers."""
+    base = getattr(model, "module", model)  # DDP wrapper
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    head = base.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("LM heads with a bias are not supported by the fused GRPO loss")
+    return head.weight
+
+
+def completion_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
+                      positions: torch.Tensor) -> torch.Tensor:
+    """[N, H] hidden states that predict each completion token.
+
+    It calls the model's own forward (so DDP/FSDP wrappers see the forward they need for gradient
+    synchronisation) with ``logits_to_keep=1``, so the LM head runs on one position only; the
+    final normed hidden states come back as the last entry of ``hidden_states``.
+    """
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1,
+                use_cache=False)
+    return out.hidden_states[-1][rows, positions]  # [N, H]
+
+
+@torch.no_grad()
+def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                   chunk: int = 256) -> torch.Tensor:
+    """[N] log softmax(hidden @ weight.T / temperature)[target], ``chunk`` rows at a time."""
+    out = torch.empty(targets.shape[0], dtype=torch.float32, device=hidden.device)
+    for s in range(0, targets.shape[0], chunk):
+        logits = (hidden[s : s + chunk] @ weight.T).float() / temperature  # [c, V]
+        out[s : s + chunk] = logits.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - logits.logsumexp(-1)
+    return out
+
+
+def logprob_fn(model: Any, pad_id: int, *, temperature: float = 1.0, batch_size: int = 8
+               ) -> Callable[[Sequence[tuple[list[int], list[int]]]], list[list[float]]]:
+    """The replay buffer's LogprobFn: behaviour log-probs of (prompt, completion) pairs under
+    ``model`` as it is now, in batches of ``batch_size`` sequences (one forward per batch)."""
+
+    @torch.no_grad()
+    def fn(pairs: Sequence[tuple[list[int], list[int]]]) -> list[list[float]]:
+        was_training = model.training
+        model.eval()
+        out: list[list[float]] = []
+        device = next(model.parameters()).device
+        weight = lm_head_weight(model)
+        try:
+            for s in range(0, len(pairs), batch_size):
+                chunk = [TrainSequence(0, list(p), list(c), [0.0] * len(c), None, 0.0, 1.0) for p, c in pairs[s : s + batch_size]]
+                nonempty = [q for q in chunk if q.completion_ids]
+                if not nonempty:
+                    out.extend([] for _ in chunk)
+                    continue
+                batch = collate(nonempty, pad_id, device)
+                hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
+                logp = token_logprobs(hidden, weight, batch.targets, temperature).tolist()
+                it = iter(batch.lengths)
+                for q in chunk:
+                    if q.completion_ids:
+                        n = next(it)
+                        out.append(logp[:n])
+                        logp = logp[n:]
+                    else:
+                        out.append([])
+        finally:
+            model.train(was_training)
+        return out
+
+    return fn
