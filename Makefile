@@ -5,9 +5,9 @@ STAMP := $(VENV)/.coevo-installed
 
 .PHONY: train test install
 
-# Main job. For now: the base harness evaluated on the built-in arithmetic tasks.
+# Main job. For now: SmolLM2 with the base harness on 24 reasoning val tasks (until co-evolution lands).
 train: $(STAMP)
-	$(VENV)/bin/coevo eval $(ARGS)
+	$(VENV)/bin/coevo eval --limit 24 $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
