@@ -29,7 +29,9 @@ def test_two_processes_equal_one_with_doubled_accumulation(tmp_path):
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert a.keys() == b.keys()
     for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-5), k
+        # Adam divides by sqrt(v): summation-order noise (~1e-7) on near-zero gradients can show
+        # up as ~1e-4 in a weight, while a wrong reduction would be off by the whole update
+        assert (a[k] - b[k]).abs().max() < 1e-4, (k, float((a[k] - b[k]).abs().max()))
     initial = __import__("coevo.policy.tiny", fromlist=["tiny_model"])
     tok = initial.tiny_tokenizer()
     start = initial.tiny_model(tok, seed=0).state_dict()
