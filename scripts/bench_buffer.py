@@ -7,9 +7,15 @@ Prints Markdown tables (median over repeats, min-max alongside) headed by the co
 them. Each ``Section`` is one named measurement with its own options; ``main()`` runs the ones
 asked for (default: all), so further comparisons are added as sections next to ``buffer``.
 
-The log-prob function used here returns precomputed rows, so the figures are the buffer's own
-cost (encode, write, fsync, read, decode), not a model's forward pass. Reads hit a warm page
-cache (the files were just written): they measure decoding, not the disk.
+Sections:
+
+- ``buffer``: the log-prob function returns precomputed rows, so the figures are the buffer's own
+  cost (encode, write, fsync, read, decode), not a model's forward pass. Reads hit a warm page
+  cache (the files were just written): they measure decoding, not the disk.
+- ``grpo_step``: why the buffer caches behaviour log-probs. One GRPO step on replayed traces with
+  the cached log-probs, against the same step preceded by the forward pass an uncached trainer
+  needs to recompute them (the old policy's log-probs must come from the checkpoint that sampled,
+  so without the cache that checkpoint must also be kept and run). Interleaved, same process.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coevo.agent.trace import ModelCall, Trace
 from coevo.buffers import ReplayBuffer
+
+from coevo.agent.trace import ModelCall, Trace
 
 
 @dataclass(frozen=True)
@@ -174,7 +181,81 @@ def _run_buffer(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-SECTIONS: dict[str, Section] = {s.name: s for s in [Section("buffer", _buffer_arguments, _run_buffer)]}
+# -- grpo_step section -------------------------------------------------------------------------
+
+
+def _grpo_arguments(ap: argparse.ArgumentParser) -> None:
+    group = ap.add_argument_group("grpo_step section")
+    group.add_argument("--model", default="smollm2", help="smollm2, tiny, or a local model path")
+    group.add_argument("--step-traces", type=int, default=8, help="traces per GRPO step (2 tasks x n/2)")
+    group.add_argument("--step-prompt", type=int, default=256, help="prompt tokens per model call")
+    group.add_argument("--step-completion", type=int, default=64, help="completion tokens per model call")
+    group.add_argument("--lora", action="store_true", help="train a LoRA adapter instead of all weights")
+
+
+def _run_grpo_step(args: argparse.Namespace) -> str:
+    import torch
+    from coevo.buffers.logprobs import behaviour_logprobs
+    from coevo.trainers.grpo import GRPOTrainer, apply_lora
+    from coevo.trainers.logprobs import logprob_fn
+
+    from coevo.policy.load import load_model
+
+    torch.manual_seed(0)
+    model, tok = load_model(args.model, device="cpu", dtype="float32")
+    if args.lora:
+        model = apply_lora(model)
+    rng = random.Random(0)
+    vocab = len(tok)
+    traces = []
+    for i in range(args.step_traces):
+        call = ModelCall(0, [], [rng.randrange(3, vocab) for _ in range(args.step_prompt)],
+                         [rng.randrange(3, vocab) for _ in range(args.step_completion)], None, "", "stop")
+        traces.append(Trace(f"t{i}", f"task-{i % 2}", "bench", "train", "h", "base", "0",
+                            model_calls=[call], reward=float(i % 4 < 2), passed=i % 4 < 2))
+    fn = logprob_fn(model, tok.pad_token_id, batch_size=args.step_traces)
+    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=1e-7, micro_batch_size=args.step_traces,
+                          drop_zero_variance=False)
+    times: dict[str, list[float]] = {"cached": [], "recompute": [], "forward": []}
+
+    def attach() -> float:
+        start = time.perf_counter()
+        for t, rows in zip(traces, behaviour_logprobs(traces, fn), strict=True):
+            t.behaviour_logprobs = rows
+        return time.perf_counter() - start
+
+    attach()
+    trainer.step(traces)  # warm-up: allocator, autograd graph, optimizer state
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        trainer.step(traces)
+        times["cached"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        forward = attach()
+        trainer.step(traces)
+        times["recompute"].append(time.perf_counter() - start)
+        times["forward"].append(forward)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    tokens = args.step_traces * (args.step_prompt + args.step_completion)
+    return "\n".join([
+        (f"model={args.model}{' + LoRA' if args.lora else ' (all weights)'}, {args.step_traces} traces x "
+        f"({args.step_prompt} prompt + {args.step_completion} completion) = {tokens} tokens/step, fp32, "
+        f"torch threads={torch.get_num_threads()}, repeats={args.repeats} (interleaved)"),
+        "",
+        "| step | median s | min-max s | ratio to cached |",
+        "|---|---|---|---|",
+        (f"| GRPO step, cached behaviour log-probs | {med['cached']:.2f} | "
+        f"{min(times['cached']):.2f}-{max(times['cached']):.2f} | 1.00 |"),
+        (f"| recompute log-probs (no-grad forward) + GRPO step | {med['recompute']:.2f} | "
+        f"{min(times['recompute']):.2f}-{max(times['recompute']):.2f} | {med['recompute'] / med['cached']:.2f} |"),
+        (f"| of which the recompute forward | {med['forward']:.2f} | "
+        f"{min(times['forward']):.2f}-{max(times['forward']):.2f} | {med['forward'] / med['cached']:.2f} |"),
+    ])
+
+
+SECTIONS: dict[str, Section] = {
+    s.name: s for s in [Section("buffer", _buffer_arguments, _run_buffer), Section("grpo_step", _grpo_arguments, _run_grpo_step)]
+}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

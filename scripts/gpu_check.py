@@ -8,6 +8,10 @@ Checks, each printed as one JSON line (and collected into DIR/gpu_check.json whe
 2. VLLMPolicy, colocated (when vllm is installed): the same contract against the HF forward
    (tolerance for different kernels), then weight sync: after perturbing the trainer's weights
    and calling sync_weights, vLLM's log-probs follow the new weights. Throughput.
+3. GRPO loss kernels on CUDA: Triton and chunked paths against the float64 reference (loss and
+   gradients w.r.t. hidden and weight, odd shape, vocab 151936, fp32 and bf16), then forward +
+   backward median time and peak memory above the inputs at B=4, T=256, H=896 and B=8, T=1024,
+   H=896, for reference (full logits), chunked torch, Triton and Liger (when installed).
 A check whose dependency is missing is reported as skipped with the reason, never as passed.
 """
 
@@ -24,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coevo.agent.policy import ChatRequest  # noqa: E402
-from coevo.harness.events import SamplingParams  # noqa: E402
+from coevo.agent.policy import ChatRequest
+from coevo.harness.events import SamplingParams
 
 RESULTS: list[dict] = []
 
@@ -109,6 +113,86 @@ def check_vllm(model_name: str, hf_model, tok) -> None:
     report("vllm_tokens_per_s", batch16=throughput(policy, requests(16, 0.0)), batch64=throughput(policy, requests(64, 0.0)))
 
 
+def _kernel_inputs(n: int, h: int, v: int, dtype: torch.dtype, seed: int = 0) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    hidden = (torch.randn(n, h, device="cuda", generator=g) * 0.5).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, device="cuda", generator=g) / h**0.5).to(dtype).requires_grad_()
+    targets = torch.randint(0, v, (n,), device="cuda", generator=g)
+    old = -torch.rand(n, device="cuda", generator=g) * 12 - 1
+    adv = torch.randn(n, device="cuda", generator=g)
+    tw = torch.full((n,), 1.0 / n, device="cuda")
+    return {"hidden": hidden, "weight": weight, "targets": targets, "old_logp": old, "advantages": adv, "token_weights": tw}
+
+
+def _loss_and_grads(impl: str, x: dict) -> tuple[float, torch.Tensor, torch.Tensor]:
+    from coevo.kernels import grpo_loss
+
+    hidden = x["hidden"].detach().clone().requires_grad_()
+    weight = x["weight"].detach().clone().requires_grad_()
+    out = grpo_loss(hidden, weight, x["targets"], x["old_logp"], x["advantages"], x["token_weights"],
+                    eps_high=0.28, impl=impl)
+    out.loss.backward()
+    return float(out.loss), hidden.grad.double(), weight.grad.double()
+
+
+def check_kernels() -> None:
+    from coevo.kernels import TRITON_AVAILABLE
+
+    impls = ["chunked"] + (["triton"] if TRITON_AVAILABLE else [])
+    if not TRITON_AVAILABLE:
+        report("triton", skipped="triton not importable")
+    for dtype, tol in ((torch.float32, 2e-4), (torch.bfloat16, 3e-2)):
+        x = _kernel_inputs(509, 896, 151936, dtype)
+        ref = _loss_and_grads("reference", {k: (v.double() if v.is_floating_point() else v) for k, v in x.items()})
+        for impl in impls:
+            loss, gh, gw = _loss_and_grads(impl, x)
+            errs = {"loss": abs(loss - ref[0]) / max(abs(ref[0]), 1e-6),
+                    "grad_hidden": float((gh - ref[1]).norm() / ref[1].norm()),
+                    "grad_weight": float((gw - ref[2]).norm() / ref[2].norm())}
+            report("kernel_vs_float64", impl=impl, dtype=str(dtype), relative_errors=errs,
+                   passed=bool(max(errs.values()) < tol))
+    methods = {"reference": "reference", "chunked": "chunked", "triton": "triton"}
+    for name, (b, t, h) in {"B4_T256_H896": (4, 256, 896), "B8_T1024_H896": (8, 1024, 896)}.items():
+        for dtype in (torch.float32, torch.bfloat16):
+            row = {}
+            for label, impl in list(methods.items()) + [("liger", None)]:
+                if impl == "triton" and not TRITON_AVAILABLE:
+                    continue
+                x = _kernel_inputs(b * t, h, 151936, dtype)
+                if impl is None:
+                    try:
+                        from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+                    except ImportError:
+                        continue
+                    liger = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, compiled=False)
+
+                    def run(x=x, liger=liger, b=b, t=t):
+                        return liger(x["hidden"].view(b, t, -1), x["weight"], x["targets"].view(b, t),
+                                     torch.ones(b, t, dtype=torch.long, device="cuda"),
+                                     x["advantages"].view(b, t)[:, 0], old_per_token_logps=x["old_logp"].view(b, t))[0]
+                else:
+                    from coevo.kernels import grpo_loss
+
+                    def run(x=x, impl=impl):
+                        return grpo_loss(**x, impl=impl).loss
+                times = []
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                for _ in range(4):
+                    x["hidden"].grad = x["weight"].grad = None
+                    torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    run().backward()
+                    torch.cuda.synchronize()
+                    times.append(time.perf_counter() - start)
+                peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+                row[label] = {"ms": 1000 * sorted(times[1:])[1], "peak_mib": round(peak, 1)}
+                del x
+                torch.cuda.empty_cache()
+            report("kernel_timing", shape=name, dtype=str(dtype), results=row)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -121,6 +205,9 @@ def main() -> None:
     report("device", name=torch.cuda.get_device_name(), torch=torch.__version__)
     hf_model, tok = check_transformers(args.model)
     check_vllm(args.model, hf_model, tok)
+    del hf_model
+    torch.cuda.empty_cache()
+    check_kernels()
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_check.json").write_text(json.dumps(RESULTS, indent=2))
