@@ -65,7 +65,9 @@ class GRPOTrainer:
     ``ref_model``), ``tis_cap`` for the truncated importance weight between the trainer's
     behaviour log-probs and the sampler's, ``aggregation`` (token_mean | sequence_mean | dapo),
     ``scale_by_std`` (False is Dr. GRPO), ``drop_zero_variance``, ``temperature`` (the rollout
-    temperature the log-probs refer to), ``kernel`` (auto | chunked | reference | triton).
+    temperature the log-probs refer to), ``kernel`` (auto | chunked | reference | triton),
+    ``optimizer`` (adamw | sgd; SGD keeps the update proportional to the gradient, which the
+    distributed test relies on to see a wrong gradient scale).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class GRPOTrainer:
         drop_zero_variance: bool = True,
         temperature: float = 1.0,
         kernel: str = "auto",
+        optimizer: str = "adamw",
     ) -> None:
         from accelerate import Accelerator
 
@@ -102,14 +105,17 @@ class GRPOTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters")
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        optimizers = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+        if optimizer not in optimizers:
+            raise ValueError(f"optimizer must be one of {sorted(optimizers)}, got {optimizer!r}")
+        opt = optimizers[optimizer](params, lr=lr, weight_decay=weight_decay)
 
         def schedule(step: int) -> float:
             warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
             return warm * max(0.0, 1.0 - step / max(total_steps, 1))
 
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, opt, scheduler)
         self.ref_model = ref_model
         self.pad_id = pad_id
         self.max_grad_norm = max_grad_norm

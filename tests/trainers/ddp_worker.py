@@ -1,4 +1,4 @@
-"""Run a few GRPO steps on a tiny model and save the parameters; launched once with one process
+"""Run a few GRPO steps on a tiny model and save the parameters after each step; launched once with one process
 and once with ``accelerate launch --multi_gpu --num_processes 2`` by test_distributed.py."""
 
 import sys
@@ -15,13 +15,15 @@ def main(out: str, micro_batch_size: int) -> None:
     accelerator = Accelerator(cpu=True)
     tok = tiny_tokenizer()
     model = tiny_model(tok, seed=0)
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, accelerator=accelerator, lr=1e-3,
-                          micro_batch_size=micro_batch_size, aggregation="sequence_mean", kernel="chunked")
+    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, accelerator=accelerator, lr=0.5,
+                          optimizer="sgd", max_grad_norm=1e9, micro_batch_size=micro_batch_size, aggregation="sequence_mean", kernel="chunked")
+    states = []
     for step in range(3):
         traces = synthetic_traces(trainer.unwrapped, tok, n_tasks=3, per_task=3, seed=step, stale=0.1)
         trainer.step(traces)
+        states.append({k: v.detach().cpu().clone() for k, v in trainer.unwrapped.state_dict().items()})
     if accelerator.is_main_process:
-        torch.save({k: v.detach().cpu() for k, v in trainer.unwrapped.state_dict().items()}, out)
+        torch.save(states, out)
     print(f"rank {accelerator.process_index} of {accelerator.num_processes} done", flush=True)
 
 

@@ -26,13 +26,20 @@ def test_two_processes_equal_one_with_doubled_accumulation(tmp_path):
     two = subprocess.run(launch, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "rank 1 of 2 done" in two.stdout and "rank 0 of 2 done" in two.stdout
-    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
-    assert a.keys() == b.keys()
-    for k in a:
-        # Adam divides by sqrt(v): summation-order noise (~1e-7) on near-zero gradients can show
-        # up as ~1e-4 in a weight, while a wrong reduction would be off by the whole update
-        assert (a[k] - b[k]).abs().max() < 1e-4, (k, float((a[k] - b[k]).abs().max()))
+    one_steps, two_steps = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     initial = __import__("coevo.policy.tiny", fromlist=["tiny_model"])
-    tok = initial.tiny_tokenizer()
-    start = initial.tiny_model(tok, seed=0).state_dict()
-    assert any(not torch.allclose(start[k], a[k]) for k in a)  # training moved the weights
+    start = initial.tiny_model(initial.tiny_tokenizer(), seed=0).state_dict()
+    # after the first step: plain SGD without clipping, so the update is lr x the reduced gradient
+    # and a missing reduction, a wrong shard or a wrong scale (mean vs sum over ranks) is off by a
+    # multiple of the update, far above float32 summation-order noise
+    a, b = one_steps[0], two_steps[0]
+    assert a.keys() == b.keys()
+    moved = max(float((start[k] - a[k]).abs().max()) for k in a)
+    assert moved > 1e-2, moved
+    for k in a:
+        assert (a[k] - b[k]).abs().max() < 1e-4 * moved, (k, float((a[k] - b[k]).abs().max()), moved)
+    # later steps compound that noise through clip boundaries (ratios crossing 1 ± eps), so the
+    # final weights are compared loosely: still far below one update
+    a, b = one_steps[-1], two_steps[-1]
+    for k in a:
+        assert (a[k] - b[k]).abs().max() < 1e-2 * moved, (k, float((a[k] - b[k]).abs().max()), moved)
