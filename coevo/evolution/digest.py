@@ -1,0 +1,386 @@
+"""The Digester: a round's raw traces → failure clusters by root cause, for the Planner.
+
+A Planner (rule or LLM) cannot read hundreds of transcripts, and it should not have to guess why
+each one failed. The Digester assigns every failed trace one root cause from ``CAUSES``, groups
+the failures by cause (a cause seen once is still a cluster: the long tail is where new edits come
+from), points each cluster at the harness component ``IMPLICATED`` by its cause, and keeps a few
+short excerpts from distinct tasks. It reports how many times smaller its text is than the traces.
+
+Root cause without a reference trajectory: the first rule that matches wins.
+
+1. ``env_error``: the episode crashed (``trace.error``: env reset, a tool raising, the verifier,
+   a processor or the policy failed) or a tool call timed out: the machine failed, not the model.
+2. ``context_overflow``: the last model call hit the completion budget (``finish_reason ==
+   "length"``), so the reply that should have ended the episode was cut.
+3. ``loop``: the loop detector stopped the episode (``stop_reason == "loop"``).
+4. ``missing_tool`` / ``wrong_tool``: a call named a tool that is unknown or not allowed;
+   ``missing_tool`` when the task needs that very tool (the reference used it, or it is in
+   ``required_tools``), so the harness failed to enable it; ``wrong_tool`` otherwise.
+5. ``tool_misuse``: any other tool error (bad arguments, a guard blocking the call).
+6. ``format_error``: a tool-call block failed to parse, or the episode ended with a reply that was
+   neither a tool call nor an answer (``stop_reason == "no_action"``).
+7. ``step_budget``: the step budget or the runtime's step cap ended the episode.
+8. ``premature_answer``: the trace answered without successfully calling a tool the reference
+   used (or one in ``required_tools``).
+9. ``wrong_answer``: everything else: a well-formed answer the verifier refused, or an episode the
+   environment ended in failure (``stop_reason == "env_done"``, e.g. a lost game).
+
+With a reference trajectory (a passing, genuine solution of the same task), the root cause is the
+first divergence from it: the first step whose action differs (the tool calls with their normalised
+arguments and whether they succeeded, or an answer and its normalised text, or no action). What the
+trace did at that step decides, in the same order: a crash in that final step or a timeout →
+``env_error``; a truncated completion → ``context_overflow``; an unknown tool → ``missing_tool``
+when the reference called it successfully, else ``wrong_tool``; another tool error →
+``tool_misuse``; no action → ``format_error``; an answer before the tools the reference had used by
+then → ``premature_answer``; any other answer → ``wrong_answer``. A divergent but working tool
+call (another tool or other arguments), or a trace that stopped before that step, says nothing on
+its own: the trace-level rules above decide the cause, and the step stays the divergence.
+
+Token estimates are characters / 4 (rounded up) on both sides of the compression ratio: the raw
+side is every message of every trace's final history (system, task, each completion as its
+assistant turn, each tool result; completions are counted once, through their assistant turns),
+the digest side is ``Digest.text()``. Real token ids exist only for model calls and would not cover
+the digest text, so one estimator for both keeps the ratio honest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coevo.agent.trace import ToolCallRecord, Trace
+from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Failure
+
+EXCERPT_CHARS = 240
+CHARS_PER_TOKEN = 4
+_UNKNOWN_TOOL_RE = re.compile(r"^(unknown tool\b|tool .* is not allowed)")
+_TIMEOUT_RE = re.compile(r"\btimed out\b")
+_WS_RE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one model call of a trace did: its completion, the parsed actions and their results."""
+
+    index: int
+    completion: str
+    finish_reason: str
+    tool_names: tuple[str, ...]  # the calls the parser found, in order
+    records: tuple[ToolCallRecord, ...]  # what happened to them (fewer if the episode crashed)
+    answer: str | None
+    parse_error: str | None
+
+    def action(self) -> tuple[Any, ...]:
+        """A comparable summary: ("tools", ((name, normalised args, succeeded), ...)),
+        ("answer", normalised text) or ("none",)."""
+        if self.tool_names:
+            calls = []
+            for k, name in enumerate(self.tool_names):
+                if k < len(self.records):
+                    rec = self.records[k]
+                    calls.append((rec.name, normalise_arguments(rec.arguments), rec.error is None))
+                else:  # the episode crashed while running this call
+                    calls.append((name, None, False))
+            return ("tools", tuple(calls))
+        if self.answer is not None:
+            return ("answer", normalise_text(self.answer))
+        return ("none",)
+
+    def succeeded_tools(self) -> set[str]:
+        return {r.name for r in self.records if r.error is None and not r.blocked}
+
+
+def normalise_text(text: str) -> str:
+    """Whitespace-free, case-folded: ``"12 + 3"`` and ``"12+3"`` are the same action."""
+    return _WS_RE.sub("", text).casefold()
+
+
+def normalise_arguments(arguments: Mapping[str, Any]) -> str:
+    """Canonical JSON of tool arguments with the whitespace removed from every string.
+
+    Spacing differences (``"2+3"`` against ``"2 + 3"``) are the commonest harmless difference
+    between a model's call and a reference's; case is kept because code is case-sensitive.
+    """
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, str):
+            return _WS_RE.sub("", value)
+        if isinstance(value, Mapping):
+            return {str(k): strip(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [strip(v) for v in value]
+        return value
+
+    return json.dumps(strip(arguments), sort_keys=True, ensure_ascii=False, default=str)
+
+
+def trace_steps(trace: Trace) -> list[Step]:
+    """One ``Step`` per model call, from the after_model event log and the tool records.
+
+    A trace without after_model events (built by hand) is read from its tool records, with the
+    final answer on its last step when that step called no tool.
+    """
+    parsed = {e.get("step"): e for e in trace.events if e.get("hook") == "after_model"}
+    records: dict[int, list[ToolCallRecord]] = {}
+    for rec in trace.tool_calls:
+        records.setdefault(rec.step, []).append(rec)
+    steps = []
+    for k, call in enumerate(trace.model_calls):
+        recs = tuple(records.get(call.step, ()))
+        event = parsed.get(call.step)
+        if event is not None:
+            names = tuple(event.get("tool_calls") or ())
+            answer, parse_error = event.get("answer"), event.get("parse_error")
+        else:
+            names = tuple(r.name for r in recs)
+            is_last = k == len(trace.model_calls) - 1
+            answer = trace.final_answer if is_last and not recs else None
+            parse_error = None
+        steps.append(Step(call.step, call.text, call.finish_reason, names, recs, answer, parse_error))
+    return steps
+
+
+def first_divergence(trace: Trace, reference: Trace) -> int | None:
+    """The first step (n-th model call, the runtime's step number) whose action differs from the
+    reference's, or None when the trace repeats the reference exactly. A trace that stopped
+    before the reference did diverges at its first missing step."""
+    if trace.task_id != reference.task_id:
+        raise ValueError(f"reference is for task {reference.task_id!r}, trace for {trace.task_id!r}")
+    ours, theirs = trace_steps(trace), trace_steps(reference)
+    for i in range(max(len(ours), len(theirs))):
+        a = ours[i].action() if i < len(ours) else None
+        b = theirs[i].action() if i < len(theirs) else None
+        if a != b:
+            return i
+    return None
+
+
+def _is_unknown_tool(error: str | None) -> bool:
+    return error is not None and _UNKNOWN_TOOL_RE.search(error) is not None
+
+
+def _is_timeout(error: str | None) -> bool:
+    return error is not None and _TIMEOUT_RE.search(error) is not None
+
+
+def _used_tools(steps: Iterable[Step]) -> set[str]:
+    used: set[str] = set()
+    for st in steps:
+        used |= st.succeeded_tools()
+    return used
+
+
+def _trace_cause(trace: Trace, steps: list[Step], required: set[str]) -> tuple[str, int | None, str]:
+    """(cause, step, detail) by the trace-level precedence in the module docstring."""
+    last = steps[-1].index if steps else None
+    records = list(trace.tool_calls)
+    if trace.error is not None:
+        return "env_error", last, trace.error
+    timeout = next((r for r in records if _is_timeout(r.error)), None)
+    if timeout is not None:
+        return "env_error", timeout.step, f"{timeout.name}: {timeout.error}"
+    if steps and steps[-1].finish_reason == "length":
+        return "context_overflow", last, "the last completion hit the token budget"
+    if trace.stop_reason == "loop":
+        return "loop", last, "the loop detector stopped the episode"
+    unknown = next((r for r in records if _is_unknown_tool(r.error)), None)
+    if unknown is not None:
+        cause = "missing_tool" if unknown.name in required else "wrong_tool"
+        return cause, unknown.step, f"{unknown.name}: {unknown.error}"
+    failed = next((r for r in records if r.error is not None), None)
+    if failed is not None:
+        return "tool_misuse", failed.step, f"{failed.name}: {failed.error}"
+    bad = next((s for s in steps if s.parse_error is not None), None)
+    if bad is not None:
+        return "format_error", bad.index, bad.parse_error or ""
+    if trace.stop_reason == "no_action":
+        silent = next((s for s in steps if s.action() == ("none",)), steps[-1] if steps else None)
+        return "format_error", None if silent is None else silent.index, "a reply with neither a tool call nor an answer"
+    if trace.stop_reason in ("step_budget", "step_cap"):
+        return "step_budget", last, f"stopped by {trace.stop_reason}"
+    missing = sorted(required - _used_tools(steps))
+    if trace.final_answer is not None and missing:
+        return "premature_answer", last, f"answered without calling {missing}"
+    return "wrong_answer", last, f"answer {trace.final_answer!r} refused ({trace.stop_reason})"
+
+
+def _step_cause(trace: Trace, steps: list[Step], s: int, ref_steps: list[Step]) -> tuple[str, str] | None:
+    """(cause, detail) from what the trace did at divergence step ``s``; None when that step alone
+    does not explain the failure (see the module docstring)."""
+    if s >= len(steps):
+        return None
+    st = steps[s]
+    if trace.error is not None and s == len(steps) - 1:
+        return "env_error", trace.error
+    for rec in st.records:
+        if _is_timeout(rec.error):
+            return "env_error", f"{rec.name}: {rec.error}"
+    if st.finish_reason == "length":
+        return "context_overflow", "the completion hit the token budget"
+    ref_used = _used_tools(ref_steps[: s + 1])
+    for rec in st.records:
+        if _is_unknown_tool(rec.error):
+            cause = "missing_tool" if rec.name in _used_tools(ref_steps) else "wrong_tool"
+            return cause, f"{rec.name}: {rec.error}"
+    for rec in st.records:
+        if rec.error is not None:
+            return "tool_misuse", f"{rec.name}: {rec.error}"
+    kind = st.action()[0]
+    if kind == "none":
+        return "format_error", st.parse_error or "neither a tool call nor an answer"
+    if kind == "answer":
+        missing = sorted(ref_used - _used_tools(steps[: s + 1]))
+        if missing:
+            return "premature_answer", f"answered where the reference called {missing}"
+        return "wrong_answer", f"answer {st.answer!r} differs from the reference's"
+    return None
+
+
+def _clip(text: str, width: int) -> str:
+    text = _WS_RE.sub(" ", text).strip()
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def excerpt(trace: Trace, step: int | None, steps: list[Step] | None = None) -> str:
+    """At most ``EXCERPT_CHARS`` characters: the completion at ``step`` (or the last step the trace
+    reached) and what its tool calls returned, plus the crash message if the episode ended there."""
+    steps = trace_steps(trace) if steps is None else steps
+    if not steps:
+        return _clip(f"no model call: {trace.error or trace.stop_reason}", EXCERPT_CHARS)
+    i = len(steps) - 1 if step is None else min(step, len(steps) - 1)
+    st = steps[i]
+    tail = [f"{r.name} → error: {r.error}" if r.error else f"{r.name} → {r.output}" for r in st.records]
+    if trace.error is not None and i == len(steps) - 1:
+        tail.append(f"crash: {trace.error}")
+    tail_text = _clip(" | ".join(tail), EXCERPT_CHARS // 2) if tail else ""
+    head = f"step {st.index}: "
+    room = EXCERPT_CHARS - len(head) - (len(tail_text) + 4 if tail_text else 0)
+    text = head + _clip(st.completion, max(room, 8))
+    return _clip(text + (f" || {tail_text}" if tail_text else ""), EXCERPT_CHARS)
+
+
+def classify(
+    trace: Trace, reference: Trace | None = None, *, required_tools: Iterable[str] = ()
+) -> Failure | None:
+    """The root cause of a failed trace (None for a passing one); see the module docstring.
+
+    ``required_tools`` names tools the task needs even without a reference (e.g. from its
+    capabilities), for ``premature_answer`` and ``missing_tool``.
+    """
+    if trace.passed:
+        return None
+    steps = trace_steps(trace)
+    required = set(required_tools)
+    ref_steps: list[Step] = []
+    if reference is not None:
+        ref_steps = trace_steps(reference)
+        required |= _used_tools(ref_steps)
+        s = first_divergence(trace, reference)
+        if s is not None:
+            found = _step_cause(trace, steps, s, ref_steps)
+            if found is None:  # the step alone does not explain it: the trace-level rules decide
+                cause, _, detail = _trace_cause(trace, steps, required)
+            else:
+                cause, detail = found
+            return Failure(trace.trace_id, trace.task_id, trace.variant, cause, s, excerpt(trace, s, steps),
+                           detail=_clip(detail, EXCERPT_CHARS), diverged_from_reference=True)
+    cause, step, detail = _trace_cause(trace, steps, required)
+    return Failure(trace.trace_id, trace.task_id, trace.variant, cause, step, excerpt(trace, step, steps),
+                   detail=_clip(detail, EXCERPT_CHARS))
+
+
+def cluster_failures(failures: Sequence[Failure], *, max_excerpts: int = 3) -> list[Cluster]:
+    """Group failures by cause: count, share of all failures, distinct tasks (first-seen order),
+    trace ids, and up to ``max_excerpts`` excerpts from distinct tasks. Largest cluster first,
+    ties by cause name."""
+    if max_excerpts < 0:
+        raise ValueError(f"max_excerpts must be >= 0, got {max_excerpts}")
+    groups: dict[str, list[Failure]] = {}
+    for f in failures:
+        if f.cause not in IMPLICATED:
+            raise ValueError(f"failure {f.trace_id!r} has cause {f.cause!r}; allowed causes: {CAUSES}")
+        groups.setdefault(f.cause, []).append(f)
+    total = len(failures)
+    clusters = []
+    for cause, members in groups.items():
+        task_ids = list(dict.fromkeys(f.task_id for f in members))
+        shown: dict[str, str] = {}
+        for f in members:
+            if len(shown) >= max_excerpts:
+                break
+            shown.setdefault(f.task_id, f.excerpt)
+        clusters.append(
+            Cluster(cause, IMPLICATED[cause], len(members), len(members) / total, task_ids,
+                    [f.trace_id for f in members], list(shown.values()))
+        )
+    clusters.sort(key=lambda c: (-c.count, c.cause))
+    return clusters
+
+
+def estimate_tokens(text: str) -> int:
+    """Characters / 4, rounded up: a model-free estimate usable on both sides of the ratio."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def raw_chars(trace: Trace) -> int:
+    """Characters of the trace's transcript (its final message history; completions if it has none)."""
+    if trace.messages:
+        return sum(len(str(m.get("content") or "")) for m in trace.messages)
+    return sum(len(c.text) for c in trace.model_calls)
+
+
+def digest(
+    traces: Sequence[Trace],
+    *,
+    round: int,
+    variant: str,
+    references: Mapping[str, Trace] | None = None,
+    max_excerpts: int = 3,
+) -> Digest:
+    """Compress one round's traces of one harness variant into a ``Digest``.
+
+    Each failed trace is classified against the reference of its task when ``references`` holds
+    one. Traces from several harness ids (a variant edited within the round) must all carry
+    ``variant``; the digest reports the most common harness id (ties: the smallest id). A task is
+    in ``passed_task_ids`` when any of its traces passed, else in ``failed_task_ids``.
+    """
+    if not traces:
+        raise ValueError("digest needs at least one trace")
+    ids = Counter(t.harness_id for t in traces)
+    if len(ids) > 1:
+        others = sorted({t.variant for t in traces} - {variant})
+        if others:
+            raise ValueError(
+                f"traces mix harness ids {sorted(ids)} and variants {others} besides {variant!r}; "
+                "digest one variant at a time"
+            )
+    harness_id = min(ids, key=lambda h: (-ids[h], h))
+    references = references or {}
+    failures = [
+        f for t in traces if not t.passed
+        for f in [classify(t, references.get(t.task_id))] if f is not None
+    ]
+    clusters = cluster_failures(failures, max_excerpts=max_excerpts)
+    passed = sorted({t.task_id for t in traces if t.passed})
+    failed = sorted({t.task_id for t in traces} - set(passed))
+    n_passed = sum(t.passed for t in traces)
+    result = Digest(
+        round=round,
+        variant=variant,
+        harness_id=harness_id,
+        n_traces=len(traces),
+        n_failed=len(traces) - n_passed,
+        pass_rate=n_passed / len(traces),
+        clusters=clusters,
+        raw_tokens=math.ceil(sum(raw_chars(t) for t in traces) / CHARS_PER_TOKEN),
+        digest_tokens=0,
+        passed_task_ids=passed,
+        failed_task_ids=failed,
+    )
+    result.digest_tokens = estimate_tokens(result.text())
+    return result

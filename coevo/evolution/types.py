@@ -1,0 +1,219 @@
+"""The values AEGIS passes between its stages: failures and digests, proposals, verdicts.
+
+Digester → ``Digest`` → Planner (a meta-agent) → ``Proposal`` (typed edits + change manifest) →
+Evolver → candidate ``Harness`` → Critic → ``Verdict``. They are plain dataclasses with
+``to_dict`` so they can be logged, cached, shown to an LLM meta-agent and written to a run
+directory without a custom encoder.
+
+``CAUSES`` is the failure taxonomy; ``IMPLICATED`` maps each cause to the harness component it
+points at (the hook, the dimension and the built-in processor kinds an edit would touch). A
+literal dict, so the rule meta-agent and the Digester share one source of truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from coevo.harness.edits import Edit
+
+CAUSES = (
+    "format_error",  # neither a parseable tool call nor an answer
+    "tool_misuse",  # a tool was called with bad arguments / raised an error
+    "missing_tool",  # the task needs a capability the harness does not enable
+    "wrong_tool",  # called a tool that does not exist or is not enabled
+    "loop",  # repeated the same action until the loop detector stopped it
+    "step_budget",  # ran out of steps before answering
+    "premature_answer",  # answered before using the tools the task needs
+    "wrong_answer",  # answered in the right format, verifier said no
+    "env_error",  # the environment or a tool's infrastructure failed (timeouts, crashes)
+    "context_overflow",  # completions cut at the token budget / context too long
+)
+"""Root causes a failed trace is assigned to (first match in ``coevo.evolution.digest``)."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """The part of the harness a failure implicates."""
+
+    hook: str
+    dimension: str
+    processors: tuple[str, ...]  # built-in processor kinds an edit for this cause would touch
+
+
+IMPLICATED: dict[str, Component] = {
+    "format_error": Component("after_model", "context_assembly", ("few_shot", "system_prompt", "json_tool_parser", "parse_retry")),
+    "tool_misuse": Component("task_start", "tools", ("tool_schema_hint", "few_shot", "argument_guard")),
+    "missing_tool": Component("task_start", "tools", ("tool_registry", "python_executor")),
+    "wrong_tool": Component("before_tool", "tools", ("tool_whitelist", "tool_schema_hint")),
+    "loop": Component("step_end", "control_safety", ("loop_detection", "temperature_schedule")),
+    "step_budget": Component("step_end", "control_safety", ("step_budget",)),
+    "premature_answer": Component("after_model", "evaluation_reward", ("self_verification", "system_prompt")),
+    "wrong_answer": Component("task_start", "context_assembly", ("few_shot", "self_verification", "python_executor")),
+    "env_error": Component("before_tool", "execution_environment", ("tool_timeout", "infra_error_filter")),
+    "context_overflow": Component("before_model", "memory", ("sampling", "sliding_window", "summary_memory")),
+}
+assert set(IMPLICATED) == set(CAUSES)
+
+
+@dataclass
+class Failure:
+    """One failed trace, classified. ``step`` is where it went wrong (the first divergence from
+    the reference trajectory when there is one, else the step the cause was detected at)."""
+
+    trace_id: str
+    task_id: str
+    variant: str
+    cause: str
+    step: int | None
+    excerpt: str  # a short quote of the trace around ``step`` (what a meta-agent reads)
+    detail: str = ""  # one line: what the classifier saw
+    diverged_from_reference: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Cluster:
+    """Failures sharing a root cause. ``severity`` is the share of the round's failed traces in it."""
+
+    cause: str
+    component: Component
+    count: int
+    severity: float
+    task_ids: list[str]
+    trace_ids: list[str]
+    excerpts: list[str]  # representative: at most a few, from distinct tasks
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Digest:
+    """A round's traces compressed for the Planner (one per harness variant)."""
+
+    round: int
+    variant: str
+    harness_id: str
+    n_traces: int
+    n_failed: int
+    pass_rate: float
+    clusters: list[Cluster]
+    raw_tokens: int  # estimated tokens of the raw traces the digest replaces
+    digest_tokens: int  # estimated tokens of ``text()``
+    passed_task_ids: list[str] = field(default_factory=list)
+    failed_task_ids: list[str] = field(default_factory=list)
+
+    @property
+    def compression(self) -> float:
+        """raw / digest tokens (how many times smaller the Planner's input is)."""
+        return self.raw_tokens / max(self.digest_tokens, 1)
+
+    def cluster(self, cause: str) -> Cluster | None:
+        return next((c for c in self.clusters if c.cause == cause), None)
+
+    def text(self) -> str:
+        """The digest as the Planner reads it: one block per cluster, largest first."""
+        lines = [
+            (f"round {self.round}, variant {self.variant} (harness {self.harness_id}): "
+            f"{self.n_traces - self.n_failed}/{self.n_traces} traces passed")
+        ]
+        for c in self.clusters:
+            lines.append(
+                f"- {c.cause}: {c.count} traces on {len(c.task_ids)} tasks (severity {c.severity:.2f}); "
+                f"implicates {c.component.hook}/{c.component.dimension} ({', '.join(c.component.processors)})"
+            )
+            lines.extend(f"    > {e}" for e in c.excerpts)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"compression": self.compression}
+
+
+@dataclass
+class Proposal:
+    """A Planner's hypothesis with the typed edits that test it and its change manifest.
+
+    Scope: ``cluster`` (a cause) and/or ``target_tasks``; ``predicted_flips`` are tasks expected to
+    go fail→pass, ``at_risk`` tasks that passed and might break. ``edits`` apply in order.
+    ``code`` is set for a code-level edit (source of a processor subclass calling ``super()``).
+    """
+
+    hypothesis: str
+    edits: list[Edit]
+    dimension: str
+    cluster: str | None = None
+    target_tasks: list[str] = field(default_factory=list)
+    predicted_flips: list[str] = field(default_factory=list)
+    at_risk: list[str] = field(default_factory=list)
+    variant: str = "base"
+    source: str = "rule"  # which meta-agent backend proposed it
+    revision: int = 0  # 0 for the first draft, +1 per Critic-requested revision
+
+    def manifest(self) -> dict[str, Any]:
+        """What the harness lineage records with each edit (it does not affect application)."""
+        return {
+            "hypothesis": self.hypothesis,
+            "dimension": self.dimension,
+            "cluster": self.cluster,
+            "target_tasks": list(self.target_tasks),
+            "predicted_flips": list(self.predicted_flips),
+            "at_risk": list(self.at_risk),
+            "source": self.source,
+            "revision": self.revision,
+        }
+
+    def key(self) -> str:
+        """Identity of the change itself (edits only), to avoid proposing a rejected edit again."""
+        import json
+
+        return json.dumps([e.to_dict() | {"manifest": None} for e in self.edits], sort_keys=True, default=str)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.manifest() | {"edits": [e.to_dict() for e in self.edits], "variant": self.variant}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Proposal:
+        data = dict(data)
+        data["edits"] = [Edit.from_dict(e) for e in data.get("edits", [])]
+        return cls(**data)
+
+
+@dataclass
+class QualityReport:
+    """The Critic's static gate: leakage and bloat scores against their thresholds."""
+
+    passed: bool
+    leakage: float
+    bloat: float
+    reason: str = ""
+    leaked: list[str] = field(default_factory=list)  # the offending strings, for the revision prompt
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Verdict:
+    """What the Critic decided for one candidate, and why."""
+
+    proposal: Proposal
+    parent_id: str
+    candidate_id: str | None  # None when the edit did not even build
+    variant: str
+    ship: bool
+    reason: str
+    quality: QualityReport | None = None
+    before: dict[str, list[bool]] = field(default_factory=dict)  # task -> outcomes of k attempts
+    after: dict[str, list[bool]] = field(default_factory=dict)
+    fail_to_pass: list[str] = field(default_factory=list)
+    pass_to_fail: list[str] = field(default_factory=list)
+    gate: str = ""  # which gate decided: build | quality | seesaw | performance | seesaw+performance
+    round: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["proposal"] = self.proposal.to_dict()
+        return d

@@ -1,0 +1,314 @@
+"""The rule meta-agent: every template builds, the order is exact, revisions are deterministic."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Proposal
+from coevo.harness.defaults import base_harness
+from coevo.harness.edits import apply_edit
+from coevo.harness.harness import Harness
+from coevo.harness.library import PROCESSORS, FewShotDemos, PythonExecutor, SelfVerification, SystemPrompt
+from coevo.meta.base import PlanContext
+from coevo.meta.rule import (
+    CATALOGUE,
+    FORMAT_PROMPT,
+    TEMPLATES,
+    RuleMetaAgent,
+    leaked_strings,
+    order_clusters,
+    quotes,
+)
+
+DEMOS = [("What is 2 + 3?", "<answer>5</answer>"), ("What is 10 - 4?", "<answer>6</answer>")]
+
+
+def cluster(cause: str, severity: float = 0.5, tasks: tuple[str, ...] = ("t1", "t2")) -> Cluster:
+    return Cluster(cause=cause, component=IMPLICATED[cause], count=len(tasks), severity=severity,
+                   task_ids=list(tasks), trace_ids=[f"tr-{t}" for t in tasks], excerpts=[])
+
+
+def digest(*clusters: Cluster, passed: tuple[str, ...] = ("p1", "p2")) -> Digest:
+    failed = sorted({t for c in clusters for t in c.task_ids})
+    return Digest(round=1, variant="base", harness_id="h", n_traces=len(failed) + len(passed), n_failed=len(failed),
+                  pass_rate=len(passed) / (len(failed) + len(passed)), clusters=list(clusters), raw_tokens=1000,
+                  digest_tokens=100, passed_task_ids=list(passed), failed_task_ids=failed)
+
+
+def context(**kw) -> PlanContext:
+    return PlanContext(**{"demos": list(DEMOS), "tools": ["calculator"], "max_proposals": 20, **kw})
+
+
+def build(harness: Harness, proposal: Proposal) -> Harness:
+    for e in proposal.edits:
+        harness = apply_edit(harness, e)
+    return harness
+
+
+def template_of(proposal: Proposal, harness: Harness) -> str:
+    kinds = set()
+    for e in proposal.edits:
+        kinds.add(e.spec["kind"] if e.spec else harness.get(e.processor).kind)
+    names = [n for n in CATALOGUE[proposal.cluster] if set(TEMPLATES[n].kinds) == kinds]
+    assert len(names) == 1, (kinds, names)
+    return names[0]
+
+
+# Templates that have nothing to do on the base harness, and a harness on which they do.
+NOT_ON_BASE = {
+    "lenient_parser": lambda h: h.set_param("json_tool_parser", "lenient", False),
+    "enable_all_tools": lambda h: h.set_param("tool_registry", "enabled", ["calculator"]),
+    "python_timeout_up": lambda h: h.insert(PythonExecutor(), index=2),
+}
+
+
+def test_catalogue_covers_every_cause_with_builtin_kinds():
+    assert set(CATALOGUE) == set(CAUSES)
+    for name, template in TEMPLATES.items():
+        assert template.name == name
+        assert template.kinds and all(k in PROCESSORS and k != "code" for k in template.kinds)
+    # format_error and wrong_answer start with context/format edits, in the order DESIGN §5 motivates
+    head = ("few_shot_demos", "format_system_prompt", "last_number_fallback", "parse_retry_up", "lenient_parser")
+    assert CATALOGUE["format_error"] == head
+    assert CATALOGUE["wrong_answer"][:5] == head
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_every_template_applies_to_base_harness(name):
+    base = base_harness()
+    harness = NOT_ON_BASE[name](base) if name in NOT_ON_BASE else base
+    if name in NOT_ON_BASE:
+        assert TEMPLATES[name].build(cluster("env_error"), base, context()) is None
+    cause = next(c for c, names in CATALOGUE.items() if name in names)
+    draft = TEMPLATES[name].build(cluster(cause), harness, context())
+    assert draft is not None
+    hypothesis, edits = draft
+    assert hypothesis and edits
+    result = harness
+    for e in edits:
+        result = apply_edit(result, e)
+    assert result.id != harness.id
+    touched = {e.spec["kind"] if e.spec else harness.get(e.processor).kind for e in edits}
+    assert touched == set(TEMPLATES[name].kinds)
+
+
+@pytest.mark.parametrize("cause", CAUSES)
+def test_agent_proposals_for_each_cause_build_and_carry_scope(cause):
+    harness = base_harness()
+    c = cluster(cause, tasks=("a", "b", "c"))
+    proposals = RuleMetaAgent().propose(digest(c, passed=("p",)), harness, context())
+    expected = [n for n in CATALOGUE[cause] if n not in NOT_ON_BASE]
+    assert [template_of(p, harness) for p in proposals] == expected
+    for p in proposals:
+        assert build(harness, p).id != harness.id
+        assert (p.cluster, p.target_tasks, p.predicted_flips, p.at_risk) == (cause, ["a", "b", "c"], ["a", "b", "c"],
+                                                                             ["p"])
+        assert p.dimension == PROCESSORS[TEMPLATES[template_of(p, harness)].kinds[0]].dimension.value
+        assert (p.source, p.variant, p.revision) == ("rule", "base", 0)
+
+
+def test_set_param_values_are_exact():
+    h = base_harness()
+    got = {}
+    for p in RuleMetaAgent().propose(digest(*(cluster(c) for c in CAUSES)), h, context(max_proposals=50)):
+        for e in p.edits:
+            if e.op == "set_param":
+                got[(e.processor, e.param)] = e.value
+    assert got[("step_budget", "max_steps")] == 9  # 6 + max(2, 6 // 2)
+    assert got[("sampling", "max_new_tokens")] == 384
+    assert got[("tool_timeout", "default_s")] == 20.0
+    assert got[("parse_retry", "max_retries")] == 2
+    assert got[("answer_extraction", "last_number_fallback")] is True
+    assert got[("loop_detection", "action")] == "warn"
+    assert got[("system_prompt", "template")] == FORMAT_PROMPT + "\nTools you can call: calculator."
+
+
+def test_templates_read_the_harness():
+    # the system prompt instance has another name: set_param must address it by that name
+    h = base_harness().replace("system_prompt", SystemPrompt(name="sys"))
+    h = h.insert(FewShotDemos(name="demos", demos=list(DEMOS[0])), index=4)
+    h = h.insert(SelfVerification(), index=3)
+    agent = RuleMetaAgent()
+    proposals = agent.propose(digest(cluster("wrong_answer")), h, context())
+    by_template = {template_of(p, h): p for p in proposals}
+    few = by_template["few_shot_demos"].edits
+    assert [(e.op, e.processor, e.param, e.value) for e in few] == [
+        ("set_param", "demos", "demos", [*DEMOS[0], *DEMOS[1]])]  # only the new pair is added
+    assert [(e.op, e.processor) for e in by_template["format_system_prompt"].edits] == [("set_param", "sys")]
+    assert "self_verification" not in by_template  # present already: never inserted twice
+    for p in proposals:
+        assert build(h, p).id != h.id
+
+
+def test_few_shot_skipped_without_demos():
+    proposals = RuleMetaAgent().propose(digest(cluster("format_error")), base_harness(), context(demos=[]))
+    assert [template_of(p, base_harness()) for p in proposals][:2] == ["format_system_prompt", "last_number_fallback"]
+
+
+def slow_order(clusters: list[Cluster], priorities: dict[str, float]) -> list[Cluster]:
+    """Selection sort: repeatedly take the heaviest remaining cluster, the smallest cause on ties."""
+    left, out = list(clusters), []
+    while left:
+        best = left[0]
+        for c in left[1:]:
+            wc = c.severity * priorities.get(c.component.dimension, 1.0)
+            wb = best.severity * priorities.get(best.component.dimension, 1.0)
+            if wc > wb or (wc == wb and c.cause < best.cause):
+                best = c
+        left.remove(best)
+        out.append(best)
+    return out
+
+
+def test_cluster_order_exact():
+    clusters = [cluster("format_error", 0.5), cluster("env_error", 0.2), cluster("step_budget", 0.3),
+                cluster("loop", 0.3)]
+    prio = {"control_safety": 2.0}
+    assert [c.cause for c in order_clusters(clusters, prio)] == ["loop", "step_budget", "format_error", "env_error"]
+    assert [c.cause for c in order_clusters(clusters, {})] == ["format_error", "loop", "step_budget", "env_error"]
+    proposals = RuleMetaAgent().propose(digest(*clusters), base_harness(), context(max_proposals=4, priorities=prio))
+    assert [p.cluster for p in proposals] == ["loop", "step_budget", "format_error", "env_error"]
+
+
+def test_cluster_order_matches_loop_twin():
+    rng = random.Random(0)
+    dims = sorted({c.dimension for c in IMPLICATED.values()})
+    for _ in range(200):
+        causes = rng.sample(CAUSES, rng.randint(1, len(CAUSES)))
+        clusters = [cluster(c, rng.choice([0.1, 0.2, 0.25, 0.5])) for c in causes]
+        prio = {d: rng.choice([0.5, 1.0, 2.0]) for d in rng.sample(dims, rng.randint(0, len(dims)))}
+        assert order_clusters(clusters, prio) == slow_order(clusters, prio)
+
+
+def test_round_robin_gives_each_cluster_a_distinct_edit():
+    d = digest(cluster("format_error", 0.6, ("a",)), cluster("wrong_answer", 0.4, ("b",)))
+    h = base_harness()
+    proposals = RuleMetaAgent().propose(d, h, context(max_proposals=4))
+    assert [(p.cluster, template_of(p, h)) for p in proposals] == [
+        ("format_error", "few_shot_demos"), ("wrong_answer", "format_system_prompt"),
+        ("format_error", "last_number_fallback"), ("wrong_answer", "parse_retry_up")]
+    assert len({p.key() for p in proposals}) == 4
+
+
+def test_rejected_keys_are_skipped():
+    d, h = digest(cluster("format_error")), base_harness()
+    first = RuleMetaAgent().propose(d, h, context(max_proposals=2))
+    assert [template_of(p, h) for p in first] == ["few_shot_demos", "format_system_prompt"]
+    again = RuleMetaAgent().propose(d, h, context(max_proposals=2, rejected={first[0].key()}))
+    assert [template_of(p, h) for p in again] == ["format_system_prompt", "last_number_fallback"]
+    assert RuleMetaAgent().propose(digest(cluster("step_budget")), h, context(
+        rejected={RuleMetaAgent().propose(digest(cluster("step_budget")), h, context())[0].key()})) == []
+
+
+def test_max_proposals_validated_and_zero_gives_nothing():
+    with pytest.raises(ValueError, match="max_proposals"):
+        RuleMetaAgent().propose(digest(cluster("loop")), base_harness(), context(max_proposals=-1))
+    assert RuleMetaAgent().propose(digest(cluster("loop")), base_harness(), context(max_proposals=0)) == []
+
+
+def few_shot_demos_of(p: Proposal) -> list[str]:
+    (e,) = p.edits
+    return list(e.spec["params"]["demos"] if e.op == "insert" else e.value)
+
+
+def test_revise_leakage_drops_exactly_the_leaked_demo():
+    demos = [*DEMOS, ("What is 7 * 8?", "<answer>56</answer>")]
+    d, h, ctx = digest(cluster("format_error")), base_harness(), context(demos=demos)
+    agent = RuleMetaAgent()
+    (p,) = agent.propose(d, h, PlanContext(demos=demos, max_proposals=1))
+    reason = "leakage 0.33 > 0.2\nleaked: 6"  # the engine's format: verdict.reason + "\nleaked: a | b"
+    revised = agent.revise(p, reason, d, h, ctx)
+    # "6" is the answer of the second demo; "56" merely contains the digit and is kept
+    assert few_shot_demos_of(revised) == [*DEMOS[0], "What is 7 * 8?", "<answer>56</answer>"]
+    assert revised.revision == 1 and revised.cluster == "format_error" and build(h, revised).id != h.id
+    # two leaked strings: both demos that quote them go, the other stays
+    revised2 = RuleMetaAgent().revise(p, "leakage 0.66 > 0.2\nleaked: 6 | What is 2 + 3?", d, h, ctx)
+    assert few_shot_demos_of(revised2) == ["What is 7 * 8?", "<answer>56</answer>"]
+
+
+def test_revise_leakage_of_every_demo_moves_to_the_next_template():
+    d, h = digest(cluster("format_error")), base_harness()
+    agent = RuleMetaAgent()
+    (p,) = agent.propose(d, h, context(max_proposals=1))
+    revised = agent.revise(p, "leakage 1.0\nleaked: 5 | 6", d, h, context())
+    assert template_of(revised, h) == "format_system_prompt" and revised.revision == 1
+
+
+def test_revise_bloat_keeps_one_demo():
+    d, h = digest(cluster("format_error")), base_harness()
+    agent = RuleMetaAgent()
+    (p,) = agent.propose(d, h, context(max_proposals=1))
+    revised = agent.revise(p, "bloat 0.8 > 0.5: the edits add 900 tokens", d, h, context())
+    assert few_shot_demos_of(revised) == list(DEMOS[0])
+    # one demo already: bloat cannot be answered by trimming, so the next template comes
+    again = agent.revise(revised, "bloat 0.6 > 0.5", d, h, context())
+    assert template_of(again, h) == "format_system_prompt"
+
+
+def test_revise_walks_the_catalogue_then_gives_up():
+    d, h = digest(cluster("context_overflow")), base_harness()
+    agent = RuleMetaAgent()
+    (p,) = agent.propose(d, h, context(max_proposals=1))
+    seen = [template_of(p, h)]
+    while p is not None:
+        p = agent.revise(p, "edit 0 does not apply: [ordering] ...", d, h, context())
+        if p is not None:
+            seen.append(template_of(p, h))
+    assert seen == ["max_new_tokens_up", "summary_memory", "sliding_window"]
+    assert agent.ledger.stages["plan"].calls == 1 and agent.ledger.stages["revise"].calls == 3
+    assert agent.ledger.total() == 0
+
+
+def test_revise_skips_what_this_agent_already_proposed():
+    d, h = digest(cluster("format_error")), base_harness()
+    agent = RuleMetaAgent()
+    first, second = agent.propose(d, h, context(max_proposals=2))
+    revised = agent.revise(first, "the seesaw gate rejected it", d, h, context())
+    assert template_of(second, h) == "format_system_prompt"
+    assert template_of(revised, h) == "last_number_fallback"
+
+
+def test_leaked_string_helpers():
+    assert leaked_strings("quality: leakage 0.5 > 0.2\nleaked: 42 | What is 6 * 7?") == ["42", "What is 6 * 7?"]
+    assert leaked_strings("leakage: the edit quotes '42' and \"x = 3\"") == ["42", "x = 3"]
+    for text, s, want in [("<answer>4</answer>", "4", True), ("<answer>42</answer>", "4", False),
+                          ("3.4", "4", False), ("x4", "4", False), ("4 apples", "4", True), ("a-4", "4", True)]:
+        assert quotes(text, s) is want
+        assert slow_quotes(text, s) is want
+
+
+def slow_quotes(text: str, s: str) -> bool:
+    """Every occurrence, boundary characters checked one by one."""
+    for i in range(len(text) - len(s) + 1):
+        if text[i:i + len(s)] != s:
+            continue
+        before = text[i - 1] if i > 0 else ""
+        after = text[i + len(s)] if i + len(s) < len(text) else ""
+        if not (before and (before.isalnum() or before in "_.")) and not (after and (after.isalnum() or after == "_")):
+            return True
+    return False
+
+
+def test_quotes_matches_loop_twin():
+    rng = random.Random(1)
+    alphabet = "4a2 ._-<>"
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10)))
+        s = "".join(rng.choice("4a2") for _ in range(rng.randint(1, 2)))
+        assert quotes(text, s) == slow_quotes(text, s), (text, s)
+
+
+def test_determinism():
+    d = digest(cluster("format_error", 0.4), cluster("loop", 0.4), cluster("env_error", 0.2))
+    runs = []
+    for _ in range(2):
+        agent = RuleMetaAgent()
+        proposals = agent.propose(d, base_harness(), context(max_proposals=3))
+        revised = agent.revise(proposals[0], "leaked: 6", d, base_harness(), context())
+        runs.append(([p.to_dict() for p in proposals], revised.to_dict(), agent.ledger.as_dict()))
+    assert runs[0] == runs[1]
+    assert [p["cluster"] for p in runs[0][0]] == ["format_error", "loop", "env_error"]
+    assert re.search("dropped", runs[0][1]["hypothesis"])
