@@ -5,9 +5,10 @@ STAMP := $(VENV)/.coevo-installed
 
 .PHONY: train test install
 
-# Main job. For now: SmolLM2 with the base harness on 24 reasoning val tasks (until co-evolution lands).
+# Main job: co-evolution of SmolLM2-135M (+ LoRA) and its harness on the embedded defaults (configs/train.yaml).
+# Hydra overrides go in ARGS, e.g. make train ARGS="experiment=smoke" or ARGS="mode=harness_only name=h".
 train: $(STAMP)
-	$(VENV)/bin/coevo eval --limit 24 $(ARGS)
+	$(PY) train.py $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)

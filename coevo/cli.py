@@ -190,6 +190,123 @@ def eval_cmd(
     console.print(f"report: {out / 'report.md'}  (traces: {out / 'traces.jsonl'})")
 
 
+@app.command("evolve")
+def evolve_cmd(
+    env_name: str = typer.Option("reasoning", "--env", help="environment: reasoning | textworld_express | arithmetic"),
+    env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
+    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | a local model directory"),
+    backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
+    device: str = typer.Option("cpu", help="torch device for the transformers backend"),
+    harness: str = typer.Option("base", help="starting harness: built-in name or YAML path"),
+    meta: str = typer.Option("rule", help="meta-agent backend: rule | openai | hf"),
+    meta_url: Optional[str] = typer.Option(None, help="openai backend: base URL of the endpoint"),
+    meta_model: Optional[str] = typer.Option(None, help="openai: model name; hf: model name or path"),
+    rounds: int = typer.Option(3, min=1, help="evolution rounds (one train batch each)"),
+    batch_tasks: int = typer.Option(8, min=1, help="train tasks per round"),
+    attempts: int = typer.Option(2, "--k", "--attempts", min=1, help="attempts per task (pass@k in the gates)"),
+    temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
+    gate: str = typer.Option("seesaw", help="seesaw | performance | both"),
+    max_variants: int = typer.Option(1, min=1, help="harness variants K"),
+    max_proposals: int = typer.Option(2, min=1, help="proposals judged per variant per round"),
+    val_limit: Optional[int] = typer.Option(None, min=1, help="validation tasks for the before/after comparison"),
+    batch_size: int = typer.Option(32, min=1, help="model calls per generate() batch"),
+    seed: int = typer.Option(0, help="sampling seed"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default runs/evolve-<env>-<time>)"),
+) -> None:
+    """Evolve the harness with AEGIS on the train split (no weight updates), then compare the
+    starting and evolved harnesses on validation. Writes rounds.jsonl, the harnesses and a summary."""
+    import json
+
+    from coevo.envs import ENVS
+    from coevo.evolution.critic import GATES, Critic
+    from coevo.evolution.driver import batches, rollout_fn, routed_pass_rate, run_round, session_tools
+    from coevo.evolution.engine import AEGIS
+    from coevo.evolution.reference import ReferenceStore, build_references
+    from coevo.meta import BACKENDS
+
+    if env_name not in ENVS:
+        raise typer.BadParameter(f"unknown env {env_name!r}; choose one of {sorted(ENVS)}", param_hint="--env")
+    if gate not in GATES:
+        raise typer.BadParameter(f"gate must be one of {list(GATES)}, got {gate!r}", param_hint="--gate")
+    if meta not in BACKENDS:
+        raise typer.BadParameter(f"meta must be one of {sorted(BACKENDS)}, got {meta!r}", param_hint="--meta")
+    if meta == "openai" and not (meta_url and meta_model):
+        raise typer.BadParameter("the openai backend needs --meta-url and --meta-model", param_hint="--meta")
+    start = load_harness(harness)
+    if temperature is not None:
+        start = start.set_param("sampling", "temperature", temperature)
+    out = out or Path("runs") / time.strftime(f"evolve-{env_name}-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    env = ENVS[env_name](**parse_env_args(env_args))
+    try:
+        with console.status(f"loading model {model}"):
+            policy = build_policy(model, backend, device, None, env_name, seed)
+        train = env.tasks("train")
+        plan = batches(train, batch_tasks)[:rounds]
+        used = {t.task_id for b in plan for t in b}
+        refs = build_references(env, [t for t in train if t.task_id not in used], ReferenceStore(out / "references"))
+        if meta == "rule":
+            agent = BACKENDS["rule"]()
+        elif meta == "openai":
+            agent = BACKENDS["openai"](meta_url, meta_model, cache_dir=out / "meta_cache")
+        else:
+            agent = BACKENDS["hf"](meta_model or "smollm2", cache_dir=out / "meta_cache")
+        critic = Critic(rollout_fn(policy, env, batch_size=batch_size), k=attempts, gate=gate)
+        aegis = AEGIS(start, agent, critic, tasks={t.task_id: t for t in train}, references=refs,
+                      tools=session_tools(env, train[0]), max_variants=max_variants,
+                      max_proposals=max_proposals)
+        val = env.tasks("val")[:val_limit]
+        before = routed_pass_rate(aegis, val, policy, env, batch_size=batch_size)
+        table = Table(title=f"AEGIS on {env_name} ({meta} meta-agent, {gate} gate, k={attempts})")
+        for col in ("round", "train pass", "clusters", "verdicts", "shipped", "harness", "seconds"):
+            table.add_column(col)
+        with (out / "rounds.jsonl").open("w") as log:
+            for r, batch in enumerate(plan):
+                began = time.perf_counter()
+                with console.status(f"round {r}: {len(batch)} tasks x {attempts} attempts, then AEGIS"):
+                    traces, report = run_round(aegis, batch, policy, env, round=r, attempts=attempts,
+                                               batch_size=batch_size)
+                log.write(json.dumps(report.to_dict(), default=str) + "\n")
+                log.flush()
+                for cid in report.shipped:
+                    next(h for h in aegis.variants.harnesses.values() if h.id == cid).save(out / "lineage" / f"{cid}.yaml")
+                rate = sum(t.passed for t in traces) / len(traces)
+                clusters = ", ".join(f"{c.cause}:{c.count}" for d in report.digests for c in d.clusters) or "-"
+                verdicts = ", ".join(f"{'ship' if v.ship else v.gate}" for v in report.verdicts) or "-"
+                table.add_row(str(r), f"{rate:.2f}", clusters, verdicts, str(len(report.shipped)),
+                              aegis.harness().id, f"{time.perf_counter() - began:.0f}")
+                console.print(f"round {r}: train pass {rate:.2f}; {verdicts}")
+        after = routed_pass_rate(aegis, val, policy, env, batch_size=batch_size)
+    finally:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+    for name, h in aegis.variants.harnesses.items():
+        h.save(out / f"harness-{name}.yaml")
+    (out / "aegis_state.json").write_text(json.dumps(aegis.state_dict(), indent=1, default=str))
+    console.print(table)
+    summary = (f"# coevo evolve: {env_name}\n\nval pass@1 (routed, {len(val)} tasks): "
+               f"{before:.3f} with the starting harness -> {after:.3f} after {len(plan)} rounds\n\n"
+               f"meta-agent tokens: {agent.ledger.as_dict()}\n")
+    (out / "summary.md").write_text(summary)
+    console.print(f"val pass@1: {before:.3f} -> {after:.3f}   ({out / 'summary.md'})")
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: Path = typer.Argument(..., help="a run directory written by train.py"),
+    out: Optional[Path] = typer.Option(None, help="where to write (default RUN_DIR/report)"),
+) -> None:
+    """Figures (pass rate per round, lineage tree, per-task matrix, time breakdown) and summary.md."""
+    from coevo.report import write_report
+
+    try:
+        path = write_report(run_dir, out)
+    except (ValueError, FileNotFoundError) as err:
+        raise typer.BadParameter(str(err), param_hint="RUN_DIR") from None
+    console.print(f"report: {path / 'summary.md'}")
+
+
 def main() -> None:
     app()
 

@@ -33,6 +33,15 @@ def rollout_fn(policy: Policy, env: Env, *, batch_size: int = 32, max_steps: int
     return run
 
 
+def session_tools(env: Env, task: Task) -> list[str]:
+    """The tool names an env session offers (envs declare tools per session, not per env)."""
+    session = env.reset(task)
+    try:
+        return sorted(session.tools)
+    finally:
+        session.close()
+
+
 def batches(tasks: Sequence[Task], size: int) -> list[list[Task]]:
     """One epoch of train batches in a fixed order (the last one may be shorter)."""
     if size < 1:

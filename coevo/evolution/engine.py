@@ -260,6 +260,7 @@ class AEGIS:
             "recent": {v: [[ids, s] for ids, s in items] for v, items in self.recent.items()},
             "notes": dict(self.notes),
             "history": list(self.history),
+            "meta": self.meta.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -275,3 +276,4 @@ class AEGIS:
                                          for v, items in state["recent"].items()})
         self.notes = dict(state["notes"])
         self.history = list(state["history"])
+        self.meta.load_state_dict(state["meta"])

@@ -67,6 +67,10 @@ class TokenLedger:
     def as_dict(self) -> dict[str, Any]:
         return {name: vars(u).copy() for name, u in self.stages.items()} | {"total_tokens": self.total()}
 
+    def load(self, data: dict[str, Any]) -> None:
+        """Restore from ``as_dict()`` (a resumed run keeps counting where it stopped)."""
+        self.stages = {name: StageUsage(**u) for name, u in data.items() if name != "total_tokens"}
+
 
 class MetaAgent(Protocol):
     """A backend that plans and revises harness edits (see ``coevo.meta``)."""
@@ -83,3 +87,9 @@ class MetaAgent(Protocol):
                context: PlanContext) -> Proposal | None:
         """A revision of ``proposal`` that answers the Critic's ``reason``, or None to drop it."""
         ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to plan exactly as the interrupted one would have (JSON-able)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...

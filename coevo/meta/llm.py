@@ -462,6 +462,13 @@ class LLMMetaAgent:
         self.cache = CallCache(cache_dir) if cache_dir is not None else None
         self.ledger = TokenLedger()
 
+    def state_dict(self) -> dict[str, Any]:
+        """Only the ledger: replies are reproduced from the disk cache on resume."""
+        return {"ledger": self.ledger.as_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ledger.load(state["ledger"])
+
     def __repr__(self) -> str:
         return f"LLMMetaAgent(name={self.name!r}, client={self.client!r}, max_retries={self.max_retries})"
 

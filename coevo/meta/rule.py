@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Proposal
 from coevo.harness.edits import Edit, apply_edit
@@ -427,6 +428,13 @@ class RuleMetaAgent:
     def __init__(self) -> None:
         self.ledger = TokenLedger()
         self.tried: dict[str, set[str]] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ledger": self.ledger.as_dict(), "tried": {v: sorted(keys) for v, keys in self.tried.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ledger.load(state["ledger"])
+        self.tried = {v: set(keys) for v, keys in state["tried"].items()}
 
     # ------------------------------------------------------------------ planning
     def _proposal(self, template: Template, draft: Draft, cluster: Cluster, digest: Digest,

@@ -70,6 +70,11 @@ class TransformersPolicy:
         ids = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling stream at ``seed``: the co-evolution loop reseeds at each phase of a
+        round, so a resumed run samples exactly what an uninterrupted one did."""
+        self.seed, self._calls = seed, 0
+
     def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
         results: list[Generation | None] = [None] * len(requests)
 

@@ -101,6 +101,12 @@ class ScriptedMeta:
         self.reasons.append(reason)
         return self.revisions.pop(0) if self.revisions else None
 
+    def state_dict(self):
+        return {"ledger": self.ledger.as_dict()}
+
+    def load_state_dict(self, state):
+        self.ledger.load(state["ledger"])
+
 
 def template_edit(text: str) -> Proposal:
     spec = {"kind": "instruction_template", "name": "instruction_template", "params": {"template": text}}

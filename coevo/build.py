@@ -1,0 +1,269 @@
+"""From a ``TrainConfig`` to a running ``Coevolution`` loop: the only code that reads the config.
+
+Every component below takes flat arguments; this module unpacks the config into them, checks the
+values a user can get wrong (naming the field and the allowed values), and owns the run
+directory's one-time files (the resolved config, with secrets removed).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from coevo.config import MODES, TrainConfig
+
+log = logging.getLogger("coevo")
+
+RESUMABLE_CHANGES = {"rounds", "logger", "val_every", "test", "test_limit"}
+"""Top-level keys that may differ when a run is started again on its directory."""
+
+
+def to_config(cfg: Any) -> TrainConfig:
+    """A ``TrainConfig`` from a Hydra ``DictConfig`` (or a ``TrainConfig`` as is)."""
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(cfg)
+
+
+def check(cfg: TrainConfig) -> None:
+    """Reject values no component accepts, naming the field and what it allows."""
+    from coevo.envs import ENVS
+    from coevo.evolution.critic import GATES
+    from coevo.meta import BACKENDS
+    from coevo.trainers.aggregation import MODES as AGGREGATIONS
+
+    choices = {
+        "mode": (cfg.mode, MODES),
+        "env.name": (cfg.env.name, tuple(ENVS)),
+        "rollout.backend": (cfg.rollout.backend, ("transformers", "vllm")),
+        "evolution.gate": (cfg.evolution.gate, GATES),
+        "meta_agent.backend": (cfg.meta_agent.backend, tuple(BACKENDS)),
+        "trainer.aggregation": (cfg.trainer.aggregation, tuple(AGGREGATIONS)),
+        "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
+        "logger.kind": (cfg.logger.kind, ("none", "wandb")),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ValueError(f"config {key}={value!r} is not allowed; choose one of {list(allowed)}")
+    positive = {"rounds": cfg.rounds, "batch_tasks": cfg.batch_tasks, "rollout.attempts": cfg.rollout.attempts,
+                "eval_attempts": cfg.eval_attempts, "evolution.critic_attempts": cfg.evolution.critic_attempts,
+                "buffer.capacity": cfg.buffer.capacity, "trainer.steps_per_round": cfg.trainer.steps_per_round}
+    for key, value in positive.items():
+        if value < 1:
+            raise ValueError(f"config {key}={value} must be >= 1")
+    if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
+        raise ValueError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
+    if cfg.evolution.router and cfg.meta_agent.backend == "rule":
+        raise ValueError("evolution.router=true needs an LLM meta-agent (meta_agent=openai or hf); rule cannot route")
+    traces_per_round = cfg.batch_tasks * cfg.rollout.attempts
+    if cfg.mode in ("coevolve", "model_only") and cfg.buffer.capacity < traces_per_round:
+        raise ValueError(f"config buffer.capacity={cfg.buffer.capacity} is below the {traces_per_round} traces a round "
+                         "adds (batch_tasks x rollout.attempts)")
+
+
+def write_config(run_dir: Path, cfg: TrainConfig) -> None:
+    """Write ``config.yaml`` (secrets scrubbed), or check a resumed run's config against it."""
+    from omegaconf import OmegaConf
+
+    from coevo.tracking import scrub
+
+    data = scrub(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+    path = run_dir / "config.yaml"
+    if path.is_file():
+        saved = yaml.safe_load(path.read_text())
+        changed = sorted(k for k in set(saved) | set(data) if saved.get(k) != data.get(k) and k not in RESUMABLE_CHANGES)
+        if changed:
+            raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); resume it with the same "
+                             "config, or choose another name= / run_dir=")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+
+
+def device_of(name: str) -> str:
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+def run(cfg: Any) -> Path:
+    """Build everything from the config, run the rounds (resuming when the run directory holds a
+    committed round), write the report. Returns the run directory."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import broadcast_object_list
+
+    from coevo.buffers import ReplayBuffer
+    from coevo.envs import ENVS
+    from coevo.evolution.critic import Critic
+    from coevo.evolution.driver import rollout_fn, session_tools
+    from coevo.evolution.engine import AEGIS
+    from coevo.evolution.pool import Patience
+    from coevo.evolution.reference import ReferenceStore, build_references
+    from coevo.loop import Coevolution
+    from coevo.policy.load import load_model
+    from coevo.progress import NullProgress, RichProgress
+    from coevo.tracking import NullTracker, make_tracker
+    from coevo.trainers.grpo import GRPOTrainer, apply_lora
+    from coevo.trainers.logprobs import logprob_fn
+
+    cfg = to_config(cfg)
+    check(cfg)
+    device = device_of(cfg.model.device)
+    mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
+    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed)
+    is_main = accelerator.is_main_process
+    run_dir = Path(cfg.run_dir)
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_config(run_dir, cfg)
+    accelerator.wait_for_everyone()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    trains = cfg.mode in ("coevolve", "model_only")
+    env = ENVS[cfg.env.name](**cfg.env.args)
+    model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype,
+                            seed=cfg.model.init_seed)
+    if trains and cfg.model.lora:
+        model = apply_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha, dropout=cfg.model.lora_dropout)
+    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+    trainer = None
+    if trains:
+        t = cfg.trainer
+        trainer = GRPOTrainer(
+            model, pad_id=tok.pad_token_id, accelerator=accelerator, lr=t.lr, weight_decay=t.weight_decay,
+            max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps, total_steps=cfg.rounds * t.steps_per_round,
+            micro_batch_size=t.micro_batch_size, eps_low=t.eps_low, eps_high=t.eps_high, dual_clip=t.dual_clip,
+            beta=t.beta, tis_cap=t.tis_cap, aggregation=t.aggregation, scale_by_std=t.scale_by_std,
+            drop_zero_variance=t.drop_zero_variance, temperature=temperature, kernel=t.kernel, optimizer=t.optimizer)
+        model = trainer.unwrapped
+    policy, sync = build_policy(cfg, model, tok)
+
+    progress = RichProgress() if is_main else NullProgress()
+    start = start_harness(cfg)
+    train = env.tasks("train")
+    tasks = {t.task_id: t for t in train}
+    evolves = cfg.mode in ("coevolve", "harness_only")
+    references = {}
+    if evolves and cfg.evolution.references and is_main:
+        references = build_references(env, train, ReferenceStore(run_dir / "references"))
+
+    def critic_rollout(harness: Any, judged: Any, k: int) -> dict[str, list[bool]]:
+        with progress.task(f"critic: re-run {harness.id[:8]}", len(judged) * k) as advance:
+            run = rollout_fn(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
+                             workers=cfg.rollout.workers, on_trace=lambda _t: advance())
+            return run(harness, judged, k)
+
+    e = cfg.evolution
+    meta = build_meta(cfg, run_dir)
+    critic = Critic(critic_rollout, k=e.critic_attempts, gate=e.gate, eta_leak=e.eta_leak, eta_bloat=e.eta_bloat,
+                    delta=e.delta, epsilon=e.epsilon)
+    aegis = AEGIS(start, meta, critic, tasks=tasks, references=references, tools=session_tools(env, train[0]),
+                  max_variants=e.max_variants, max_proposals=e.max_proposals, max_revisions=e.max_revisions,
+                  recent_batches=e.recent_batches, patience=Patience(rounds=e.patience_rounds, batches=10**9, epochs=10**9),
+                  router=meta.route if e.router else None, router_threshold=e.router_threshold)
+    tracker = make_tracker(cfg.logger.kind, **tracker_kwargs(cfg, run_dir)) if is_main else NullTracker()
+    buffer = ReplayBuffer(run_dir / "buffer", capacity=cfg.buffer.capacity) if trains and is_main else None
+    loop = Coevolution(
+        mode=cfg.mode, env=env, policy=policy, aegis=aegis, run_dir=run_dir, train_tasks=train,
+        val_tasks=env.tasks("val")[: cfg.val_limit], test_tasks=env.tasks("test")[: cfg.test_limit] if cfg.test else (),
+        rounds=cfg.rounds, batch_tasks=cfg.batch_tasks, attempts=cfg.rollout.attempts, seed=cfg.seed,
+        trainer=trainer, buffer=buffer,
+        logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=temperature,
+                              batch_size=cfg.buffer.logprob_batch_size) if trains else None,
+        steps_per_round=cfg.trainer.steps_per_round, val_every=cfg.val_every, eval_attempts=cfg.eval_attempts,
+        rollout_batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps, workers=cfg.rollout.workers,
+        tracker=tracker, progress=progress, is_main=is_main,
+        share=(lambda obj: broadcast_object_list([obj], from_process=0)[0]) if accelerator.num_processes > 1 else None,
+        sync_weights=sync,
+    )
+    try:
+        loop.run()
+    finally:
+        if buffer is not None:
+            buffer.close()
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+        tracker.finish()
+    if is_main:
+        from coevo.report import write_report
+
+        out = write_report(run_dir)
+        progress.message(f"report: {out / 'summary.md'}")
+    accelerator.wait_for_everyone()
+    return run_dir
+
+
+def start_harness(cfg: TrainConfig) -> Any:
+    """The starting harness with the rollout's sampling settings written into it."""
+    from coevo.harness.defaults import BUILTIN_HARNESSES
+    from coevo.harness.harness import Harness
+
+    spec = cfg.harness.start
+    if spec in BUILTIN_HARNESSES:
+        h = BUILTIN_HARNESSES[spec]()
+    elif Path(spec).is_file():
+        h = Harness.load(spec)
+    else:
+        raise ValueError(f"config harness.start={spec!r} is neither a built-in harness {sorted(BUILTIN_HARNESSES)} "
+                         "nor a harness YAML file")
+    if "sampling" not in h:
+        raise ValueError(f"harness {spec!r} has no 'sampling' processor to take rollout.temperature/max_new_tokens")
+    h = h.set_param("sampling", "temperature", float(cfg.rollout.temperature))
+    h = h.set_param("sampling", "max_new_tokens", int(cfg.rollout.max_new_tokens))
+    if cfg.rollout.keep_truncated:
+        if "token_annotation" not in h:
+            raise ValueError(f"rollout.keep_truncated=true needs a 'token_annotation' processor in harness {spec!r}")
+        h = h.set_param("token_annotation", "exclude_truncated", False)
+    return h
+
+
+def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
+    """(policy, sync) where ``sync()`` pushes the trained weights to the rollout engine."""
+    from coevo.policy.hf import TransformersPolicy
+
+    if cfg.rollout.backend == "transformers":
+        policy = TransformersPolicy(model, tok, model_version="0", max_batch_size=cfg.rollout.batch_size, seed=cfg.seed)
+        return policy, None  # generation uses the trained model object itself
+    from coevo.policy.smollm2 import converted_dir
+    from coevo.policy.vllm import ColocatedEngine, ServerEngine, VLLMPolicy
+
+    path = str(converted_dir()) if cfg.model.name == "smollm2" else cfg.model.name
+    if cfg.rollout.vllm_mode == "colocate":
+        engine = ColocatedEngine(path, seed=cfg.seed, gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
+    elif cfg.rollout.vllm_mode == "server":
+        engine = ServerEngine(cfg.rollout.vllm_server_url)
+    else:
+        raise ValueError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose colocate or server")
+    policy = VLLMPolicy(engine, tok, model_version="0")
+    return policy, lambda: policy.sync_weights(model, policy.model_version)
+
+
+def build_meta(cfg: TrainConfig, run_dir: Path) -> Any:
+    from coevo.meta import BACKENDS
+
+    m = cfg.meta_agent
+    if m.backend == "rule":
+        return BACKENDS["rule"]()
+    if m.backend == "openai":
+        return BACKENDS["openai"](m.url, m.model, api_key_env=m.api_key_env, timeout_s=m.timeout_s,
+                                  cache_dir=run_dir / "meta_cache", max_retries=m.max_retries)
+    return BACKENDS["hf"](m.model or "smollm2", cache_dir=run_dir / "meta_cache", max_retries=m.max_retries)
+
+
+def tracker_kwargs(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
+    if cfg.logger.kind == "none":
+        return {}
+    from omegaconf import OmegaConf
+
+    return {"project": cfg.logger.project, "run_dir": run_dir, "entity": cfg.logger.entity, "name": cfg.name,
+            "group": cfg.logger.group, "tags": tuple(cfg.logger.tags), "mode": cfg.logger.mode,
+            "config": OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)}

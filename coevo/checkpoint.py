@@ -1,0 +1,99 @@
+"""Round checkpoints in a run directory: written whole, then committed by one atomic rename.
+
+``checkpoint/round-N/`` holds everything that changes during a round except the replay buffer
+(which commits its own appends): the trainer (model in ``save_pretrained`` format, optimizer,
+scheduler), the AEGIS state, the run's records and lineage so far, RNG states and counters.
+``checkpoint/latest`` names the newest complete one; it is replaced with ``os.replace`` only after
+the directory is fully written and fsynced, so a process killed at any moment leaves either the
+previous round or this one, never a mix. Older round directories are deleted after the switch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LATEST = "latest"
+
+
+def rng_state() -> dict[str, Any]:
+    """Python and torch RNG states (JSON-able; torch's as a list of ints)."""
+    return {"python": _jsonable(random.getstate()), "torch": torch.get_rng_state().tolist()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_tupled(state["python"]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+def commit(root: Path, round: int, state: dict[str, Any], write_extra: Callable[[Path], None] | None = None) -> Path:
+    """Write ``state`` (JSON) and whatever ``write_extra(dir)`` writes into ``root/round-N``, fsync
+    it, point ``root/latest`` at it atomically, then delete older rounds. Returns the directory."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"round-{round:04d}"
+    tmp = root / f"round-{round:04d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    if write_extra is not None:
+        write_extra(tmp)
+    (tmp / "state.json").write_text(json.dumps(state, default=str))
+    _fsync_tree(tmp)
+    shutil.rmtree(final, ignore_errors=True)  # a leftover from a crash after the rename below
+    tmp.rename(final)
+    pointer = root / (LATEST + ".tmp")
+    pointer.write_text(final.name)
+    with open(pointer) as f:
+        os.fsync(f.fileno())
+    os.replace(pointer, root / LATEST)
+    _fsync_dir(root)
+    for old in root.glob("round-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(root: Path) -> Path | None:
+    """The newest committed round directory, or None when the run has not completed a round."""
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    directory = root / pointer.read_text().strip()
+    if not (directory / "state.json").is_file():
+        raise RuntimeError(f"{pointer} names {directory.name}, which is incomplete; the run directory is damaged")
+    return directory
+
+
+def load_state(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / "state.json").read_text())
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    for path in [directory, *[p for p in directory.rglob("*") if p.is_dir()]]:
+        _fsync_dir(path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _jsonable(value: Any) -> Any:
+    return [_jsonable(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+def _tupled(value: Any) -> Any:
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value

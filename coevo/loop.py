@@ -1,0 +1,361 @@
+"""The co-evolution loop: one round = rollout → verifier → buffer → AEGIS → GRPO → (eval) → commit.
+
+The same traces feed both halves: the round's traces enter the replay buffer with behaviour
+log-probs from the checkpoint that sampled them, AEGIS digests them and judges its edits, and
+cross-harness GRPO updates the weights on the buffer groups of the round's tasks (whichever
+harness version or checkpoint produced each trace). ``mode`` switches halves off for the
+ablation: ``harness_only`` (no GRPO), ``model_only`` (no AEGIS), ``static`` (neither).
+
+Resume: a round ends with an atomic checkpoint commit (``coevo.checkpoint``). Started again on
+the same run directory, the loop restores the last complete round; if the killed round had
+already committed its traces to the buffer, they are reused, otherwise they are sampled again —
+identically, because every phase of a round reseeds the policy from (seed, round, phase).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coevo import checkpoint
+from coevo.agent.policy import Policy
+from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.trace import Trace
+from coevo.envs.base import Env, Task
+from coevo.evolution.engine import AEGIS, EvolveReport
+from coevo.harness.harness import Harness
+from coevo.tracking import edit_rows
+
+log = logging.getLogger("coevo.loop")
+
+PHASES = {"rollout": 0, "critic": 1, "eval": 2, "test": 3}
+"""Policy sampling streams within a round (see ``phase_seed``)."""
+
+
+def phase_seed(seed: int, round: int, phase: str) -> int:
+    """A distinct, reproducible sampling seed per (run seed, round, phase)."""
+    return seed * 1_000_003 + round * 1_009 + PHASES[phase] * 100_003
+
+
+def round_batches(tasks: Sequence[Task], batch_tasks: int, seed: int, rounds: int) -> list[list[Task]]:
+    """The train batch of every round: the train split shuffled once per epoch (seeded), cut into
+    batches of ``batch_tasks``; epochs follow each other until ``rounds`` batches exist."""
+    if not tasks:
+        raise ValueError("the env has no train tasks")
+    if batch_tasks < 1:
+        raise ValueError(f"batch_tasks must be >= 1, got {batch_tasks}")
+    per_epoch = max(1, len(tasks) // batch_tasks)
+    out: list[list[Task]] = []
+    epoch = 0
+    while len(out) < rounds:
+        order = list(tasks)
+        random.Random(f"{seed}-{epoch}").shuffle(order)
+        out += [order[i * batch_tasks : (i + 1) * batch_tasks] for i in range(per_epoch)]
+        epoch += 1
+    return out[:rounds]
+
+
+@dataclass
+class Evaluation:
+    pass_at_1: float
+    pass_at_k: float
+    k: int
+    outcomes: dict[str, list[bool]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pass_at_1": self.pass_at_1, "pass_at_k": self.pass_at_k, "k": self.k, "outcomes": self.outcomes}
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint restores besides the trainer and AEGIS."""
+
+    next_round: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list)
+    lineage: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Coevolution:
+    """Runs rounds. Flat collaborators: ``aegis`` (always present: static and model-only runs
+    simply never call ``evolve``), ``trainer`` and ``buffer`` (None unless the mode trains),
+    ``tracker`` (a ``coevo.tracking.Tracker``; the null one by default), ``console`` for progress."""
+
+    def __init__(
+        self,
+        *,
+        mode: str,
+        env: Env,
+        policy: Policy,
+        aegis: AEGIS,
+        run_dir: Path,
+        train_tasks: Sequence[Task],
+        val_tasks: Sequence[Task],
+        test_tasks: Sequence[Task] = (),
+        rounds: int,
+        batch_tasks: int,
+        attempts: int,
+        seed: int,
+        trainer: Any | None = None,
+        buffer: Any | None = None,
+        logprob_fn: Callable | None = None,
+        steps_per_round: int = 1,
+        val_every: int = 0,
+        eval_attempts: int = 1,
+        rollout_batch_size: int = 32,
+        max_steps: int = 32,
+        workers: int = 8,
+        tracker: Any,
+        progress: Any,
+        is_main: bool = True,
+        share: Callable[[Any], Any] | None = None,
+        sync_weights: Callable[[], None] | None = None,
+    ) -> None:
+        trains = mode in ("coevolve", "model_only")
+        if trains and (trainer is None or buffer is None or logprob_fn is None):
+            raise ValueError(f"mode {mode!r} trains the model: it needs a trainer, a buffer and a logprob_fn")
+        self.mode, self.env, self.policy, self.aegis, self.run_dir = mode, env, policy, aegis, run_dir
+        self.evolves, self.trains = mode in ("coevolve", "harness_only"), trains
+        self.batches = round_batches(train_tasks, batch_tasks, seed, rounds)
+        self.val_tasks, self.test_tasks = list(val_tasks), list(test_tasks)
+        self.rounds, self.attempts, self.seed = rounds, attempts, seed
+        self.trainer, self.buffer, self.logprob_fn, self.steps_per_round = trainer, buffer, logprob_fn, steps_per_round
+        self.val_every, self.eval_attempts = val_every, eval_attempts
+        self.rollout_kwargs = {"batch_size": rollout_batch_size, "max_steps": max_steps, "workers": workers}
+        self.tracker, self.progress, self.is_main = tracker, progress, is_main
+        self.share = share or (lambda obj: obj)  # rank 0's object on every rank (identity on one process)
+        self.sync_weights = sync_weights or (lambda: None)
+        self.state = LoopState()
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> int:
+        """Restore the last complete round, if any; returns the next round to run."""
+        directory = checkpoint.latest(self.run_dir / "checkpoint")
+        if directory is None:
+            return 0
+        state = checkpoint.load_state(directory)
+        if self.trainer is not None:
+            self.trainer.load(directory / "trainer")
+            self.policy.model_version = str(self.trainer.version)
+            self.sync_weights()
+        self.aegis.load_state_dict(state["aegis"])
+        checkpoint.set_rng_state(state["rng"])
+        self.state = LoopState(state["next_round"], state["records"], state["lineage"])
+        self._write_logs()
+        log.info("resumed %s after round %d", self.run_dir, self.state.next_round - 1)
+        return self.state.next_round
+
+    def _commit(self) -> None:
+        state = {"next_round": self.state.next_round, "records": self.state.records, "lineage": self.state.lineage,
+                 "aegis": self.aegis.state_dict(), "rng": checkpoint.rng_state()}
+
+        def write_trainer(directory: Path) -> None:
+            if self.trainer is not None:
+                self.trainer.save(directory / "trainer")
+
+        if self.is_main:
+            checkpoint.commit(self.run_dir / "checkpoint", self.state.next_round - 1, state, write_trainer)
+            self._write_logs()
+        elif self.trainer is not None:
+            self.trainer.save(self.run_dir / "checkpoint" / "unused")  # joins the collective barrier only
+
+    def _write_logs(self) -> None:
+        """rounds.jsonl and lineage.jsonl, rewritten whole from the committed state."""
+        if not self.is_main:
+            return
+        for name, rows in (("rounds.jsonl", self.state.records), ("lineage.jsonl", self.state.lineage)):
+            tmp = self.run_dir / (name + ".tmp")
+            tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+            tmp.replace(self.run_dir / name)
+
+    # ------------------------------------------------------------------ rounds
+    def run(self) -> list[dict[str, Any]]:
+        start = self.resume()
+        if start == 0:
+            for name, h in self.aegis.variants.harnesses.items():
+                self._lineage(h, round=-1, variant=name, how="start", parent=None, edits=[], hypothesis="")
+        for r in range(start, self.rounds):
+            self.run_round(r)
+        return self.state.records
+
+    def run_round(self, r: int) -> dict[str, Any]:
+        """One round. Under several processes rank 0 rolls out, evolves, evaluates and writes;
+        every rank takes part in the GRPO step on the traces rank 0 shares."""
+        if not self.is_main:
+            return self._follow_round(r)
+        seconds: dict[str, float] = defaultdict(float)
+        began = time.perf_counter()
+        batch = self.batches[r]
+        version = self.trainer.version if self.trainer is not None else 0
+
+        tick = time.perf_counter()
+        traces = self._buffered(r)
+        if traces is None:
+            self._reseed(r, "rollout")
+            traces = self._rollout(batch, r)
+            seconds["rollout"] = time.perf_counter() - tick
+            if self.trains:
+                tick = time.perf_counter()
+                self.buffer.add(traces, round=r, model_version=version, logprob_fn=self.logprob_fn)
+                seconds["logprobs"] = time.perf_counter() - tick
+
+        evolved: EvolveReport | None = None
+        if self.evolves:
+            self._reseed(r, "critic")
+            before = {v: h.id for v, h in self.aegis.variants.harnesses.items()}
+            evolved = self.aegis.evolve(traces, round=r)
+            for key in ("digest", "plan", "critic"):
+                seconds[key] = evolved.seconds.get(key, 0.0)
+            self._record_lineage(evolved, before, r)
+
+        grpo = None
+        if self.trains:
+            tick = time.perf_counter()
+            grpo = self._train(self.share(self._training_batch({t.task_id for t in batch})))
+            seconds["grpo"] = time.perf_counter() - tick
+
+        val = None
+        if self.val_tasks and ((self.val_every and (r + 1) % self.val_every == 0) or r == self.rounds - 1):
+            tick = time.perf_counter()
+            val = self.evaluate(self.val_tasks, r, "eval")
+            seconds["eval"] = time.perf_counter() - tick
+        test = None
+        if self.test_tasks and r == self.rounds - 1:
+            tick = time.perf_counter()
+            test = self.evaluate(self.test_tasks, r, "test")
+            seconds["eval"] += time.perf_counter() - tick
+
+        record = self._record(r, traces, evolved, grpo, val, test, seconds, version)
+        self.state.records.append(record)
+        self.state.next_round = r + 1
+        tick = time.perf_counter()
+        self._commit()
+        record["seconds"]["checkpoint"] = time.perf_counter() - tick
+        total = time.perf_counter() - began
+        record["seconds"]["total"] = total
+        record["seconds"]["other"] = max(0.0, total - sum(v for k, v in record["seconds"].items()
+                                                         if k not in ("total", "other")))
+        self._write_logs()  # the timing fields of the last record are known only now
+        self.tracker.log_round(record)
+        if evolved is not None and evolved.verdicts:
+            self.tracker.log_edits(edit_rows(record))
+        self.progress.round_done(record)
+        return record
+
+    def _buffered(self, r: int) -> list[Trace] | None:
+        """Traces a killed run already committed to the buffer for round ``r`` (reused on resume)."""
+        if self.buffer is None:
+            return None
+        entries = self.buffer.query(round=r)
+        return self.buffer.load(entries) if entries else None
+
+    def _rollout(self, batch: Sequence[Task], r: int) -> list[Trace]:
+        routed = self.aegis.assign(batch)
+        jobs = [Job(t, self.aegis.harness(routed[t.task_id]), variant=routed[t.task_id],
+                    trace_id=f"r{r:04d}-{t.task_id}-{a}") for t in batch for a in range(self.attempts)]
+        with self.progress.task(f"round {r}: rollouts", len(jobs)) as advance:
+            return run_episodes(jobs, self.policy, self.env, on_trace=lambda _t: advance(), **self.rollout_kwargs)
+
+    def _follow_round(self, r: int) -> dict[str, Any]:
+        """A non-main rank's round: the GRPO step on rank 0's batch, then the checkpoint barrier."""
+        if self.trains:
+            self._train(self.share(None))
+        self.state.next_round = r + 1
+        self._commit()
+        return {"round": r}
+
+    def _training_batch(self, task_ids: set[str]) -> tuple[list[Trace], list[int]]:
+        """Every buffered trace of the round's tasks (cross-harness, cross-checkpoint groups)."""
+        entries = [e for e in self.buffer.entries() if e.task_id in task_ids]
+        return self.buffer.load(entries), [e.model_version for e in entries]
+
+    def _train(self, batch: tuple[list[Trace], list[int]]) -> dict[str, Any]:
+        """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each)."""
+        traces, versions = batch
+        metrics = None
+        with self.progress.task("GRPO", self.steps_per_round) as advance:
+            for _ in range(self.steps_per_round):
+                metrics = self.trainer.step(traces, versions=versions)
+                advance()
+        self.policy.model_version = str(self.trainer.version)
+        self.sync_weights()
+        out = metrics.as_dict() if metrics is not None else {}
+        out["buffer_traces"] = len(traces)
+        return out
+
+    def evaluate(self, tasks: Sequence[Task], r: int, phase: str) -> Evaluation:
+        """pass@1 and pass@k of the routed variants (k = eval_attempts)."""
+        self._reseed(r, phase)
+        routed = self.aegis.assign(tasks)
+        jobs = [Job(t, self.aegis.harness(routed[t.task_id]), variant=routed[t.task_id],
+                    trace_id=f"{phase}{r:04d}-{t.task_id}-{a}") for t in tasks for a in range(self.eval_attempts)]
+        with self.progress.task(f"round {r}: {'validation' if phase == 'eval' else 'test'}", len(jobs)) as advance:
+            traces = run_episodes(jobs, self.policy, self.env, on_trace=lambda _t: advance(), **self.rollout_kwargs)
+        outcomes: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
+        for t in traces:
+            outcomes[t.task_id].append(bool(t.passed))
+        n = len(outcomes)
+        return Evaluation(sum(sum(v) / len(v) for v in outcomes.values()) / n,
+                          sum(any(v) for v in outcomes.values()) / n, self.eval_attempts, outcomes)
+
+    def _reseed(self, r: int, phase: str) -> None:
+        reseed = getattr(self.policy, "reseed", None)  # scripted policies are deterministic anyway
+        if reseed is not None:
+            reseed(phase_seed(self.seed, r, phase))
+
+    # ------------------------------------------------------------------ records
+    def _record_lineage(self, report: EvolveReport, before: dict[str, str], r: int) -> None:
+        verdicts = {v.candidate_id: v for v in report.verdicts if v.candidate_id}
+        for name, h in self.aegis.variants.harnesses.items():
+            if name in report.spawned:
+                v = verdicts.get(h.id)
+                self._lineage(h, round=r, variant=name, how="spawned", parent=v.parent_id if v else None,
+                              edits=[e.describe() for e in v.proposal.edits] if v else [],
+                              hypothesis=v.proposal.hypothesis if v else "")
+            elif before.get(name) != h.id:
+                v = verdicts.get(h.id)
+                self._lineage(h, round=r, variant=name, how="shipped", parent=before.get(name),
+                              edits=[e.describe() for e in v.proposal.edits] if v else [],
+                              hypothesis=v.proposal.hypothesis if v else "")
+
+    def _lineage(self, harness: Harness, *, round: int, variant: str, how: str, parent: str | None,
+                 edits: list[str], hypothesis: str) -> None:
+        self.state.lineage.append({"id": harness.id, "parent_id": parent, "round": round, "variant": variant,
+                                   "how": how, "edits": edits, "hypothesis": hypothesis})
+        if self.is_main:
+            harness.save(self.run_dir / "lineage" / f"{harness.id}.yaml")
+        self.tracker.log_harness(harness, round=round, variant=variant, how=how)
+
+    def _record(self, r: int, traces: Sequence[Trace], evolved: EvolveReport | None, grpo: dict[str, Any] | None,
+                val: Evaluation | None, test: Evaluation | None, seconds: dict[str, float], version: int
+                ) -> dict[str, Any]:
+        outcomes: dict[str, list[bool]] = defaultdict(list)
+        by_variant: dict[str, list[Trace]] = defaultdict(list)
+        for t in traces:
+            outcomes[t.task_id].append(bool(t.passed))
+            by_variant[t.variant].append(t)
+        return {
+            "round": r,
+            "mode": self.mode,
+            "model_version": version,
+            "seconds": dict(seconds),
+            "train": {"pass_rate": sum(t.passed for t in traces) / len(traces),
+                      "mean_reward": sum(t.reward for t in traces) / len(traces),
+                      "n_traces": len(traces), "outcomes": dict(outcomes)},
+            "val": val.to_dict() if val else None,
+            "test": test.to_dict() if test else None,
+            "variants": {n: h.id for n, h in self.aegis.variants.harnesses.items()},
+            "by_variant": {v: {"pass_rate": sum(t.passed for t in ts) / len(ts), "n_traces": len(ts)}
+                           for v, ts in by_variant.items()},
+            "evolve": evolved.to_dict() if evolved else None,
+            "grpo": grpo,
+            "meta_tokens": self.aegis.meta.ledger.as_dict(),
+            "buffer": {"size": len(self.buffer), "lag": self.buffer.lag(self.trainer.version)} if self.trains else None,
+        }
+

@@ -1,0 +1,149 @@
+"""The co-evolution loop end to end on the smoke experiment: records, checkpoints, report, the
+ablation modes, and a run killed with SIGKILL at random moments that resumes to exactly the
+result of an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from coevo.buffers import ReplayBuffer
+from safetensors.torch import load_file
+
+import coevo
+from coevo.loop import round_batches
+from tests.test_config import compose_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def smoke(run_dir: Path, *overrides: str):
+    return compose_cfg(["experiment=smoke", *overrides, f"run_dir={run_dir}"])
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    latest = (run_dir / "checkpoint" / "latest").read_text().strip()
+    return load_file(next((run_dir / "checkpoint" / latest / "trainer" / "model").glob("*.safetensors")))
+
+
+def test_round_batches_walk_epochs_of_the_shuffled_split():
+    tasks = [type("T", (), {"task_id": str(i)})() for i in range(10)]
+    out = round_batches(tasks, 4, seed=1, rounds=5)
+    assert [len(b) for b in out] == [4, 4, 4, 4, 4]
+    first, second = out[:2], out[2:4]  # two full batches per epoch; the remainder waits for a later epoch
+    assert len({t.task_id for b in first for t in b}) == 8 and len({t.task_id for b in second for t in b}) == 8
+    assert [t.task_id for t in out[0]] != [t.task_id for t in out[2]]  # each epoch reshuffles
+    assert round_batches(tasks, 4, seed=1, rounds=5) == out
+
+
+def test_smoke_coevolution_run_writes_records_checkpoint_and_report(tmp_path):
+    from coevo.policy.tiny import tiny_model, tiny_tokenizer
+
+    run_dir = Path(coevo.run(smoke(tmp_path / "run")))
+    recs = records(run_dir)
+    assert [r["round"] for r in recs] == [0, 1]
+    assert all(r["grpo"]["sequences"] == 8 and r["evolve"] is not None for r in recs)
+    assert recs[-1]["val"] is not None and recs[0]["val"] is None
+    assert recs[1]["buffer"]["size"] == 16 and recs[1]["model_version"] == 1
+    lineage = [json.loads(line) for line in (run_dir / "lineage.jsonl").read_text().splitlines()]
+    assert lineage[0]["how"] == "start" and (run_dir / "lineage" / f"{lineage[0]['id']}.yaml").is_file()
+    for name in ("summary.md", "pass_rate.png", "lineage.png", "task_matrix.png", "time_breakdown.png"):
+        assert (run_dir / "report" / name).stat().st_size > 0
+    start = tiny_model(tiny_tokenizer(), seed=0).state_dict()
+    trained = weights(run_dir)
+    moved = [k for k in trained if not torch.equal(trained[k], start[k])]
+    assert len(moved) == len(trained)  # every parameter took the two GRPO steps
+    with ReplayBuffer(run_dir / "buffer", capacity=64) as buf:
+        assert {e.round for e in buf.entries()} == {0, 1}
+        assert all(t.behaviour_logprobs for t in buf.load(buf.entries()))
+
+
+@pytest.mark.parametrize("mode", ["static", "harness_only", "model_only"])
+def test_ablation_modes_switch_the_halves_off(tmp_path, mode):
+    coevo.run(smoke(tmp_path / mode, f"mode={mode}", "rounds=1"))
+    (rec,) = records(tmp_path / mode)
+    assert (rec["evolve"] is not None) == (mode == "harness_only")
+    assert (rec["grpo"] is not None) == (mode == "model_only")
+    assert (tmp_path / mode / "buffer").exists() == (mode == "model_only")
+
+
+def test_a_changed_config_does_not_resume_into_an_existing_run(tmp_path):
+    coevo.run(smoke(tmp_path / "run", "rounds=1"))
+    with pytest.raises(ValueError, match="different config"):
+        coevo.run(smoke(tmp_path / "run", "rounds=1", "trainer.lr=0.5"))
+    coevo.run(smoke(tmp_path / "run", "rounds=2"))  # more rounds: resumes and extends
+    assert [r["round"] for r in records(tmp_path / "run")] == [0, 1]
+
+
+ROUNDS = 6
+
+
+def _committed(run_dir: Path) -> int:
+    """Rounds committed so far (the checkpoint pointer names the last one)."""
+    pointer = run_dir / "checkpoint" / "latest"
+    return int(pointer.read_text().split("-")[1]) + 1 if pointer.is_file() else 0
+
+
+def _launch(run_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "train.py"), "experiment=smoke", f"rounds={ROUNDS}", f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _comparable_traces(run_dir: Path) -> list[tuple]:
+    with ReplayBuffer(run_dir / "buffer", capacity=64) as buf:
+        return [(t.trace_id, t.harness_id, t.model_version, tuple(c.completion_ids for c in t.model_calls), t.reward,
+                 t.passed, tuple(tuple(round(x, 5) for x in row) for row in t.behaviour_logprobs))
+                for t in buf.load(buf.entries())]
+
+
+def _stable(value):
+    """A record without its wall-clock fields (everything else must be reproduced exactly)."""
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items() if k not in ("seconds", "tokens_per_s")}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    return value
+
+
+@pytest.mark.slow
+def test_killed_at_random_moments_the_run_resumes_to_the_uninterrupted_result(tmp_path):
+    straight = tmp_path / "straight"
+    proc = _launch(straight)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
+
+    # kill once a given number of rounds is committed, after a random extra delay, so the kills
+    # land in different phases of the following round (rollout, buffer, AEGIS, GRPO, commit)
+    killed, rng, kills = tmp_path / "killed", random.Random(7), []
+    for target in (1, 2, 4):
+        proc = _launch(killed)
+        while proc.poll() is None and _committed(killed) < target:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.6))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            kills.append(_committed(killed))
+    proc = _launch(killed)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-3000:]
+    assert len(kills) == 3 and 0 < kills[0] < ROUNDS, kills
+    assert [r["round"] for r in records(killed)] == list(range(ROUNDS))
+    assert _comparable_traces(killed) == _comparable_traces(straight)
+    assert (killed / "lineage.jsonl").read_text() == (straight / "lineage.jsonl").read_text()
+    assert [_stable(r) for r in records(killed)] == [_stable(r) for r in records(straight)]
+    a, b = weights(killed), weights(straight)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), (k, float((a[k] - b[k]).abs().max()))

@@ -1,0 +1,34 @@
+"""Co-evolution of an agent's harness and weights: ``python train.py [overrides]``.
+
+    python train.py                                  # the main job on CPU (SmolLM2 + LoRA, ~10 min)
+    python train.py experiment=smoke                 # tiny model, under a minute
+    python train.py mode=harness_only name=h-only    # ablation arms: coevolve | harness_only | model_only | static
+    python train.py -m trainer.lr=1e-5,5e-5          # a Hydra sweep, one run directory per override
+    accelerate launch train.py model=... rollout=vllm logger=wandb
+
+Configs live in configs/ (schema and field docs: coevo/config.py, or `coevo config show`).
+Started again with the same config, a run resumes from its last complete round.
+"""
+
+import os
+import sys
+
+import hydra
+
+from coevo.config import register
+
+register()
+
+if int(os.environ.get("RANK", "0")) > 0:  # one run directory: only rank 0 lets Hydra write its files
+    sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg) -> None:  # cfg: a DictConfig
+    import coevo
+
+    coevo.run(cfg)
+
+
+if __name__ == "__main__":
+    main()
