@@ -118,8 +118,9 @@ class Coevolution:
         sync_weights: Callable[[], None] | None = None,
     ) -> None:
         trains = mode in ("coevolve", "model_only")
-        if trains and (trainer is None or buffer is None or logprob_fn is None):
-            raise ValueError(f"mode {mode!r} trains the model: it needs a trainer, a buffer and a logprob_fn")
+        if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
+            raise ValueError(f"mode {mode!r} trains the model: it needs a trainer, and on rank 0 a buffer and a "
+                             "logprob_fn")
         self.mode, self.env, self.policy, self.aegis, self.run_dir = mode, env, policy, aegis, run_dir
         self.evolves, self.trains = mode in ("coevolve", "harness_only"), trains
         self.batches = round_batches(train_tasks, batch_tasks, seed, rounds)

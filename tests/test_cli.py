@@ -67,3 +67,26 @@ def test_eval_with_a_tiny_model(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["n_tasks"] == 3 and summary["completion_tokens"] > 0 and summary["errors"] == 0
+
+
+def test_evolve_with_a_scripted_policy_writes_rounds_harnesses_and_summary(tmp_path):
+    out = tmp_path / "evo"
+    result = runner.invoke(app, ["evolve", "--env", "arithmetic", "--model", "scripted", "--rounds", "2",
+                                 "--batch-tasks", "4", "--k", "1", "--val-limit", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert rounds[0]["digests"][0]["n_traces"] == 4 and rounds[0]["digests"][0]["n_failed"] == 0
+    assert (out / "harness-base.yaml").is_file() and (out / "aegis_state.json").is_file()
+    assert "1.000 with the starting harness -> 1.000" in (out / "summary.md").read_text()
+
+
+def test_evolve_refuses_an_unknown_gate(tmp_path):
+    result = runner.invoke(app, ["evolve", "--env", "arithmetic", "--model", "scripted", "--gate", "vote",
+                                 "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "seesaw" in result.output
+
+
+def test_report_command_names_a_run_without_rounds(tmp_path):
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code != 0 and "completed" in result.output

@@ -147,3 +147,47 @@ def test_killed_at_random_moments_the_run_resumes_to_the_uninterrupted_result(tm
     assert a.keys() == b.keys()
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-6), (k, float((a[k] - b[k]).abs().max()))
+
+
+def _train_py(args: list[str], cwd: Path, launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+    cmd = [*(launcher or [sys.executable]), str(ROOT / "train.py"), *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
+
+
+@pytest.mark.slow
+def test_a_hydra_sweep_gives_one_run_directory_per_override(tmp_path):
+    out = _train_py(["-m", "experiment=smoke", "rounds=1", "trainer.lr=1e-3,2e-3",
+                     f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = sorted(p.parent for p in (tmp_path / "sweep").glob("*/rounds.jsonl"))
+    assert [p.name for p in runs] == ["experiment=smoke,rounds=1,trainer.lr=0.001",
+                                      "experiment=smoke,rounds=1,trainer.lr=0.002"]
+    lrs = [records(p)[0]["grpo"]["lr"] for p in runs]
+    assert lrs == [1e-3, 2e-3]
+
+
+@pytest.mark.slow
+def test_two_processes_under_accelerate_write_one_run_directory(tmp_path):
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", "29533"]
+    out = _train_py(["experiment=smoke", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, launcher=launcher)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no second directory, no outputs/ from rank 1
+    assert [r["round"] for r in records(tmp_path / "run")] == [0, 1]
+    assert records(tmp_path / "run")[-1]["grpo"]["sequences"] == 8
+    assert len(list((tmp_path / "run").glob(".hydra/config.yaml"))) == 1
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_resumes_the_same_wandb_run(tmp_path):
+    env_dirs = [f"hydra.run.dir={tmp_path / 'run'}", "logger=wandb", "logger.mode=offline", "experiment=smoke"]
+    first = _train_py([*env_dirs, "rounds=1"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_id = (tmp_path / "run" / "wandb_id").read_text().strip()
+    second = _train_py([*env_dirs, "rounds=2"], cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (tmp_path / "run" / "wandb_id").read_text().strip() == run_id
+    offline = sorted((tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(offline) == 2 and all(any(d.glob("*.wandb")) for d in offline)

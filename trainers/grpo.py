@@ -163,13 +163,14 @@ class GRPOTrainer:
             if detail is not None:
                 details.append(detail)
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        lr = float(self.scheduler.get_last_lr()[0])  # the rate this step used
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         total_loss = float(self.accelerator.reduce(torch.tensor(total_loss, device=self.accelerator.device), "sum"))
         return self._metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
-                             start, float(grad_norm), staleness)
+                             start, float(grad_norm), staleness, lr)
 
     def _micro_loss(self, mb: list[TrainSequence], step_tokens: int, step_seqs: int) -> tuple[torch.Tensor, Any]:
         if not mb:  # this process has fewer sequences: take part in the gradient reduction with zeros
@@ -200,7 +201,8 @@ class GRPOTrainer:
         return token_logprobs(hidden, lm_head_weight(self.ref_model), batch.targets, self.temperature)
 
     def _metrics(self, loss: float, details: list[Any], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,
-                 start: float, grad_norm: float, staleness: dict[int, int]) -> StepMetrics:
+                 start: float, grad_norm: float, staleness: dict[int, int], lr: float | None = None) -> StepMetrics:
+        """``lr``: the rate the step used (the scheduler has already moved on); None when no step ran."""
         ratio = torch.cat([d.ratio for d in details]) if details else torch.ones(1)
         clipped = torch.cat([d.clipped.float() for d in details]) if details else torch.zeros(1)
         kls = [d.kl for d in details if d.kl is not None]
@@ -218,7 +220,7 @@ class GRPOTrainer:
             tokens=tokens,
             tokens_per_s=tokens / max(time.perf_counter() - start, 1e-9),
             grad_norm=grad_norm,
-            lr=float(self.scheduler.get_last_lr()[0]),
+            lr=lr if lr is not None else float(self.scheduler.get_last_lr()[0]),
             staleness=staleness,
         )
 
