@@ -44,6 +44,10 @@ def phase_seed(seed: int, round: int, phase: str) -> int:
     return seed * 1_000_003 + round * 1_009 + PHASES[phase] * 100_003
 
 
+def batches_per_epoch(n_tasks: int, batch_tasks: int) -> int:
+    return max(1, n_tasks // batch_tasks)
+
+
 def round_batches(tasks: Sequence[Task], batch_tasks: int, seed: int, rounds: int) -> list[list[Task]]:
     """The train batch of every round: the train split shuffled once per epoch (seeded), cut into
     batches of ``batch_tasks``; epochs follow each other until ``rounds`` batches exist."""
@@ -51,7 +55,7 @@ def round_batches(tasks: Sequence[Task], batch_tasks: int, seed: int, rounds: in
         raise ValueError("the env has no train tasks")
     if batch_tasks < 1:
         raise ValueError(f"batch_tasks must be >= 1, got {batch_tasks}")
-    per_epoch = max(1, len(tasks) // batch_tasks)
+    per_epoch = batches_per_epoch(len(tasks), batch_tasks)
     out: list[list[Task]] = []
     epoch = 0
     while len(out) < rounds:
@@ -124,6 +128,7 @@ class Coevolution:
         self.mode, self.env, self.policy, self.aegis, self.run_dir = mode, env, policy, aegis, run_dir
         self.evolves, self.trains = mode in ("coevolve", "harness_only"), trains
         self.batches = round_batches(train_tasks, batch_tasks, seed, rounds)
+        self.per_epoch = batches_per_epoch(len(train_tasks), batch_tasks)
         self.val_tasks, self.test_tasks = list(val_tasks), list(test_tasks)
         self.rounds, self.attempts, self.seed = rounds, attempts, seed
         self.trainer, self.buffer, self.logprob_fn, self.steps_per_round = trainer, buffer, logprob_fn, steps_per_round
@@ -192,6 +197,7 @@ class Coevolution:
             return self._follow_round(r)
         seconds: dict[str, float] = defaultdict(float)
         began = time.perf_counter()
+        generating = getattr(self.policy, "seconds", 0.0)  # policies that time their generate()
         batch = self.batches[r]
         version = self.trainer.version if self.trainer is not None else 0
 
@@ -214,6 +220,12 @@ class Coevolution:
             for key in ("digest", "plan", "critic"):
                 seconds[key] = evolved.seconds.get(key, 0.0)
             self._record_lineage(evolved, before, r)
+            if self.val_tasks and (r + 1) % self.per_epoch == 0:  # epoch end: best snapshot on validation
+                tick = time.perf_counter()
+                before = {v: h.id for v, h in self.aegis.variants.harnesses.items()}
+                self.aegis.select(lambda h: self._harness_pass_rate(h, self.val_tasks, r))
+                self._record_selection(before, r)
+                seconds["eval"] += time.perf_counter() - tick
 
         grpo = None
         if self.trains:
@@ -233,6 +245,8 @@ class Coevolution:
             seconds["eval"] += time.perf_counter() - tick
 
         record = self._record(r, traces, evolved, grpo, val, test, seconds, version)
+        # inside rollout, critic and eval: the share spent in the model's generate() (not a phase of its own)
+        record["generation_seconds"] = getattr(self.policy, "seconds", 0.0) - generating
         self.state.records.append(record)
         self.state.next_round = r + 1
         tick = time.perf_counter()
@@ -305,6 +319,15 @@ class Coevolution:
         return Evaluation(sum(sum(v) / len(v) for v in outcomes.values()) / n,
                           sum(any(v) for v in outcomes.values()) / n, self.eval_attempts, outcomes)
 
+    def _harness_pass_rate(self, harness: Harness, tasks: Sequence[Task], r: int) -> float:
+        """pass@1 of one harness on ``tasks`` (epoch-end snapshot selection)."""
+        self._reseed(r, "eval")
+        jobs = [Job(t, harness, variant="select", trace_id=f"select{r:04d}-{harness.id}-{t.task_id}-{a}")
+                for t in tasks for a in range(self.eval_attempts)]
+        with self.progress.task(f"round {r}: snapshot {harness.id[:8]} on validation", len(jobs)) as advance:
+            traces = run_episodes(jobs, self.policy, self.env, on_trace=lambda _t: advance(), **self.rollout_kwargs)
+        return sum(t.passed for t in traces) / len(traces)
+
     def _reseed(self, r: int, phase: str) -> None:
         reseed = getattr(self.policy, "reseed", None)  # scripted policies are deterministic anyway
         if reseed is not None:
@@ -324,6 +347,12 @@ class Coevolution:
                 self._lineage(h, round=r, variant=name, how="shipped", parent=before.get(name),
                               edits=[e.describe() for e in v.proposal.edits] if v else [],
                               hypothesis=v.proposal.hypothesis if v else "")
+
+    def _record_selection(self, before: dict[str, str], r: int) -> None:
+        for name, h in self.aegis.variants.harnesses.items():
+            if before.get(name) != h.id:
+                self._lineage(h, round=r, variant=name, how="selected", parent=before.get(name), edits=[],
+                              hypothesis="best snapshot on validation at epoch end")
 
     def _lineage(self, harness: Harness, *, round: int, variant: str, how: str, parent: str | None,
                  edits: list[str], hypothesis: str) -> None:

@@ -34,7 +34,7 @@ TIME_KEYS = ("rollout", "logprobs", "digest", "plan", "critic", "grpo", "eval", 
 INSIDE_KEYS = ("rollout", "logprobs", "critic", "grpo", "eval")
 """Phases spent in model forward/backward/generation (the Critic re-runs candidates, eval generates)."""
 
-LINEAGE_HOWS = ("start", "shipped", "spawned")
+LINEAGE_HOWS = ("start", "shipped", "spawned", "selected")
 FIGURES = ("pass_rate.png", "lineage.png", "task_matrix.png", "time_breakdown.png")
 
 _NUM = (int, float)
@@ -514,7 +514,7 @@ def _draw_lineage(run: Run) -> Any:
     entries = {e["id"]: e for e in reversed(run.lineage)}  # first entry wins, as in the layout
     variants = list(dict.fromkeys(e["variant"] for e in run.lineage))
     colour = {v: f"C{i % 10}" for i, v in enumerate(variants)}
-    markers = {"start": "s", "shipped": "o", "spawned": "D"}
+    markers = {"start": "s", "shipped": "o", "spawned": "D", "selected": "^"}
     for hid, (x, d) in layout.items():
         parent = entries[hid]["parent_id"]
         if parent in layout:

@@ -33,7 +33,7 @@ EDIT_COLUMNS = ("round", "variant", "edits", "gate", "ship", "fail_to_pass", "pa
 """The columns of the edits table: one row per Critic verdict."""
 
 MODES = ("auto", "online", "offline", "disabled")
-HARNESS_HOW = ("start", "shipped", "spawned")
+HARNESS_HOW = ("start", "shipped", "spawned", "selected")
 WANDB_ID_FILE = "wandb_id"
 REDACTED = "<redacted>"
 

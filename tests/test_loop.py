@@ -191,3 +191,18 @@ def test_wandb_offline_run_resumes_the_same_wandb_run(tmp_path):
     assert (tmp_path / "run" / "wandb_id").read_text().strip() == run_id
     offline = sorted((tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(offline) == 2 and all(any(d.glob("*.wandb")) for d in offline)
+
+
+def test_epoch_end_selects_snapshots_on_validation(tmp_path, monkeypatch):
+    from coevo.evolution.engine import AEGIS
+
+    calls, original = [], AEGIS.select
+
+    def spy(self, evaluate):
+        calls.append(evaluate(self.harness("base")))
+        return original(self, evaluate)
+
+    monkeypatch.setattr(AEGIS, "select", spy)
+    # 19 train tasks in batches of 9: two batches per epoch, so round 1 ends the first epoch
+    coevo.run(smoke(tmp_path / "run", "batch_tasks=9", "rounds=3", "buffer.capacity=64"))
+    assert len(calls) == 1 and 0.0 <= calls[0] <= 1.0

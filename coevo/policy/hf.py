@@ -13,6 +13,7 @@ run in left-padded batches of at most ``max_batch_size``.
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any, Sequence
 
 import torch
@@ -58,6 +59,7 @@ class TransformersPolicy:
         self.tool_role = tool_role
         self.seed = seed
         self._calls = 0
+        self.seconds = 0.0  # wall time spent in generate(), for the round's time breakdown
         eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
 
@@ -76,6 +78,7 @@ class TransformersPolicy:
         self.seed, self._calls = seed, 0
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
+        began = time.perf_counter()
         results: list[Generation | None] = [None] * len(requests)
 
         def key(i: int) -> tuple:
@@ -88,6 +91,7 @@ class TransformersPolicy:
                 chunk = idx[start : start + self.max_batch_size]
                 for i, gen in zip(chunk, self._generate_batch([requests[i] for i in chunk]), strict=True):
                     results[i] = gen
+        self.seconds += time.perf_counter() - began
         return [r for r in results if r is not None]
 
     @torch.no_grad()
