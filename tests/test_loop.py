@@ -112,7 +112,7 @@ def _comparable_traces(run_dir: Path) -> list[tuple]:
 def _stable(value):
     """A record without its wall-clock fields (everything else must be reproduced exactly)."""
     if isinstance(value, dict):
-        return {k: _stable(v) for k, v in value.items() if k not in ("seconds", "tokens_per_s")}
+        return {k: _stable(v) for k, v in value.items() if k not in ("seconds", "tokens_per_s", "generation_seconds")}
     if isinstance(value, list):
         return [_stable(v) for v in value]
     return value

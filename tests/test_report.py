@@ -237,7 +237,7 @@ def test_malformed_json_names_file_and_line(tmp_path: Path):
 
 @pytest.mark.parametrize("index, change, message", [
     (2, lambda e: e.pop("parent_id"), "required field 'parent_id' is missing"),
-    (4, lambda e: e.update(how="forked"), "field 'how' must be one of ('start', 'shipped', 'spawned'), got 'forked'"),
+    (4, lambda e: e.update(how="forked"), "field 'how' must be one of ('start', 'shipped', 'spawned', 'selected'), got 'forked'"),
     (1, lambda e: e.update(edits="insert"), "field 'edits' must be list, got str"),
 ])
 def test_bad_lineage_entry_names_file_and_line(tmp_path: Path, index: int, change, message: str):

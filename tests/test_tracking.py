@@ -361,7 +361,7 @@ def test_bad_inputs_are_named(offline_run: dict[str, Any], wandb_env: Path) -> N
             tracker.log_round({"round": "1"})
         with pytest.raises(ValueError, match=r"edit row 0: missing fields \['reason'\], unexpected fields \['why'\]"):
             tracker.log_edits([{k: v for k, v in EXPECTED_ROWS[0].items() if k != "reason"} | {"why": "x"}])
-        with pytest.raises(ValueError, match=r"how must be one of \['start', 'shipped', 'spawned'\]"):
+        with pytest.raises(ValueError, match=r"how must be one of \['start', 'shipped', 'spawned', 'selected'\]"):
             tracker.log_harness(base_harness(), round=0, variant="base", how="merged")
         with pytest.raises(ValueError, match="variant must match"):
             tracker.log_harness(base_harness(), round=0, variant="a/b", how="start")
