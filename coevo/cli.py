@@ -209,17 +209,21 @@ def evolve_cmd(
     max_variants: int = typer.Option(1, min=1, help="harness variants K"),
     max_proposals: int = typer.Option(2, min=1, help="proposals judged per variant per round"),
     val_limit: Optional[int] = typer.Option(None, min=1, help="validation tasks for the before/after comparison"),
+    test_limit: Optional[int] = typer.Option(None, min=0, help="test tasks for the before/after comparison (0: skip)"),
+    max_steps: int = typer.Option(32, min=1, help="model calls per episode at most"),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
     batch_size: int = typer.Option(32, min=1, help="model calls per generate() batch"),
     seed: int = typer.Option(0, help="sampling seed"),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/evolve-<env>-<time>)"),
 ) -> None:
     """Evolve the harness with AEGIS on the train split (no weight updates), then compare the
-    starting and evolved harnesses on validation. Writes rounds.jsonl, the harnesses and a summary."""
+    starting and evolved harnesses by pass@1 and pass@k (k = --k) on validation and test.
+    Writes rounds.jsonl, the harnesses, summary.json and summary.md (every edit with its verdict)."""
     import json
 
     from coevo.envs import ENVS
     from coevo.evolution.critic import GATES, Critic
-    from coevo.evolution.driver import batches, rollout_fn, routed_pass_rate, run_round, session_tools
+    from coevo.evolution.driver import batches, rollout_fn, routed_outcomes, run_round, session_tools
     from coevo.evolution.engine import AEGIS
     from coevo.evolution.reference import ReferenceStore, build_references
     from coevo.meta import BACKENDS
@@ -235,6 +239,8 @@ def evolve_cmd(
     start = load_harness(harness)
     if temperature is not None:
         start = start.set_param("sampling", "temperature", temperature)
+    if max_new_tokens is not None:
+        start = start.set_param("sampling", "max_new_tokens", max_new_tokens)
     out = out or Path("runs") / time.strftime(f"evolve-{env_name}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     env = ENVS[env_name](**parse_env_args(env_args))
@@ -251,23 +257,32 @@ def evolve_cmd(
             agent = BACKENDS["openai"](meta_url, meta_model, cache_dir=out / "meta_cache")
         else:
             agent = BACKENDS["hf"](meta_model or "smollm2", cache_dir=out / "meta_cache")
-        critic = Critic(rollout_fn(policy, env, batch_size=batch_size), k=attempts, gate=gate)
+        critic = Critic(rollout_fn(policy, env, batch_size=batch_size, max_steps=max_steps), k=attempts, gate=gate)
         aegis = AEGIS(start, agent, critic, tasks={t.task_id: t for t in train}, references=refs,
                       tools=session_tools(env, train[0]), max_variants=max_variants,
                       max_proposals=max_proposals)
-        val = env.tasks("val")[:val_limit]
-        before = routed_pass_rate(aegis, val, policy, env, batch_size=batch_size)
+        splits = {"val": env.tasks("val")[:val_limit], "test": env.tasks("test")[:test_limit]}
+        splits = {name: tasks for name, tasks in splits.items() if tasks}
+
+        def measure(when: str) -> dict[str, dict[str, list[bool]]]:
+            with console.status(f"{when}: pass@{attempts} on " + ", ".join(f"{len(t)} {n}" for n, t in splits.items())):
+                return {name: routed_outcomes(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size,
+                                              max_steps=max_steps) for name, tasks in splits.items()}
+
+        before = measure("starting harness")
         table = Table(title=f"AEGIS on {env_name} ({meta} meta-agent, {gate} gate, k={attempts})")
         for col in ("round", "train pass", "clusters", "verdicts", "shipped", "harness", "seconds"):
             table.add_column(col)
+        verdicts_all = []
         with (out / "rounds.jsonl").open("w") as log:
             for r, batch in enumerate(plan):
                 began = time.perf_counter()
                 with console.status(f"round {r}: {len(batch)} tasks x {attempts} attempts, then AEGIS"):
                     traces, report = run_round(aegis, batch, policy, env, round=r, attempts=attempts,
-                                               batch_size=batch_size)
+                                               batch_size=batch_size, max_steps=max_steps)
                 log.write(json.dumps(report.to_dict(), default=str) + "\n")
                 log.flush()
+                verdicts_all += report.verdicts
                 for cid in report.shipped:
                     next(h for h in aegis.variants.harnesses.values() if h.id == cid).save(out / "lineage" / f"{cid}.yaml")
                 rate = sum(t.passed for t in traces) / len(traces)
@@ -276,7 +291,7 @@ def evolve_cmd(
                 table.add_row(str(r), f"{rate:.2f}", clusters, verdicts, str(len(report.shipped)),
                               aegis.harness().id, f"{time.perf_counter() - began:.0f}")
                 console.print(f"round {r}: train pass {rate:.2f}; {verdicts}")
-        after = routed_pass_rate(aegis, val, policy, env, batch_size=batch_size)
+        after = measure("evolved harness")
     finally:
         close = getattr(env, "close", None)
         if close is not None:
@@ -285,11 +300,47 @@ def evolve_cmd(
         h.save(out / f"harness-{name}.yaml")
     (out / "aegis_state.json").write_text(json.dumps(aegis.state_dict(), indent=1, default=str))
     console.print(table)
-    summary = (f"# coevo evolve: {env_name}\n\nval pass@1 (routed, {len(val)} tasks): "
-               f"{before:.3f} with the starting harness -> {after:.3f} after {len(plan)} rounds\n\n"
-               f"meta-agent tokens: {agent.ledger.as_dict()}\n")
-    (out / "summary.md").write_text(summary)
-    console.print(f"val pass@1: {before:.3f} -> {after:.3f}   ({out / 'summary.md'})")
+    summary = evolve_summary(env_name, attempts, len(plan), before, after, verdicts_all, agent.ledger.as_dict())
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.md").write_text(evolve_markdown(summary))
+    for name, row in summary["splits"].items():
+        console.print(f"{name} pass@1 {row['pass@1'][0]:.3f} -> {row['pass@1'][1]:.3f}   pass@{attempts} "
+                      f"{row[f'pass@{attempts}'][0]:.3f} -> {row[f'pass@{attempts}'][1]:.3f}   ({row['tasks']} tasks)")
+    console.print(f"edits: {len(summary['shipped'])} shipped, {len(summary['rejected'])} rejected   "
+                  f"({out / 'summary.md'})")
+
+
+def evolve_summary(env_name: str, k: int, rounds: int, before: dict[str, dict[str, list[bool]]],
+                   after: dict[str, dict[str, list[bool]]], verdicts: list, tokens: dict) -> dict:
+    """What ``coevo evolve`` reports: pass@1 and pass@k before → after per split, and every
+    judged edit with its verdict (shipped ones with their flips, rejected ones with the reason)."""
+    from coevo.evaluate import pass_rates
+
+    splits = {}
+    for name, outcomes in before.items():
+        (b1, bk), (a1, ak) = pass_rates(outcomes), pass_rates(after[name])
+        splits[name] = {"tasks": len(outcomes), "pass@1": [b1, a1], f"pass@{k}": [bk, ak]}
+    edits = [{"round": v.round, "variant": v.variant, "edits": [e.describe() for e in v.proposal.edits],
+              "cluster": v.proposal.cluster, "gate": v.gate, "reason": v.reason,
+              "fail_to_pass": v.fail_to_pass, "pass_to_fail": v.pass_to_fail} for v in verdicts]
+    return {"env": env_name, "k": k, "rounds": rounds, "splits": splits,
+            "shipped": [e for e, v in zip(edits, verdicts) if v.ship],
+            "rejected": [e for e, v in zip(edits, verdicts) if not v.ship], "meta_tokens": tokens}
+
+
+def evolve_markdown(summary: dict) -> str:
+    k = summary["k"]
+    lines = [f"# coevo evolve: {summary['env']}", "", f"{summary['rounds']} rounds; routed variants before → after.", "",
+             f"| split | tasks | pass@1 before | pass@1 after | pass@{k} before | pass@{k} after |", "|---|---|---|---|---|---|"]
+    for name, row in summary["splits"].items():
+        lines.append(f"| {name} | {row['tasks']} | {row['pass@1'][0]:.3f} | {row['pass@1'][1]:.3f} | "
+                     f"{row[f'pass@{k}'][0]:.3f} | {row[f'pass@{k}'][1]:.3f} |")
+    for title, rows in (("Shipped", summary["shipped"]), ("Rejected", summary["rejected"])):
+        lines += ["", f"## {title} edits ({len(rows)})", ""]
+        lines += [f"- round {e['round']} [{e['variant']}] {'; '.join(e['edits'])} (cluster {e['cluster']}): "
+                  f"{e['reason']}" for e in rows] or ["none"]
+    lines += ["", f"meta-agent tokens: {summary['meta_tokens']}", ""]
+    return "\n".join(lines)
 
 
 @app.command("report")

@@ -72,13 +72,41 @@ def test_eval_with_a_tiny_model(tmp_path):
 def test_evolve_with_a_scripted_policy_writes_rounds_harnesses_and_summary(tmp_path):
     out = tmp_path / "evo"
     result = runner.invoke(app, ["evolve", "--env", "arithmetic", "--model", "scripted", "--rounds", "2",
-                                 "--batch-tasks", "4", "--k", "1", "--val-limit", "4", "--out", str(out)])
+                                 "--batch-tasks", "4", "--k", "2", "--val-limit", "4", "--test-limit", "3",
+                                 "--out", str(out)])
     assert result.exit_code == 0, result.output
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [0, 1]
-    assert rounds[0]["digests"][0]["n_traces"] == 4 and rounds[0]["digests"][0]["n_failed"] == 0
+    assert rounds[0]["digests"][0]["n_traces"] == 8 and rounds[0]["digests"][0]["n_failed"] == 0
     assert (out / "harness-base.yaml").is_file() and (out / "aegis_state.json").is_file()
-    assert "1.000 with the starting harness -> 1.000" in (out / "summary.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["splits"] == {name: {"tasks": n, "pass@1": [1.0, 1.0], "pass@2": [1.0, 1.0]}
+                                 for name, n in (("val", 4), ("test", 3))}
+    assert "| val | 4 | 1.000 | 1.000 | 1.000 | 1.000 |" in (out / "summary.md").read_text()
+
+
+def test_evolve_summary_reports_pass_at_1_and_k_and_every_verdict():
+    from coevo.cli import evolve_markdown, evolve_summary
+    from coevo.evolution.types import Proposal, Verdict
+    from coevo.harness.edits import Edit
+
+    def verdict(ship: bool, reason: str) -> Verdict:
+        proposal = Proposal(hypothesis="h", edits=[Edit("set_param", "sampling", param="temperature", value=0.1)],
+                            dimension="model_selection", cluster="format_error")
+        return Verdict(proposal, "p", "c", "base", ship, reason, gate="seesaw", round=1,
+                       fail_to_pass=["a"] if ship else [])
+
+    before = {"val": {"a": [False, False], "b": [True, False]}}
+    after = {"val": {"a": [True, False], "b": [True, True]}}
+    summary = evolve_summary("arithmetic", 2, 3, before, after, [verdict(True, "ship: 1 fail→pass"),
+                                                                 verdict(False, "reject: no fail→pass")], {"total": 0})
+    assert summary["splits"] == {"val": {"tasks": 2, "pass@1": [0.25, 0.75], "pass@2": [0.5, 1.0]}}
+    assert [e["reason"] for e in summary["shipped"]] == ["ship: 1 fail→pass"]
+    assert [e["reason"] for e in summary["rejected"]] == ["reject: no fail→pass"]
+    assert summary["shipped"][0]["edits"] == ["set_param sampling.temperature"]
+    text = evolve_markdown(summary)
+    assert "| val | 2 | 0.250 | 0.750 | 0.500 | 1.000 |" in text
+    assert "## Shipped edits (1)" in text and "reject: no fail→pass" in text
 
 
 def test_evolve_refuses_an_unknown_gate(tmp_path):

@@ -69,11 +69,19 @@ def run_round(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, 
     return traces, aegis.evolve(traces, round=round)
 
 
+def routed_outcomes(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, attempts: int = 1,
+                    batch_size: int = 32, max_steps: int = 32) -> dict[str, list[bool]]:
+    """task id → the outcomes of ``attempts`` episodes on its routed variant (validation or test)."""
+    traces = rollout_round(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size, max_steps=max_steps)
+    out: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
+    for t in traces:
+        out[t.task_id].append(bool(t.passed))
+    return out
+
+
 def routed_pass_rate(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, attempts: int = 1,
                      batch_size: int = 32, max_steps: int = 32) -> float:
-    """pass@``attempts`` of the routed variants on ``tasks`` (validation or test)."""
-    traces = rollout_round(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size, max_steps=max_steps)
-    passed: dict[str, bool] = {}
-    for t in traces:
-        passed[t.task_id] = passed.get(t.task_id, False) or bool(t.passed)
-    return sum(passed.values()) / len(passed) if passed else 0.0
+    """pass@``attempts`` of the routed variants on ``tasks``."""
+    outcomes = routed_outcomes(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size,
+                               max_steps=max_steps)
+    return sum(any(o) for o in outcomes.values()) / len(outcomes) if outcomes else 0.0

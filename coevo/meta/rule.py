@@ -5,7 +5,9 @@ It exists so AEGIS runs (and is tested) without any LLM: every failure cause of 
 built-in processor library. The order encodes what is known to move a small model: on
 SmolLM2-135M one worked demonstration of the answer format lifted 2-term arithmetic from 0/24 to
 7/24 where instructions alone did nothing (DESIGN §5), so context and answer-format edits come
-first and heavier machinery (verification passes, extra tools) last.
+first and heavier machinery (verification passes, extra tools) last. The one piece of evidence
+the order reads is the cluster's excerpts: when they show answers stated in prose, reading the
+last number comes first (``template_order``).
 
 Templates read the harness before proposing: they never insert a processor that is already
 there, and they set parameters only on processors that are present (found by kind, addressed by
@@ -350,6 +352,26 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
 assert set(CATALOGUE) == set(CAUSES)
 assert all(name in TEMPLATES for names in CATALOGUE.values() for name in names)
 
+STATED_NUMBER = re.compile(r"(?:=|\bis|\bequals|:)\s*-?\d+(?:\.\d+)?(?![\w.]*\w)", re.IGNORECASE)
+"""A value stated in prose: ``The answer is 10.``, ``6 + 1 = 7`` (not ``compute 3 + 4``, ``version 3.1.x``)."""
+
+
+def states_numbers(cluster: Cluster) -> bool:
+    """Whether at least half of a cluster's excerpts state a number outside answer tags: the model
+    answered in prose, so reading that number is the edit most likely to flip the cluster."""
+    hits = sum("<answer>" not in e and STATED_NUMBER.search(e) is not None for e in cluster.excerpts)
+    return bool(cluster.excerpts) and 2 * hits >= len(cluster.excerpts)
+
+
+def template_order(cluster: Cluster) -> tuple[str, ...]:
+    """The cluster's catalogue entry, with ``last_number_fallback`` moved first when the excerpts
+    show prose answers (``states_numbers``). On SmolLM2-135M most format errors on arithmetic are
+    ``The answer is 9.``: a demonstration helps a few tasks, reading the number helps most."""
+    names = CATALOGUE[cluster.cause]
+    if "last_number_fallback" in names and states_numbers(cluster):
+        return ("last_number_fallback", *(n for n in names if n != "last_number_fallback"))
+    return names
+
 
 # ------------------------------------------------------------------------------------- ordering
 def order_clusters(clusters: list[Cluster], priorities: dict[str, float]) -> list[Cluster]:
@@ -474,7 +496,7 @@ class RuleMetaAgent:
         if context.max_proposals < 0:
             raise ValueError(f"max_proposals must be >= 0, got {context.max_proposals}")
         self.ledger.record("plan")
-        queues = [self._drafts(c, digest, harness, context, CATALOGUE[c.cause])
+        queues = [self._drafts(c, digest, harness, context, template_order(c))
                   for c in order_clusters(digest.clusters, context.priorities) if c.cause in CATALOGUE]
         chosen: list[Proposal] = []
         seen: set[str] = set()
@@ -538,13 +560,13 @@ class RuleMetaAgent:
         cause = proposal.cluster
         if cause not in CATALOGUE:
             return None
-        names = CATALOGUE[cause]
-        kinds = touched_kinds(proposal, harness)
-        start = next((i + 1 for i, n in enumerate(names) if set(TEMPLATES[n].kinds) == kinds), 0)
         cluster = digest.cluster(cause) or Cluster(
             cause=cause, component=IMPLICATED[cause], count=len(proposal.target_tasks), severity=0.0,
             task_ids=list(proposal.target_tasks), trace_ids=[], excerpts=[],
         )
+        names = template_order(cluster)
+        kinds = touched_kinds(proposal, harness)
+        start = next((i + 1 for i, n in enumerate(names) if set(TEMPLATES[n].kinds) == kinds), 0)
         tried = self.tried.get(context.variant, set())
         for candidate in self._drafts(cluster, digest, harness, context, names[start:]):
             if candidate.key() not in tried and candidate.key() != proposal.key():

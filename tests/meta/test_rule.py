@@ -21,6 +21,7 @@ from coevo.meta.rule import (
     leaked_strings,
     order_clusters,
     quotes,
+    states_numbers,
 )
 
 DEMOS = [("What is 2 + 3?", "<answer>5</answer>"), ("What is 10 - 4?", "<answer>6</answer>")]
@@ -191,6 +192,29 @@ def test_round_robin_gives_each_cluster_a_distinct_edit():
         ("format_error", "few_shot_demos"), ("wrong_answer", "format_system_prompt"),
         ("format_error", "last_number_fallback"), ("wrong_answer", "parse_retry_up")]
     assert len({p.key() for p in proposals}) == 4
+
+
+@pytest.mark.parametrize(("excerpts", "prose"), [
+    (["step 0: The answer is 9.", "step 0: 6 + 1 = 7", "step 1: I am not sure"], True),
+    (["step 0: The answer is -3.5!", "step 0: <tool_call>{...}"], True),  # half is enough
+    (["step 1: You're right. The integer result of 2 is 2. I will be precise…", "step 1: sure"], True),
+    (["step 0: I think so", "step 0: <answer>9</answer> is 9", "step 1: version 3.1.x"], False),
+    (["step 0: Let me compute 3 + 4", "step 0: it is seven"], False),
+    ([], False),
+])
+def test_prose_answers_put_the_last_number_fallback_first(excerpts, prose):
+    c = Cluster(cause="format_error", component=IMPLICATED["format_error"], count=2, severity=0.5,
+                task_ids=["t1", "t2"], trace_ids=["a", "b"], excerpts=excerpts)
+    assert states_numbers(c) is prose
+    h = base_harness()
+    agent = RuleMetaAgent()
+    proposals = agent.propose(digest(c), h, context(max_proposals=3))
+    expected = (["last_number_fallback", "few_shot_demos", "format_system_prompt"] if prose
+                else ["few_shot_demos", "format_system_prompt", "last_number_fallback"])
+    assert [template_of(p, h) for p in proposals] == expected
+    # a revision continues in the same evidence-driven order
+    revised = RuleMetaAgent().revise(proposals[0], "reject: no fail→pass", digest(c), h, context())
+    assert template_of(revised, h) == expected[1]
 
 
 def test_rejected_keys_are_skipped():
