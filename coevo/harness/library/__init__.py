@@ -13,6 +13,7 @@ from coevo.harness.library.execution import PythonExecutor, ToolTimeout
 from coevo.harness.library.memory import SlidingWindowMemory, SummaryMemory
 from coevo.harness.library.model import SamplingConfig, TemperatureSchedule
 from coevo.harness.library.observability import EpisodeMetrics, Journal
+from coevo.harness.library.stages import SkillLibrary, StageTools
 from coevo.harness.library.tools import JsonToolCallParser, ToolRegistry, ToolSchemaHint, ToolWhitelist
 from coevo.harness.library.training import InfraErrorFilter, TokenAnnotation
 from coevo.harness.processor import Processor
@@ -41,6 +42,8 @@ BUILTIN: tuple[type[Processor], ...] = (
     EpisodeMetrics,
     TokenAnnotation,
     InfraErrorFilter,
+    StageTools,
+    SkillLibrary,
 )
 
 PROCESSORS: dict[str, type[Processor]] = {cls.kind: cls for cls in BUILTIN} | {CodeProcessor.kind: CodeProcessor}

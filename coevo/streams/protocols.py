@@ -1,0 +1,164 @@
+"""Evaluation protocols over a harness stream (EvoHarnessBench §3.4), plus the task-specific reference.
+
+- ``deployment``: at each stage a fresh system, the base harness with that stage's capabilities
+  (``axis_harness(base, C_s, …)``), evaluated on every cohort released so far; nothing is carried
+  between stages, so any change is harness-induced.
+- ``self_evolving``: one AEGIS engine carried across stages. Its current harness (every variant)
+  gains each stage's newly released capabilities through the same axis function, which edits only
+  the axis's own processors, so evolved processors are kept; then it adapts with ``run_round`` on
+  the stage's adaptation split for ``rounds_per_stage`` rounds, and is evaluated (each task on the
+  variant AEGIS routes it to) on every cohort released so far. The evaluation split is held out:
+  AEGIS never sees its traces.
+- ``task_specific_reference``: each evaluation task on the base harness exposing only its own
+  annotated capabilities (no distractors), once per cohort; the ã_j of forward transfer.
+
+Each returns a ``ProtocolResult`` with one ``Outcome`` per (stage, cohort, task) and token costs.
+Policy, env, meta-agent and critic come in as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from coevo.agent.policy import Policy
+from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.trace import Trace
+from coevo.envs.base import Env, Task
+from coevo.evolution.critic import Critic
+from coevo.evolution.driver import run_round
+from coevo.evolution.engine import AEGIS
+from coevo.harness.harness import Harness
+from coevo.meta.base import MetaAgent
+from coevo.progress import NullProgress, RichProgress
+from coevo.streams.axes import AxisHarness, exposed_tools
+from coevo.streams.construct import Stream
+from coevo.streams.outcomes import Outcome, ProtocolResult
+
+PROTOCOLS = ("deployment", "self_evolving")
+"""Protocols ``run_stream`` can run; the task-specific reference always runs (FWT needs it)."""
+
+Progress = RichProgress | NullProgress
+Item = tuple[int, int, Task, Harness, str]  # (stage, cohort, task, harness, variant)
+
+
+def trace_tokens(traces: Sequence[Trace]) -> int:
+    return int(sum(t.cost.get("prompt_tokens", 0) + t.cost.get("completion_tokens", 0) for t in traces))
+
+
+def evaluate_items(items: Sequence[Item], policy: Policy, env: Env, *, attempts: int, description: str,
+                   progress: Progress, batch_size: int = 32, max_steps: int = 32, workers: int = 8) -> list[Outcome]:
+    """``attempts`` episodes per item in one batched run; one Outcome per item."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    if not items:
+        return []
+    jobs = [Job(task, harness, variant=variant) for _, _, task, harness, variant in items for _ in range(attempts)]
+    with progress.task(description, len(jobs)) as advance:
+        traces = run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, max_steps=max_steps,
+                              on_trace=lambda _t: advance())
+    out = []
+    for k, (stage, cohort, task, harness, _) in enumerate(items):
+        mine = traces[k * attempts:(k + 1) * attempts]  # run_episodes returns traces in job order
+        out.append(Outcome(stage, cohort, task.task_id, tuple(bool(t.passed) for t in mine), trace_tokens(mine),
+                           harness.id))
+    return out
+
+
+def stage_harnesses(stream: Stream, base: Harness, axis_harness: AxisHarness,
+                    distractors_per_stage: int = 0) -> list[Harness]:
+    """The deployment harness of every stage: ``base`` exposing C_s and s × distractors_per_stage
+    distractors (distractors grow with the stage, like the catalogue)."""
+    if distractors_per_stage < 0:
+        raise ValueError(f"distractors_per_stage must be >= 0, got {distractors_per_stage}")
+    universe = frozenset(stream.universe)
+    return [axis_harness(base, stream.cumulative[s], universe, distractors_per_stage * s)
+            for s in range(stream.n_stages)]
+
+
+def deployment(stream: Stream, base: Harness, axis_harness: AxisHarness, policy: Policy, env: Env, *,
+               attempts: int = 1, distractors_per_stage: int = 0, batch_size: int = 32, max_steps: int = 32,
+               workers: int = 8, progress: Progress | None = None) -> ProtocolResult:
+    """A fresh system per stage from ``base``; every released cohort evaluated at every stage."""
+    progress = progress or NullProgress()
+    result = ProtocolResult("deployment", stream.n_stages)
+    for s, harness in enumerate(stage_harnesses(stream, base, axis_harness, distractors_per_stage)):
+        items = [(s, j, t, harness, "base") for j in range(s + 1) for t in stream.evaluate[j]]
+        result.outcomes += evaluate_items(items, policy, env, attempts=attempts, progress=progress,
+                                          description=f"deployment stage {s}: evaluate", batch_size=batch_size,
+                                          max_steps=max_steps, workers=workers)
+        result.harness_ids[s] = [harness.id]
+        result.harnesses.append({"base": harness})
+    return result
+
+
+def task_specific_reference(stream: Stream, base: Harness, axis_harness: AxisHarness, policy: Policy, env: Env, *,
+                            attempts: int = 1, batch_size: int = 32, max_steps: int = 32, workers: int = 8,
+                            progress: Progress | None = None) -> ProtocolResult:
+    """Each evaluation task on ``base`` exposing only its own capabilities; outcomes at stage = cohort."""
+    progress = progress or NullProgress()
+    universe = frozenset(stream.universe)
+    result = ProtocolResult("reference", stream.n_stages)
+    cache: dict[frozenset[str], Harness] = {}
+    items: list[Item] = []
+    for j, cohort in enumerate(stream.evaluate):
+        for task in cohort:
+            needs = stream.needs(task)
+            if needs not in cache:
+                cache[needs] = axis_harness(base, needs, universe, 0)
+            items.append((j, j, task, cache[needs], "reference"))
+            if cache[needs].id not in result.harness_ids[j]:
+                result.harness_ids[j].append(cache[needs].id)
+    result.outcomes = evaluate_items(items, policy, env, attempts=attempts, progress=progress,
+                                     description="task-specific reference: evaluate", batch_size=batch_size,
+                                     max_steps=max_steps, workers=workers)
+    return result
+
+
+def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, policy: Policy, env: Env,
+                  meta: MetaAgent, critic: Critic, *, rounds_per_stage: int = 1, attempts: int = 1,
+                  references: Mapping[str, Trace] | None = None, distractors_per_stage: int = 0,
+                  max_variants: int = 1, max_proposals: int = 2, batch_size: int = 32, max_steps: int = 32,
+                  workers: int = 8, progress: Progress | None = None) -> ProtocolResult:
+    """AEGIS carried across stages (see the module docstring).
+
+    ``references``: task id → reference trajectory of adaptation-split (train) tasks; at stage s
+    AEGIS sees only those of cohorts ≤ s, so no demonstration uses a capability not yet released.
+    ``rounds_per_stage`` = 0 evaluates the carried harness without adapting (a control).
+    """
+    if rounds_per_stage < 0:
+        raise ValueError(f"rounds_per_stage must be >= 0, got {rounds_per_stage}")
+    progress = progress or NullProgress()
+    starts = stage_harnesses(stream, base, axis_harness, distractors_per_stage)  # checks every stage up front
+    universe = frozenset(stream.universe)
+    cohort_of = {t.task_id: s for s, cohort in enumerate(stream.cohorts) for t in cohort}
+    probe = next(t for cohort in stream.cohorts for t in cohort)  # any task: only its session's tools are read
+    aegis = AEGIS(starts[0], meta, critic, tasks={t.task_id: t for c in stream.adapt for t in c},
+                  max_variants=max_variants, max_proposals=max_proposals)
+    result = ProtocolResult("self_evolving", stream.n_stages)
+    round_no = 0
+    for s in range(stream.n_stages):
+        if s > 0:  # the new capabilities arrive in the carried harnesses, evolved processors stay
+            for name in aegis.variants.names():
+                aegis.variants.harnesses[name] = axis_harness(aegis.variants.harnesses[name], stream.cumulative[s],
+                                                              universe, distractors_per_stage * s)
+        aegis.references = {tid: r for tid, r in (references or {}).items() if cohort_of.get(tid, s + 1) <= s}
+        aegis.tools = exposed_tools(aegis.harness(), env, probe)
+        reruns = critic.reruns
+        batch = list(stream.adapt[s])
+        for _ in range(rounds_per_stage if batch else 0):
+            with progress.task(f"self-evolving stage {s} round {round_no}: adapt", len(batch) * attempts) as advance:
+                traces, report = run_round(aegis, batch, policy, env, round=round_no, attempts=attempts,
+                                           batch_size=batch_size, max_steps=max_steps, on_trace=lambda _t: advance())
+            result.adapt_tokens[s] += trace_tokens(traces)
+            result.evolve_reports.append({"stage": s, **report.to_dict()})
+            round_no += 1
+        result.critic_episodes[s] = critic.reruns - reruns
+        tasks = [(j, t) for j in range(s + 1) for t in stream.evaluate[j]]
+        routed = aegis.assign([t for _, t in tasks])
+        items = [(s, j, t, aegis.harness(routed[t.task_id]), routed[t.task_id]) for j, t in tasks]
+        result.outcomes += evaluate_items(items, policy, env, attempts=attempts, progress=progress,
+                                          description=f"self-evolving stage {s}: evaluate", batch_size=batch_size,
+                                          max_steps=max_steps, workers=workers)
+        result.harness_ids[s] = sorted({h.id for _, _, _, h, _ in items})
+        result.harnesses.append(dict(aegis.variants.harnesses))
+    return result

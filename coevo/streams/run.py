@@ -1,0 +1,300 @@
+"""``run_stream``: build one axis's stream from an env, run the protocols, write the results.
+
+Output directory:
+
+- ``stream.json``: the stream (capabilities released per stage, cohorts and their splits) and the arguments;
+- ``matrix-<protocol>.csv`` / ``.json``: the pass-rate matrix a_{i,j} (stage × cohort, empty above
+  the diagonal) of each protocol, with FWT, BWT and tokens per stage in the JSON;
+- ``metrics.json``: every protocol's metrics and the task-specific reference ã_j;
+- ``outcomes.jsonl``: one line per (protocol, stage, cohort, task) with the attempts and tokens;
+- ``harnesses/``: the harness of each stage (and variant) as YAML; ``evolve.jsonl``: AEGIS reports;
+- ``stream.png``: a heatmap per protocol, FWT/BWT in each title.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coevo.agent.policy import Policy
+from coevo.envs.base import Env, Task
+from coevo.evolution.critic import GATES, Critic, Rollout
+from coevo.evolution.driver import rollout_fn
+from coevo.evolution.reference import ReferenceStore, build_references
+from coevo.harness.defaults import base_harness
+from coevo.harness.harness import Harness
+from coevo.meta.base import MetaAgent
+from coevo.meta.rule import RuleMetaAgent
+from coevo.progress import RichProgress
+from coevo.streams.axes import get_axis
+from coevo.streams.construct import ADAPT_SPLIT, Stream, build_stream, hash_order
+from coevo.streams.metrics import (
+    Matrix,
+    backward_transfer,
+    final_pass_rate,
+    forward_transfer,
+    pass_matrix,
+    reference_rates,
+    stage_tokens,
+)
+from coevo.streams.outcomes import ProtocolResult
+from coevo.streams.protocols import (
+    PROTOCOLS,
+    Progress,
+    deployment,
+    self_evolving,
+    stage_harnesses,
+    task_specific_reference,
+)
+
+
+@dataclass
+class StreamRun:
+    """What ``run_stream`` returns: the stream, each protocol's result (and ``reference``), metrics."""
+
+    stream: Stream
+    results: dict[str, ProtocolResult]
+    metrics: dict[str, Any]
+    out_dir: Path
+
+
+def protocol_metrics(result: ProtocolResult, reference: list[float | None]) -> dict[str, Any]:
+    matrix = pass_matrix(result.outcomes, result.n_stages)
+    return {
+        "matrix": matrix,
+        "fwt": forward_transfer(matrix, reference),
+        "bwt": backward_transfer(matrix),
+        "final_pass_rate": final_pass_rate(matrix),
+        "eval_tokens": stage_tokens(result.outcomes, result.n_stages),
+        "adapt_tokens": list(result.adapt_tokens),
+        "critic_episodes": list(result.critic_episodes),
+        "harness_ids": result.harness_ids,
+    }
+
+
+def _check_args(protocols: Sequence[str], attempts: int, rounds_per_stage: int, gate: str,
+                references_per_stage: int) -> None:
+    if isinstance(protocols, str):
+        raise ValueError(  # noqa: TRY004 - a string is a list of names mistyped, as elsewhere in coevo
+            f"protocols must be a list of names from {list(PROTOCOLS)}, not the string {protocols!r}")
+    unknown = [p for p in protocols if p not in PROTOCOLS]
+    if unknown or not protocols or len(set(protocols)) != len(protocols):
+        raise ValueError(f"protocols must be distinct names from {list(PROTOCOLS)}, got {list(protocols)}")
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    if rounds_per_stage < 0:
+        raise ValueError(f"rounds_per_stage must be >= 0, got {rounds_per_stage}")
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {list(GATES)}, got {gate!r}")
+    if references_per_stage < 0:
+        raise ValueError(f"references_per_stage must be >= 0, got {references_per_stage}")
+
+
+def run_stream(
+    env: Env,
+    policy: Policy,
+    out_dir: str | Path,
+    *,
+    axis: str = "tools",
+    stages: int = 3,
+    protocols: Sequence[str] = PROTOCOLS,
+    base: Harness | None = None,
+    meta: MetaAgent | None = None,
+    critic: Critic | None = None,
+    rounds_per_stage: int = 1,
+    attempts: int = 1,
+    adapt_limit: int | None = 8,
+    eval_limit: int | None = 16,
+    eval_splits: Sequence[str] = ("val",),
+    distractors_per_stage: int = 2,
+    references_per_stage: int = 4,
+    gate: str = "seesaw",
+    max_variants: int = 1,
+    max_proposals: int = 2,
+    batch_size: int = 32,
+    max_steps: int = 32,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> StreamRun:
+    """Build the ``axis`` stream of ``env`` (train + ``eval_splits`` tasks) into ``stages`` stages,
+    run the task-specific reference and ``protocols``, and write the files listed in the module
+    docstring into ``out_dir``.
+
+    ``adapt_limit``/``eval_limit``: tasks per cohort of each split (None: all); ``attempts``:
+    episodes per task (pass@1 is their mean); ``distractors_per_stage``: fake tools added per stage
+    (tools axis); ``base``: the starting harness (default ``base_harness()``). Self-evolving only:
+    ``meta`` (default the rule meta-agent), ``critic`` (default a Critic re-running with ``policy``
+    on ``env``, k = ``attempts``, ``gate``), ``rounds_per_stage``, ``references_per_stage`` (train
+    tasks per cohort beyond its adaptation split whose gold trajectories may serve as demonstrations),
+    ``max_variants``, ``max_proposals``. ``seed`` fixes which tasks the limits keep.
+    """
+    _check_args(protocols, attempts, rounds_per_stage, gate, references_per_stage)
+    spec = get_axis(axis)
+    progress = progress or RichProgress()
+    out = Path(out_dir)
+    base = base or base_harness()
+    tasks = env.tasks(ADAPT_SPLIT) + [t for split in eval_splits for t in env.tasks(split)]
+    stream = build_stream(tasks, prefix=spec.prefix, stages=stages, eval_splits=eval_splits,
+                          adapt_limit=adapt_limit, eval_limit=eval_limit, seed=seed)
+    stage_harnesses(stream, base, spec.harness, distractors_per_stage)  # bad axis settings fail before any episode
+    out.mkdir(parents=True, exist_ok=True)
+    args = {"env": env.name, "axis": axis, "stages": stages, "protocols": list(protocols), "base": base.id,
+            "rounds_per_stage": rounds_per_stage, "attempts": attempts, "adapt_limit": adapt_limit,
+            "eval_limit": eval_limit, "eval_splits": list(eval_splits), "distractors_per_stage": distractors_per_stage,
+            "gate": gate, "seed": seed, "model_version": policy.model_version}
+    _write_json(out / "stream.json", {"args": args, **stream.summary()})
+    progress.message(f"{axis} stream of {env.name}: {stream.n_stages} stages, cohorts "
+                     f"{[len(c) for c in stream.evaluate]} evaluation tasks")
+
+    common = {"attempts": attempts, "batch_size": batch_size, "max_steps": max_steps, "progress": progress}
+    results: dict[str, ProtocolResult] = {
+        "reference": task_specific_reference(stream, base, spec.harness, policy, env, **common)}
+    if "deployment" in protocols:
+        results["deployment"] = deployment(stream, base, spec.harness, policy, env,
+                                           distractors_per_stage=distractors_per_stage, **common)
+    if "self_evolving" in protocols:
+        critic = critic or Critic(_critic_rollout(policy, env, progress, batch_size, max_steps), k=attempts, gate=gate)
+        references = _references(env, stream, references_per_stage, seed, out / "references")
+        results["self_evolving"] = self_evolving(
+            stream, base, spec.harness, policy, env, meta or RuleMetaAgent(), critic,
+            rounds_per_stage=rounds_per_stage, references=references, distractors_per_stage=distractors_per_stage,
+            max_variants=max_variants, max_proposals=max_proposals, **common)
+
+    reference = reference_rates(results["reference"].outcomes, stream.n_stages)
+    metrics: dict[str, Any] = {
+        "axis": axis, "stages": stream.n_stages, "released": [list(r) for r in stream.released],
+        "reference": {"pass_rate": reference,
+                      "eval_tokens": stage_tokens(results["reference"].outcomes, stream.n_stages)},
+    }
+    for name in protocols:
+        metrics[name] = protocol_metrics(results[name], reference)
+        _write_matrix(out, name, metrics[name], stream)
+    _write_json(out / "metrics.json", metrics)
+    _write_outcomes(out, results)
+    _write_harnesses(out, results)
+    draw_stream(out / "stream.png", {name: metrics[name] for name in protocols}, stream)
+    _summary_table(progress, metrics, protocols)
+    return StreamRun(stream, results, metrics, out)
+
+
+def _critic_rollout(policy: Policy, env: Env, progress: Progress, batch_size: int, max_steps: int) -> Rollout:
+    """The Critic's re-runs, with a progress bar per candidate."""
+
+    def run(harness: Harness, tasks: Sequence[Task], k: int) -> dict[str, list[bool]]:
+        with progress.task(f"critic: re-run {harness.id[:8]}", len(tasks) * k) as advance:
+            return rollout_fn(policy, env, batch_size=batch_size, max_steps=max_steps,
+                              on_trace=lambda _t: advance())(harness, tasks, k)
+
+    return run
+
+
+def _references(env: Env, stream: Stream, per_stage: int, seed: int, path: Path) -> dict[str, Any]:
+    """Gold trajectories (where tasks have gold actions) of each cohort's adaptation split plus up
+    to ``per_stage`` more of its train tasks. AEGIS quotes them as demonstrations only for tasks it
+    is not judging in that round, and ``self_evolving`` hides those of unreleased cohorts."""
+    picked = []
+    for cohort, adapt in zip(stream.cohorts, stream.adapt, strict=True):
+        used = {t.task_id for t in adapt}
+        spare = [t for t in hash_order(cohort, seed) if t.split == ADAPT_SPLIT and t.task_id not in used]
+        picked += list(adapt) + spare[:per_stage]
+    return build_references(env, picked, ReferenceStore(path)) if picked else {}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _write_matrix(out: Path, protocol: str, metrics: dict[str, Any], stream: Stream) -> None:
+    matrix: Matrix = metrics["matrix"]
+    with (out / f"matrix-{protocol}.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["stage", *[f"cohort_{j}" for j in range(stream.n_stages)]])
+        for i, row in enumerate(matrix):
+            writer.writerow([i, *["" if v is None else f"{v:.6g}" for v in row]])
+    data = {"protocol": protocol, "released": [list(r) for r in stream.released],
+            **{k: metrics[k] for k in ("matrix", "fwt", "bwt", "final_pass_rate", "eval_tokens", "adapt_tokens")}}
+    _write_json(out / f"matrix-{protocol}.json", data)
+
+
+def _write_outcomes(out: Path, results: dict[str, ProtocolResult]) -> None:
+    with (out / "outcomes.jsonl").open("w") as f:
+        for name, result in results.items():
+            for o in result.outcomes:
+                f.write(json.dumps({"protocol": name, **o.to_dict()}) + "\n")
+    with (out / "evolve.jsonl").open("w") as f:
+        for name, result in results.items():
+            for report in result.evolve_reports:
+                f.write(json.dumps({"protocol": name, **report}, default=str) + "\n")
+
+
+def _write_harnesses(out: Path, results: dict[str, ProtocolResult]) -> None:
+    for name, result in results.items():
+        for s, variants in enumerate(result.harnesses):
+            for variant, harness in variants.items():
+                harness.save(out / "harnesses" / f"{name}-stage{s}-{variant}.yaml")
+
+
+def _fmt(value: float | None, signed: bool = True) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def draw_stream(path: Path, per_protocol: dict[str, dict[str, Any]], stream: Stream) -> Path:
+    """One heatmap of a_{i,j} per protocol (grey: undefined), FWT and BWT in the titles."""
+    import matplotlib
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+
+    n = stream.n_stages
+    fig = Figure(figsize=(max(4.0, 1.0 + 0.9 * n) * len(per_protocol) + 1.0, max(3.5, 1.2 + 0.7 * n)), dpi=100)
+    FigureCanvasAgg(fig)
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="0.85")
+    axes = fig.subplots(1, len(per_protocol), squeeze=False)[0]
+    image = None
+    labels = [f"{s}: +{', '.join(r)[:24]}" for s, r in enumerate(stream.released)]
+    for ax, (name, m) in zip(axes, per_protocol.items(), strict=True):
+        values = np.array([[np.nan if v is None else v for v in row] for row in m["matrix"]], dtype=float)
+        image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=Normalize(0.0, 1.0), interpolation="nearest")
+        for i in range(n):
+            for j in range(n):
+                if not np.isnan(values[i, j]):
+                    dark = not 0.2 <= values[i, j] <= 0.8  # the ends of RdYlGn are dark
+                    ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                            color="white" if dark else "black")
+        ax.set_xticks(range(n), [str(j) for j in range(n)])
+        ax.set_yticks(range(n), labels, fontsize=7)
+        ax.set_xlabel("cohort (stage introduced)")
+        ax.set_ylabel("stage (capabilities released)")
+        ax.set_title(f"{name}\nFWT {_fmt(m['fwt'])}  BWT {_fmt(m['bwt'])}", fontsize=10)
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), label="pass@1 (grey: not defined)", fraction=0.04)
+    fig.savefig(path, format="png", bbox_inches="tight")
+    return path
+
+
+def _summary_table(progress: Progress, metrics: dict[str, Any], protocols: Sequence[str]) -> None:
+    console = getattr(progress, "console", None)
+    if console is None:
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{metrics['axis']} stream, {metrics['stages']} stages")
+    for col in ("protocol", "FWT", "BWT", "final pass@1", "eval tokens", "adapt tokens"):
+        table.add_column(col)
+    for name in protocols:
+        m = metrics[name]
+        table.add_row(name, _fmt(m["fwt"]), _fmt(m["bwt"]), _fmt(m["final_pass_rate"], signed=False),
+                      str(sum(m["eval_tokens"])), str(sum(m["adapt_tokens"])))
+    ref = ", ".join(_fmt(v, signed=False) for v in metrics["reference"]["pass_rate"])
+    table.caption = f"task-specific reference per cohort: {ref}"
+    console.print(table)
