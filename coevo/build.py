@@ -32,11 +32,17 @@ def to_config(cfg: Any) -> TrainConfig:
 
 
 def check(cfg: TrainConfig) -> None:
-    """Reject values no component accepts, naming the field and what it allows."""
+    """Reject values no component accepts, naming the field and what it allows. Secrets go first, so
+    no later message quotes a key."""
+    from dataclasses import asdict
+
     from coevo.envs import ENVS
     from coevo.evolution.critic import GATES
     from coevo.meta import BACKENDS
+    from coevo.secrets import refuse_secrets
     from coevo.trainers.aggregation import MODES as AGGREGATIONS
+
+    refuse_secrets(asdict(cfg))
 
     choices = {
         "mode": (cfg.mode, MODES),
@@ -109,12 +115,14 @@ def run(cfg: Any) -> Path:
     from coevo.loop import Coevolution
     from coevo.policy.load import load_model
     from coevo.progress import NullProgress, RichProgress
+    from coevo.secrets import install_log_redaction
     from coevo.tracking import NullTracker, make_tracker
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
     from coevo.trainers.logprobs import logprob_fn
 
     cfg = to_config(cfg)
     check(cfg)
+    install_log_redaction()
     device = device_of(cfg.model.device)
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed)

@@ -18,6 +18,8 @@ from coevo.harness.hooks import HOOK_ORDER, Dimension
 app = typer.Typer(help="coevo: harness-model co-evolution for LLM agents.", no_args_is_help=True, add_completion=False)
 harness_app = typer.Typer(help="Inspect and compare harness specs.", no_args_is_help=True)
 app.add_typer(harness_app, name="harness")
+config_app = typer.Typer(help="Show the composed configuration with every field's help.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
 console = Console()
 
 
@@ -341,6 +343,102 @@ def evolve_markdown(summary: dict) -> str:
                   f"{e['reason']}" for e in rows] or ["none"]
     lines += ["", f"meta-agent tokens: {summary['meta_tokens']}", ""]
     return "\n".join(lines)
+
+
+@app.command("stream")
+def stream_cmd(
+    env_name: str = typer.Option("reasoning", "--env", help="environment whose tasks carry capability annotations"),
+    env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
+    axis: str = typer.Option("tools", help="tools | skills (capabilities released stage by stage; agents: not yet)"),
+    stages: int = typer.Option(3, min=1, help="stages S (clipped to the number of capabilities on the axis)"),
+    protocols: list[str] = typer.Option(["deployment", "self_evolving"], "--protocol",
+                                        help="deployment | self_evolving, repeatable"),
+    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | a local model directory"),
+    backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
+    device: str = typer.Option("cpu", help="torch device for the transformers backend"),
+    harness: str = typer.Option("base", help="starting harness: built-in name or YAML path"),
+    temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
+    rounds_per_stage: int = typer.Option(1, min=0, help="self-evolving: AEGIS rounds on each stage's adaptation split"),
+    attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="episodes per task (pass@1 is their mean)"),
+    adapt_limit: int = typer.Option(8, min=1, help="adaptation tasks per cohort"),
+    eval_limit: int = typer.Option(16, min=1, help="evaluation tasks per cohort"),
+    max_steps: int = typer.Option(32, min=1, help="model calls per episode at most"),
+    batch_size: int = typer.Option(32, min=1, help="model calls per generate() batch"),
+    seed: int = typer.Option(0, help="sampling seed and task sample"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default runs/stream-<env>-<axis>-<time>)"),
+) -> None:
+    """Release an env's capabilities along an axis in stages and evaluate retention and adaptation
+    under the deployment and self-evolving protocols: the pass matrix, FWT/BWT, tokens and a figure."""
+    from coevo.envs import ENVS
+    from coevo.streams import AXES, PROTOCOLS, run_stream
+
+    if env_name not in ENVS:
+        raise typer.BadParameter(f"unknown env {env_name!r}; choose one of {sorted(ENVS)}", param_hint="--env")
+    if axis not in AXES:
+        raise typer.BadParameter(f"axis must be one of {sorted(AXES)}, got {axis!r}", param_hint="--axis")
+    bad = [p for p in protocols if p not in PROTOCOLS]
+    if bad:
+        raise typer.BadParameter(f"protocol must be one of {list(PROTOCOLS)}, got {bad}", param_hint="--protocol")
+    start = load_harness(harness)
+    if temperature is not None:
+        start = start.set_param("sampling", "temperature", temperature)
+    if max_new_tokens is not None:
+        start = start.set_param("sampling", "max_new_tokens", max_new_tokens)
+    out = out or Path("runs") / time.strftime(f"stream-{env_name}-{axis}-%Y%m%d-%H%M%S")
+    env = ENVS[env_name](**parse_env_args(env_args))
+    try:
+        with console.status(f"loading model {model}"):
+            policy = build_policy(model, backend, device, None, env_name, seed)
+        try:
+            result = run_stream(env, policy, out, axis=axis, stages=stages, protocols=protocols, base=start,
+                                rounds_per_stage=rounds_per_stage, attempts=attempts, adapt_limit=adapt_limit,
+                                eval_limit=eval_limit, batch_size=batch_size, max_steps=max_steps, seed=seed)
+        except ValueError as err:  # a stream that cannot be built from this env's annotations
+            raise typer.BadParameter(str(err)) from None
+    finally:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+    console.print(f"stream: {result.out_dir / 'metrics.json'}  figure: {result.out_dir / 'stream.png'}")
+
+
+@config_app.command("show")
+def config_show_cmd(
+    group: Optional[str] = typer.Argument(None, help="one config group (trainer, rollout, ...); all when omitted"),
+    overrides: list[str] = typer.Option([], "--override", "-o", help="a Hydra override, e.g. experiment=smoke"),
+) -> None:
+    """The composed defaults of configs/train.yaml as YAML, each field with its help."""
+    from coevo.config_show import show
+
+    try:
+        text = show(group, overrides)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="GROUP") from None
+    typer.echo(text)
+
+
+@app.command("export")
+def export_cmd(
+    run_dir: Path = typer.Argument(..., help="a run directory written by train.py"),
+    fmt: str = typer.Option("jsonl", "--format", help="sft (chat messages) | grpo (token ids, masks, advantages) | jsonl"),
+    out: Optional[Path] = typer.Option(None, help="output file (default RUN_DIR/export-<format>.jsonl)"),
+    rounds: list[int] = typer.Option([], "--round", help="keep traces of this round, repeatable"),
+    harness_ids: list[str] = typer.Option([], "--harness", help="keep traces of this harness id, repeatable"),
+    min_reward: Optional[float] = typer.Option(None, help="keep traces with reward >= this"),
+    max_reward: Optional[float] = typer.Option(None, help="keep traces with reward <= this"),
+    passed: Optional[bool] = typer.Option(None, "--passed/--failed", help="keep only passing (or failing) traces"),
+) -> None:
+    """Write a run's buffered traces in a format TRL's trainers and SFT tooling read."""
+    from coevo.export import export
+
+    out = out or run_dir / f"export-{fmt}.jsonl"
+    try:
+        n = export(run_dir, out, fmt, rounds=rounds or None, harness_ids=harness_ids or None,
+                   min_reward=min_reward, max_reward=max_reward, passed=passed)
+    except (ValueError, FileNotFoundError) as err:
+        raise typer.BadParameter(str(err)) from None
+    console.print(f"exported {n} records to {out}")
 
 
 @app.command("report")

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
+from coevo.secrets import REDACTED, redact  # noqa: F401 - REDACTED re-exported: the marker scrub writes
 
 Scalar = float | int | str
 
@@ -35,10 +36,6 @@ EDIT_COLUMNS = ("round", "variant", "edits", "gate", "ship", "fail_to_pass", "pa
 MODES = ("auto", "online", "offline", "disabled")
 HARNESS_HOW = ("start", "shipped", "spawned", "selected")
 WANDB_ID_FILE = "wandb_id"
-REDACTED = "<redacted>"
-
-_SECRET_NAME = re.compile(r"(?:^|_)(api_?key|token|secrets?|passwords?|authorization)(?:_|$)", re.IGNORECASE)
-_MIN_SECRET_LEN = 8  # shorter env values ("1", "true") would collide with ordinary config values
 _ARTIFACT_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]+")
 _SKIPPED_KEYS = {"outcomes"}  # per-task outcomes: one entry per task, too large for a metric row
@@ -92,46 +89,18 @@ class NullTracker:
 
 
 # ---------------------------------------------------------------------------------- pure helpers
-def _secret_name(name: object) -> bool:
-    """Whether a key names a secret. The pattern is matched on whole ``_``-separated words (with
-    camelCase split first) so ``hf_token`` and ``apiKey`` match but ``max_new_tokens`` and
-    ``tokenizer`` do not."""
-    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(name))
-    return _SECRET_NAME.search(snake.replace("-", "_").replace(".", "_")) is not None
-
-
-def _secret_env_values(environ: Mapping[str, str]) -> list[str]:
-    """Values of secret-named environment variables, longest first (so a key that contains
-    another is replaced whole)."""
-    values = {v for k, v in environ.items() if _secret_name(k) and len(v) >= _MIN_SECRET_LEN}
-    return sorted(values, key=len, reverse=True)
-
-
-def _scrub(value: Any, secrets: list[str]) -> Any:
-    if isinstance(value, Mapping):
-        return {k: REDACTED if _secret_name(k) else _scrub(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_scrub(v, secrets) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_scrub(v, secrets) for v in value)
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, REDACTED)
-        return value
-    return value
-
-
 def scrub(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``config`` without secrets, for W&B and the run directory.
 
     Every value under a key that names a secret (api_key / apikey, token, secret, password,
     authorization, as a word of the key) becomes ``"<redacted>"``, at any depth of dicts and
     lists. Strings are also cleared of the value of any secret-named environment variable of 8+
-    characters, which is how a key pasted into a config or a URL would otherwise leak.
+    characters, which is how a key pasted into a config or a URL would otherwise leak
+    (``coevo.secrets.redact``; ``coevo.secrets.refuse_secrets`` refuses such configs earlier).
     """
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping, got {type(config).__name__}")
-    return _scrub(config, _secret_env_values(os.environ))
+    return redact(config, by_name=True)
 
 
 def _walk(prefix: str, value: Any, out: dict[str, Scalar]) -> None:

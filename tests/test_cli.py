@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from coevo.cli import app
@@ -118,3 +120,37 @@ def test_evolve_refuses_an_unknown_gate(tmp_path):
 def test_report_command_names_a_run_without_rounds(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path)])
     assert result.exit_code != 0 and "completed" in result.output
+
+
+def test_config_show_prints_one_group_with_help_and_names_bad_groups():
+    result = runner.invoke(app, ["config", "show", "trainer", "-o", "experiment=smoke"])
+    assert result.exit_code == 0, result.output
+    assert "trainer:" in result.output and "lr:" in result.output and "#" in result.output
+    bad = runner.invoke(app, ["config", "show", "optim"])
+    assert bad.exit_code != 0 and "trainer" in bad.output
+
+
+def test_stream_names_bad_axis_and_protocol(tmp_path):
+    for args, word in ((["--axis", "tool"], "skills"), (["--protocol", "online"], "self_evolving")):
+        result = runner.invoke(app, ["stream", "--env", "arithmetic", "--model", "scripted", *args,
+                                     "--out", str(tmp_path)])
+        assert result.exit_code != 0 and word in result.output
+
+
+def test_stream_on_an_env_without_axis_annotations_says_so(tmp_path):
+    # arithmetic tasks carry a bare "calculator" capability, nothing on the tool: axis
+    result = runner.invoke(app, ["stream", "--env", "arithmetic", "--model", "scripted", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "tool:" in result.output
+
+
+@pytest.mark.slow
+def test_stream_runs_both_protocols_on_the_reasoning_tool_axis(tmp_path):
+    out = tmp_path / "stream"
+    result = runner.invoke(app, ["stream", "--env", "reasoning", "--env-arg",
+                                 "datasets=[basic_arithmetic, letter_counting]", "--env-arg", "n_per_dataset=8",
+                                 "--model", "tiny", "--max-new-tokens", "8", "--max-steps", "1", "--adapt-limit", "1",
+                                 "--eval-limit", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"deployment", "self_evolving", "reference"} <= set(metrics)
+    assert (out / "stream.png").stat().st_size > 0 and (out / "matrix-self_evolving.csv").is_file()
