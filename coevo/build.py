@@ -36,41 +36,101 @@ def check(cfg: TrainConfig) -> None:
     no later message quotes a key."""
     from dataclasses import asdict
 
-    from coevo.envs import ENVS
+    from coevo.envs.load import check_env_args, env_class
     from coevo.evolution.critic import GATES
-    from coevo.meta import BACKENDS
+    from coevo.kernels import IMPLS
+    from coevo.meta import BACKENDS, meta_agent_factory
     from coevo.secrets import refuse_secrets
+    from coevo.tracking import MODES as WANDB_MODES
     from coevo.trainers.aggregation import MODES as AGGREGATIONS
 
     refuse_secrets(asdict(cfg))
 
     choices = {
         "mode": (cfg.mode, MODES),
-        "env.name": (cfg.env.name, tuple(ENVS)),
+        "model.dtype": (cfg.model.dtype, ("auto", "float32", "bfloat16")),
         "rollout.backend": (cfg.rollout.backend, ("transformers", "vllm")),
+        "rollout.vllm_mode": (cfg.rollout.vllm_mode, ("colocate", "server")),
         "evolution.gate": (cfg.evolution.gate, GATES),
-        "meta_agent.backend": (cfg.meta_agent.backend, tuple(BACKENDS)),
         "trainer.aggregation": (cfg.trainer.aggregation, tuple(AGGREGATIONS)),
         "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
+        "trainer.kernel": (cfg.trainer.kernel, IMPLS),
         "logger.kind": (cfg.logger.kind, ("none", "wandb")),
+        "logger.mode": (cfg.logger.mode, tuple(WANDB_MODES)),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ValueError(f"config {key}={value!r} is not allowed; choose one of {list(allowed)}")
+    if cfg.meta_agent.backend not in BACKENDS:
+        if ":" not in cfg.meta_agent.backend:
+            raise ValueError(f"config meta_agent.backend={cfg.meta_agent.backend!r} is not allowed; choose one of "
+                             f"{list(BACKENDS)} or the import path 'package.module:factory' of your own")
+        try:
+            meta_agent_factory(cfg.meta_agent.backend)
+        except ValueError as err:
+            raise ValueError(f"config meta_agent.backend: {err}") from None
+    try:
+        env_class(cfg.env.name)
+    except ValueError as err:
+        raise ValueError(f"config env.name={cfg.env.name!r}: {err}") from None
+    try:
+        check_env_args(cfg.env.name, cfg.env.args)
+    except ValueError as err:
+        raise ValueError(f"config env.args: {err}") from None
     positive = {"rounds": cfg.rounds, "batch_tasks": cfg.batch_tasks, "rollout.attempts": cfg.rollout.attempts,
                 "eval_attempts": cfg.eval_attempts, "evolution.critic_attempts": cfg.evolution.critic_attempts,
-                "buffer.capacity": cfg.buffer.capacity, "trainer.steps_per_round": cfg.trainer.steps_per_round}
+                "buffer.capacity": cfg.buffer.capacity, "trainer.steps_per_round": cfg.trainer.steps_per_round,
+                "rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.max_steps": cfg.rollout.max_steps,
+                "rollout.batch_size": cfg.rollout.batch_size, "rollout.workers": cfg.rollout.workers,
+                "trainer.micro_batch_size": cfg.trainer.micro_batch_size,
+                "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size}
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"config {key}={value} must be >= 1")
+    ranges = {  # field: (value, low, high, the allowed range in words)
+        "rollout.temperature": (cfg.rollout.temperature, 0.0, float("inf"), ">= 0 (0 is greedy)"),
+        "rollout.vllm_gpu_memory_utilization": (cfg.rollout.vllm_gpu_memory_utilization, 1e-9, 1.0,
+                                                "in (0, 1]: the share of GPU memory vLLM reserves"),
+        "meta_agent.timeout_s": (cfg.meta_agent.timeout_s, 1e-9, float("inf"), "> 0 seconds"),
+        "trainer.lr": (cfg.trainer.lr, 0.0, float("inf"), ">= 0"),
+    }
+    for key, (value, low, high, allowed) in ranges.items():
+        if not low <= value <= high:
+            raise ValueError(f"config {key}={value} is not allowed; it must be {allowed}")
+    urls = {"meta_agent.url": cfg.meta_agent.url if cfg.meta_agent.backend == "openai" else None,
+            "rollout.vllm_server_url": cfg.rollout.vllm_server_url
+            if cfg.rollout.backend == "vllm" and cfg.rollout.vllm_mode == "server" else None}
+    for key, url in urls.items():
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"config {key}={url!r} is not a URL; write it as http://HOST:PORT"
+                             + ("/v1" if key == "meta_agent.url" else ""))
     if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
         raise ValueError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
     if cfg.evolution.router and cfg.meta_agent.backend == "rule":
         raise ValueError("evolution.router=true needs an LLM meta-agent (meta_agent=openai or hf); rule cannot route")
+    if cfg.trainer.beta > 0 and not cfg.model.lora and cfg.mode in ("coevolve", "model_only"):
+        raise ValueError(f"config trainer.beta={cfg.trainer.beta} needs model.lora=true: the KL reference is the base "
+                         "model with the adapter disabled, and full fine-tuning has no reference model here; "
+                         "set trainer.beta=0 or model.lora=true")
     traces_per_round = cfg.batch_tasks * cfg.rollout.attempts
     if cfg.mode in ("coevolve", "model_only") and cfg.buffer.capacity < traces_per_round:
         raise ValueError(f"config buffer.capacity={cfg.buffer.capacity} is below the {traces_per_round} traces a round "
                          "adds (batch_tasks x rollout.attempts)")
+
+
+def check_dependencies(cfg: TrainConfig) -> None:
+    """Import the optional packages the config's choices need, before any model is loaded, so a
+    missing one stops the run at once with its install command (``coevo.optional``)."""
+    from coevo.optional import require
+
+    if cfg.rollout.backend == "vllm":
+        require("vllm", "rollout.backend=vllm")
+    if cfg.logger.kind == "wandb":
+        require("wandb", "logger.kind=wandb")
+    if cfg.meta_agent.backend == "openai":
+        require("openai", "meta_agent.backend=openai")
+    if cfg.trainer.kernel == "triton":
+        require("triton", "trainer.kernel=triton")
 
 
 def write_config(run_dir: Path, cfg: TrainConfig) -> None:
@@ -106,7 +166,7 @@ def run(cfg: Any) -> Path:
     from accelerate.utils import broadcast_object_list
 
     from coevo.buffers import ReplayBuffer
-    from coevo.envs import ENVS
+    from coevo.envs.load import make_env
     from coevo.evolution.critic import Critic
     from coevo.evolution.driver import rollout_fn, session_tools
     from coevo.evolution.engine import AEGIS
@@ -122,6 +182,7 @@ def run(cfg: Any) -> Path:
 
     cfg = to_config(cfg)
     check(cfg)
+    check_dependencies(cfg)
     install_log_redaction()
     device = device_of(cfg.model.device)
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
@@ -136,9 +197,12 @@ def run(cfg: Any) -> Path:
     torch.manual_seed(cfg.seed)
 
     trains = cfg.mode in ("coevolve", "model_only")
-    env = ENVS[cfg.env.name](**cfg.env.args)
-    model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype,
-                            seed=cfg.model.init_seed)
+    env = make_env(cfg.env.name, cfg.env.args)
+    try:
+        model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype,
+                                seed=cfg.model.init_seed)
+    except ValueError as err:  # the loader names the allowed values; the field is named here
+        raise ValueError(f"config model.name={cfg.model.name!r}: {err}") from err
     if trains and cfg.model.lora:
         model = apply_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha, dropout=cfg.model.lora_dropout)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
@@ -250,17 +314,19 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
     elif cfg.rollout.vllm_mode == "server":
         engine = ServerEngine(cfg.rollout.vllm_server_url)
     else:
-        raise ValueError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose colocate or server")
+        raise ValueError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose one of ['colocate', 'server']")
     policy = VLLMPolicy(engine, tok, model_version="0")
     return policy, lambda: policy.sync_weights(model, policy.model_version)
 
 
 def build_meta(cfg: TrainConfig, run_dir: Path) -> Any:
-    from coevo.meta import BACKENDS
+    from coevo.meta import BACKENDS, load_meta_agent
 
     m = cfg.meta_agent
     if m.backend == "rule":
         return BACKENDS["rule"]()
+    if m.backend not in BACKENDS:  # an import path, checked by check()
+        return load_meta_agent(m.backend)
     if m.backend == "openai":
         return BACKENDS["openai"](m.url, m.model, api_key_env=m.api_key_env, timeout_s=m.timeout_s,
                                   cache_dir=run_dir / "meta_cache", max_retries=m.max_retries)

@@ -21,6 +21,8 @@ app.add_typer(harness_app, name="harness")
 config_app = typer.Typer(help="Show the composed configuration with every field's help.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 console = Console()
+ENV_HELP = ("environment: reasoning | textworld_express | arithmetic, or the import path package.module:ClassName "
+            "of your own (docs/environments.md)")
 
 
 def load_harness(spec: str) -> Harness:
@@ -101,16 +103,27 @@ def parse_env_args(pairs: list[str]) -> dict[str, object]:
     return kwargs
 
 
+def resolve_env(name: str):
+    """The env class for ``--env``: a built-in name or ``package.module:ClassName``."""
+    from coevo.envs.load import env_class
+
+    try:
+        return env_class(name)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--env") from None
+
+
 def build_policy(model: str, backend: str, device: str, adapter: str | None, env_name: str, seed: int):
     """The policy for ``coevo eval``: ``scripted`` (the env's scripted solver), or a model name
     or path served by transformers or vLLM."""
     from coevo.agent.policy import ScriptedPolicy
-    from coevo.envs import SCRIPTED_SOLVERS
+    from coevo.envs.load import scripted_solver
 
     if model == "scripted":
-        if env_name not in SCRIPTED_SOLVERS:
+        solver = scripted_solver(env_name)
+        if solver is None:
             raise typer.BadParameter(f"env {env_name!r} has no scripted solver; use a model", param_hint="--model")
-        return ScriptedPolicy(SCRIPTED_SOLVERS[env_name], model_version=f"scripted-{env_name}")
+        return ScriptedPolicy(solver, model_version=f"scripted-{env_name}")
     if backend == "transformers":
         from coevo.policy.load import transformers_policy
 
@@ -131,7 +144,7 @@ def build_policy(model: str, backend: str, device: str, adapter: str | None, env
 
 @app.command("eval")
 def eval_cmd(
-    env_name: str = typer.Option("reasoning", "--env", help="environment: reasoning | textworld_express | arithmetic"),
+    env_name: str = typer.Option("reasoning", "--env", help=ENV_HELP),
     env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
     model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | a local model directory"),
     backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
@@ -147,11 +160,9 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
     """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
-    from coevo.envs import ENVS
     from coevo.evaluate import evaluate, write_eval
 
-    if env_name not in ENVS:
-        raise typer.BadParameter(f"unknown env {env_name!r}; choose one of {sorted(ENVS)}", param_hint="--env")
+    env_cls = resolve_env(env_name)
     h = load_harness(harness)
     if temperature is not None:
         if "sampling" not in h:
@@ -161,7 +172,7 @@ def eval_cmd(
     if attempts > 1 and greedy:
         console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical; pass --temperature[/yellow]")
     try:
-        env = ENVS[env_name](**parse_env_args(env_args))
+        env = env_cls(**parse_env_args(env_args))
     except (TypeError, ValueError) as err:
         raise typer.BadParameter(f"{env_name}: {err}", param_hint="--env-arg") from None
     try:
@@ -177,7 +188,7 @@ def eval_cmd(
         close = getattr(env, "close", None)
         if close is not None:
             close()
-    out = out or Path("runs") / time.strftime(f"eval-{env_name}-%Y%m%d-%H%M%S")
+    out = out or Path("runs") / time.strftime(f"eval-{env.name}-%Y%m%d-%H%M%S")
     write_eval(out, h, report, traces)
     table = Table(title=f"{env_name} / {split} — harness {h.name} ({h.id}), policy {report.model_version}")
     columns = {"tasks": str(report.n_tasks), "attempts": str(attempts), "pass@1": f"{report.pass_at_1:.3f}"}
@@ -194,13 +205,13 @@ def eval_cmd(
 
 @app.command("evolve")
 def evolve_cmd(
-    env_name: str = typer.Option("reasoning", "--env", help="environment: reasoning | textworld_express | arithmetic"),
+    env_name: str = typer.Option("reasoning", "--env", help=ENV_HELP),
     env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
     model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | a local model directory"),
     backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
     device: str = typer.Option("cpu", help="torch device for the transformers backend"),
     harness: str = typer.Option("base", help="starting harness: built-in name or YAML path"),
-    meta: str = typer.Option("rule", help="meta-agent backend: rule | openai | hf"),
+    meta: str = typer.Option("rule", help="meta-agent backend: rule | openai | hf, or package.module:factory"),
     meta_url: Optional[str] = typer.Option(None, help="openai backend: base URL of the endpoint"),
     meta_model: Optional[str] = typer.Option(None, help="openai: model name; hf: model name or path"),
     rounds: int = typer.Option(3, min=1, help="evolution rounds (one train batch each)"),
@@ -223,19 +234,23 @@ def evolve_cmd(
     Writes rounds.jsonl, the harnesses, summary.json and summary.md (every edit with its verdict)."""
     import json
 
-    from coevo.envs import ENVS
     from coevo.evolution.critic import GATES, Critic
     from coevo.evolution.driver import batches, rollout_fn, routed_outcomes, run_round, session_tools
     from coevo.evolution.engine import AEGIS
     from coevo.evolution.reference import ReferenceStore, build_references
-    from coevo.meta import BACKENDS
+    from coevo.meta import BACKENDS, load_meta_agent, meta_agent_factory
 
-    if env_name not in ENVS:
-        raise typer.BadParameter(f"unknown env {env_name!r}; choose one of {sorted(ENVS)}", param_hint="--env")
+    env_cls = resolve_env(env_name)
     if gate not in GATES:
         raise typer.BadParameter(f"gate must be one of {list(GATES)}, got {gate!r}", param_hint="--gate")
     if meta not in BACKENDS:
-        raise typer.BadParameter(f"meta must be one of {sorted(BACKENDS)}, got {meta!r}", param_hint="--meta")
+        if ":" not in meta:
+            raise typer.BadParameter(f"meta must be one of {sorted(BACKENDS)} or package.module:factory, got {meta!r}",
+                                     param_hint="--meta")
+        try:
+            meta_agent_factory(meta)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--meta") from None
     if meta == "openai" and not (meta_url and meta_model):
         raise typer.BadParameter("the openai backend needs --meta-url and --meta-model", param_hint="--meta")
     start = load_harness(harness)
@@ -243,9 +258,9 @@ def evolve_cmd(
         start = start.set_param("sampling", "temperature", temperature)
     if max_new_tokens is not None:
         start = start.set_param("sampling", "max_new_tokens", max_new_tokens)
-    out = out or Path("runs") / time.strftime(f"evolve-{env_name}-%Y%m%d-%H%M%S")
+    env = env_cls(**parse_env_args(env_args))
+    out = out or Path("runs") / time.strftime(f"evolve-{env.name}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    env = ENVS[env_name](**parse_env_args(env_args))
     try:
         with console.status(f"loading model {model}"):
             policy = build_policy(model, backend, device, None, env_name, seed)
@@ -255,6 +270,8 @@ def evolve_cmd(
         refs = build_references(env, [t for t in train if t.task_id not in used], ReferenceStore(out / "references"))
         if meta == "rule":
             agent = BACKENDS["rule"]()
+        elif meta not in BACKENDS:
+            agent = load_meta_agent(meta)
         elif meta == "openai":
             agent = BACKENDS["openai"](meta_url, meta_model, cache_dir=out / "meta_cache")
         else:
@@ -347,7 +364,8 @@ def evolve_markdown(summary: dict) -> str:
 
 @app.command("stream")
 def stream_cmd(
-    env_name: str = typer.Option("reasoning", "--env", help="environment whose tasks carry capability annotations"),
+    env_name: str = typer.Option("reasoning", "--env", help="environment whose tasks carry capability annotations: "
+                                 "a built-in name or package.module:ClassName"),
     env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
     axis: str = typer.Option("tools", help="tools | skills (capabilities released stage by stage; agents: not yet)"),
     stages: int = typer.Option(3, min=1, help="stages S (clipped to the number of capabilities on the axis)"),
@@ -370,11 +388,9 @@ def stream_cmd(
 ) -> None:
     """Release an env's capabilities along an axis in stages and evaluate retention and adaptation
     under the deployment and self-evolving protocols: the pass matrix, FWT/BWT, tokens and a figure."""
-    from coevo.envs import ENVS
     from coevo.streams import AXES, PROTOCOLS, run_stream
 
-    if env_name not in ENVS:
-        raise typer.BadParameter(f"unknown env {env_name!r}; choose one of {sorted(ENVS)}", param_hint="--env")
+    env_cls = resolve_env(env_name)
     if axis not in AXES:
         raise typer.BadParameter(f"axis must be one of {sorted(AXES)}, got {axis!r}", param_hint="--axis")
     bad = [p for p in protocols if p not in PROTOCOLS]
@@ -385,8 +401,8 @@ def stream_cmd(
         start = start.set_param("sampling", "temperature", temperature)
     if max_new_tokens is not None:
         start = start.set_param("sampling", "max_new_tokens", max_new_tokens)
-    out = out or Path("runs") / time.strftime(f"stream-{env_name}-{axis}-%Y%m%d-%H%M%S")
-    env = ENVS[env_name](**parse_env_args(env_args))
+    env = env_cls(**parse_env_args(env_args))
+    out = out or Path("runs") / time.strftime(f"stream-{env.name}-{axis}-%Y%m%d-%H%M%S")
     try:
         with console.status(f"loading model {model}"):
             policy = build_policy(model, backend, device, None, env_name, seed)

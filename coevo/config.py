@@ -54,7 +54,8 @@ class RolloutConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = opt("???", "environment: reasoning | arithmetic | textworld_express")
+    name: str = opt("???", "environment: reasoning | arithmetic | textworld_express, or the import path "
+                    "package.module:ClassName of your own (docs/environments.md)")
     args: dict[str, Any] = opt({}, "keyword arguments of the env constructor (datasets, n_per_dataset, seed, ...)")  # noqa: RUF009 - opt returns a field()
 
 
@@ -83,7 +84,8 @@ class EvolutionConfig:
 
 @dataclass
 class MetaAgentConfig:
-    backend: str = opt("rule", "rule (offline, deterministic) | openai (any OpenAI-compatible endpoint) | hf (local)")
+    backend: str = opt("rule", "rule (offline, deterministic) | openai (any OpenAI-compatible endpoint) | hf (local), "
+                       "or package.module:factory returning a meta-agent of your own (docs/processors.md)")
     url: str | None = opt(None, "openai: base URL, e.g. http://localhost:8000/v1")
     model: str | None = opt(None, "openai: model name; hf: model name or path (default smollm2)")
     api_key_env: str = opt("OPENAI_API_KEY", "openai: NAME of the environment variable holding the key (never the key)")

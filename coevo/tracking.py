@@ -267,7 +267,10 @@ class WandbTracker:
         config: Mapping[str, Any] | None = None,
         mode: str = "auto",
     ) -> None:
-        import wandb  # here, not at module level: importing wandb takes seconds and NullTracker needs none of it
+        from coevo.optional import require
+
+        # here, not at module level: importing wandb takes seconds and NullTracker needs none of it
+        wandb = require("wandb", "logger=wandb (the W&B tracker)")
 
         if not project:
             raise ValueError("project must be a non-empty W&B project name")

@@ -199,10 +199,13 @@ def grpo_loss_triton(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> GRPOLossOutput:
     """The chunked GRPO loss with the Triton row kernels (see the module docstring)."""
+    if not TRITON_AVAILABLE:
+        raise RuntimeError("impl='triton' needs triton, which is not installed: pip install triton (PyPI's CUDA "
+                           "torch wheels for Linux bring it), or use impl='chunked' (trainer.kernel=chunked)")
     if not triton_usable(hidden.device):
         raise RuntimeError(
-            f"impl='triton' needs triton (available: {TRITON_AVAILABLE}) and CUDA tensors "
-            f"(got {hidden.device}); set TRITON_INTERPRET=1 before importing coevo.kernels to run on CPU"
+            f"impl='triton' needs CUDA tensors (got {hidden.device}); set TRITON_INTERPRET=1 before importing "
+            "coevo.kernels to run on CPU, or use impl='chunked'"
         )
     return grpo_loss_chunked(
         hidden, weight, targets, old_logp, advantages, token_weights,

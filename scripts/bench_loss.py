@@ -121,7 +121,10 @@ def run_trl(x: Inputs) -> torch.Tensor:
 
 
 def _liger(x: Inputs, compiled: bool) -> torch.Tensor:
-    from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+    from coevo.optional import require
+
+    chunked_loss = require("liger_kernel.chunked_loss", "the liger benchmark methods")
+    LigerFusedLinearGRPOLoss = chunked_loss.LigerFusedLinearGRPOLoss
 
     loss_fn = LigerFusedLinearGRPOLoss(
         beta=BETA, compiled=compiled, use_ref_model=True, chunk_size=1, epsilon_low=EPS, epsilon_high=EPS,

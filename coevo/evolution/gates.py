@@ -370,10 +370,14 @@ class Bloat(NamedTuple):
 
 
 def _prompt_params(kind: str) -> set[str]:
-    from coevo.harness.library import PROCESSORS
+    from coevo.harness.errors import UnknownProcessorError
+    from coevo.harness.library import processor_class
 
-    cls = PROCESSORS.get(kind)
-    if cls is None or kind == "code":
+    if kind == "code":
+        return set()
+    try:  # a processor of the user's own, by import path, has its prompts gated too
+        cls = processor_class(kind)
+    except UnknownProcessorError:
         return set()
     return {p.name for p in cls.params if p.type == "prompt"}
 

@@ -1,9 +1,13 @@
 """Meta-agent backends for AEGIS: ``rule`` (offline, deterministic), ``openai`` and ``hf`` (LLMs).
 
 ``BACKENDS`` maps a backend name to the constructor of its meta-agent: ``RuleMetaAgent()``,
-``openai_meta_agent(base_url, model, ...)`` and ``hf_meta_agent(model_name_or_path, ...)``.
+``openai_meta_agent(base_url, model, ...)`` and ``hf_meta_agent(model_name_or_path, ...)``. A backend may
+also be the import path of a no-argument factory of your own (``load_meta_agent``).
 """
 
+from typing import Any
+
+from coevo.imports import import_object
 from coevo.meta.base import MetaAgent, PlanContext, TokenLedger
 from coevo.meta.cache import CachedCall, CallCache
 from coevo.meta.llm import (
@@ -20,6 +24,32 @@ from coevo.meta.rule import CATALOGUE, TEMPLATES, RuleMetaAgent
 
 BACKENDS = {"rule": RuleMetaAgent, "openai": openai_meta_agent, "hf": hf_meta_agent}
 """backend name → constructor of its meta-agent."""
+
+
+def meta_agent_factory(path: str) -> Any:
+    """The no-argument factory (or class) named by ``package.module:name``, for a meta-agent of your own,
+    e.g. a ``RuleMetaAgent`` with extra templates (docs/processors.md): ``meta_agent.backend=pkg.mod:make``
+    or ``coevo evolve --meta pkg.mod:make``. Checked here, called by ``load_meta_agent``."""
+    factory = import_object(path, "meta-agent factory")
+    if not callable(factory):
+        raise ValueError(f"meta-agent factory {path!r} is {factory!r}, not a callable that returns a meta-agent")
+    return factory
+
+
+def load_meta_agent(path: str) -> MetaAgent:
+    """``meta_agent_factory(path)()``, checked against the ``MetaAgent`` protocol."""
+    factory = meta_agent_factory(path)
+    try:
+        agent = factory()
+    except TypeError as err:
+        raise ValueError(f"meta-agent factory {path!r} must take no arguments: {err}") from None
+    needed = ("propose", "revise", "state_dict", "load_state_dict")
+    missing = [m for m in needed if not callable(getattr(agent, m, None))]
+    if missing or not hasattr(agent, "ledger"):
+        raise ValueError(f"{path!r} returned {agent!r}, which lacks {missing or ['ledger']} of a meta-agent "
+                         "(see MetaAgent in coevo/meta/base.py)")
+    return agent
+
 
 __all__ = [
     "BACKENDS",
@@ -38,5 +68,7 @@ __all__ = [
     "RuleMetaAgent",
     "TokenLedger",
     "hf_meta_agent",
+    "load_meta_agent",
+    "meta_agent_factory",
     "openai_meta_agent",
 ]

@@ -217,6 +217,9 @@ class OpenAIClient:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if max_rate_limit_retries < 0:
             raise ValueError(f"max_rate_limit_retries must be >= 0, got {max_rate_limit_retries}")
+        from coevo.optional import require
+
+        require("openai", "the openai meta-agent (meta_agent=openai)")  # fail when built, not mid-round
         self.base_url = base_url
         self.model = model
         self.api_key_env = api_key_env

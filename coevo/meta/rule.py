@@ -18,7 +18,7 @@ this agent always builds.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,7 +27,6 @@ from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.errors import CompositionError
 from coevo.harness.harness import Harness
 from coevo.harness.library import (
-    PROCESSORS,
     AnswerExtraction,
     FewShotDemos,
     LoopDetection,
@@ -40,6 +39,7 @@ from coevo.harness.library import (
     ToolRegistry,
     ToolSchemaHint,
     ToolWhitelist,
+    processor_class,
 )
 from coevo.harness.processor import Processor
 from coevo.meta.base import PlanContext, TokenLedger
@@ -85,7 +85,7 @@ class Template:
 
     @property
     def dimension(self) -> str:
-        return PROCESSORS[self.kinds[0]].dimension.value
+        return processor_class(self.kinds[0]).dimension.value
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -175,7 +175,7 @@ def _format_system_prompt(cluster: Cluster, harness: Harness, context: PlanConte
 
 
 def _last_number_fallback(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
-    why = f"{_n_tasks(cluster)}: replies end with the right number outside answer tags; take the last number"
+    why = f"{_n_tasks(cluster)}: replies state their number outside answer tags; take the last number"
     if find_kind(harness, "answer_extraction") is None:
         edit = insert_edit(harness, AnswerExtraction(last_number_fallback=True))
     else:
@@ -363,11 +363,11 @@ def states_numbers(cluster: Cluster) -> bool:
     return bool(cluster.excerpts) and 2 * hits >= len(cluster.excerpts)
 
 
-def template_order(cluster: Cluster) -> tuple[str, ...]:
+def template_order(cluster: Cluster, catalogue: Mapping[str, tuple[str, ...]] = CATALOGUE) -> tuple[str, ...]:
     """The cluster's catalogue entry, with ``last_number_fallback`` moved first when the excerpts
     show prose answers (``states_numbers``). On SmolLM2-135M most format errors on arithmetic are
     ``The answer is 9.``: a demonstration helps a few tasks, reading the number helps most."""
-    names = CATALOGUE[cluster.cause]
+    names = catalogue.get(cluster.cause, ())
     if "last_number_fallback" in names and states_numbers(cluster):
         return ("last_number_fallback", *(n for n in names if n != "last_number_fallback"))
     return names
@@ -443,11 +443,26 @@ class RuleMetaAgent:
     ``propose`` is a function of (digest, harness, context) alone. ``revise`` also skips drafts
     this agent has already proposed for the variant (``self.tried``): the engine copies
     ``context.rejected`` at the start of a round, so a proposal rejected a moment ago is not in it.
+
+    ``templates`` and ``catalogue`` default to ``TEMPLATES`` and ``CATALOGUE``; pass extended copies
+    to let the agent propose processors of your own (docs/processors.md), e.g. ``RuleMetaAgent(templates=
+    {**TEMPLATES, "mine": t}, catalogue={**CATALOGUE, "loop": ("mine", *CATALOGUE["loop"])})``.
+    A catalogue may leave causes out (nothing is proposed for them); every name it lists must be a template.
     """
 
     name = "rule"
 
-    def __init__(self) -> None:
+    def __init__(self, templates: Mapping[str, Template] | None = None,
+                 catalogue: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        self.templates: Mapping[str, Template] = TEMPLATES if templates is None else dict(templates)
+        self.catalogue: Mapping[str, tuple[str, ...]] = CATALOGUE if catalogue is None else dict(catalogue)
+        unknown_causes = sorted(set(self.catalogue) - set(CAUSES))
+        if unknown_causes:
+            raise ValueError(f"catalogue causes {unknown_causes} are not failure causes; use those of {list(CAUSES)}")
+        missing = sorted({n for names in self.catalogue.values() for n in names} - set(self.templates))
+        if missing:
+            raise ValueError(f"catalogue names templates {missing} that are not in templates; add them, or use "
+                             f"one of {sorted(self.templates)}")
         self.ledger = TokenLedger()
         self.tried: dict[str, set[str]] = {}
 
@@ -479,7 +494,7 @@ class RuleMetaAgent:
         """Proposals from ``names`` (in order) that build and were not rejected."""
         out = []
         for name in names:
-            template = TEMPLATES[name]
+            template = self.templates[name]
             draft = template.build(cluster, harness, context)
             if draft is None or not applies(harness, draft[1]):
                 continue
@@ -496,8 +511,8 @@ class RuleMetaAgent:
         if context.max_proposals < 0:
             raise ValueError(f"max_proposals must be >= 0, got {context.max_proposals}")
         self.ledger.record("plan")
-        queues = [self._drafts(c, digest, harness, context, template_order(c))
-                  for c in order_clusters(digest.clusters, context.priorities) if c.cause in CATALOGUE]
+        queues = [self._drafts(c, digest, harness, context, template_order(c, self.catalogue))
+                  for c in order_clusters(digest.clusters, context.priorities) if c.cause in self.catalogue]
         chosen: list[Proposal] = []
         seen: set[str] = set()
         while len(chosen) < context.max_proposals and any(queues):
@@ -558,15 +573,15 @@ class RuleMetaAgent:
     def _next_template(self, proposal: Proposal, digest: Digest, harness: Harness,
                        context: PlanContext) -> Proposal | None:
         cause = proposal.cluster
-        if cause not in CATALOGUE:
+        if cause not in self.catalogue:
             return None
         cluster = digest.cluster(cause) or Cluster(
             cause=cause, component=IMPLICATED[cause], count=len(proposal.target_tasks), severity=0.0,
             task_ids=list(proposal.target_tasks), trace_ids=[], excerpts=[],
         )
-        names = template_order(cluster)
+        names = template_order(cluster, self.catalogue)
         kinds = touched_kinds(proposal, harness)
-        start = next((i + 1 for i, n in enumerate(names) if set(TEMPLATES[n].kinds) == kinds), 0)
+        start = next((i + 1 for i, n in enumerate(names) if set(self.templates[n].kinds) == kinds), 0)
         tried = self.tried.get(context.variant, set())
         for candidate in self._drafts(cluster, digest, harness, context, names[start:]):
             if candidate.key() not in tried and candidate.key() != proposal.key():

@@ -100,9 +100,15 @@ class ServerEngine:
     def __init__(self, base_url: str, *, connection_timeout: float = 60.0, device: str = "cuda") -> None:
         try:
             from trl.generation.vllm_client import VLLMClient
-        except ImportError as err:
-            raise ImportError(VLLM_HINT) from err
-        self.client = VLLMClient(base_url=base_url, connection_timeout=connection_timeout)
+
+            self.client = VLLMClient(base_url=base_url, connection_timeout=connection_timeout)
+        except ImportError as err:  # TRL imports vLLM only when the client is built
+            raise ImportError(f"{VLLM_HINT} ({err})") from err
+        except OSError as err:  # requests' ConnectionError is an OSError, not the builtin ConnectionError
+            raise ConnectionError(
+                f"no vLLM server answered at {base_url} within the connection timeout of {connection_timeout:g}s; "
+                "start one (trl vllm-serve --model PATH --port PORT) or point rollout.vllm_server_url at it"
+            ) from err
         self.device = device
         self._communicator = False
 

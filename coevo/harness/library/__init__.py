@@ -17,6 +17,7 @@ from coevo.harness.library.stages import SkillLibrary, StageTools
 from coevo.harness.library.tools import JsonToolCallParser, ToolRegistry, ToolSchemaHint, ToolWhitelist
 from coevo.harness.library.training import InfraErrorFilter, TokenAnnotation
 from coevo.harness.processor import Processor
+from coevo.imports import import_object, is_import_path
 
 BUILTIN: tuple[type[Processor], ...] = (
     SamplingConfig,
@@ -50,14 +51,39 @@ PROCESSORS: dict[str, type[Processor]] = {cls.kind: cls for cls in BUILTIN} | {C
 """Processor kinds a harness spec may name."""
 
 
+def processor_class(kind: str, name: str | None = None) -> type[Processor]:
+    """The class of a processor kind: a built-in kind from ``PROCESSORS``, or the import path
+    ``package.module:ClassName`` of a ``Processor`` subclass defined elsewhere, whose ``kind`` must be
+    that same path so that the specs it writes load back (in harness YAML, lineage and edits).
+    Errors name the processor (``name``, else the kind) and the allowed forms."""
+    cls = PROCESSORS.get(kind) if isinstance(kind, str) else None
+    if cls is not None:
+        return cls
+    owner = name or str(kind)
+    if not isinstance(kind, str) or not is_import_path(kind):
+        raise UnknownProcessorError(
+            owner, f"unknown kind {kind!r}; use a built-in kind {sorted(PROCESSORS)} or the import path "
+            "'package.module:ClassName' of a Processor subclass")
+    try:
+        found = import_object(kind, "processor kind")
+    except ValueError as err:
+        raise UnknownProcessorError(owner, str(err)) from None
+    if not (isinstance(found, type) and issubclass(found, Processor)):
+        raise UnknownProcessorError(owner, f"{kind!r} is {found!r}, not a Processor subclass")
+    if found.kind != kind:
+        raise UnknownProcessorError(
+            owner, f"{kind!r} has kind {found.kind!r}; a processor loaded by import path must declare "
+            f"kind = {kind!r} so the specs it writes load back")
+    return found
+
+
 def build_processor(spec: dict[str, Any]) -> Processor:
-    """Instantiate a processor from ``{"kind": ..., "name": ..., "params": {...}}``."""
+    """Instantiate a processor from ``{"kind": ..., "name": ..., "params": {...}}``; ``kind`` is a
+    built-in kind or an import path (``processor_class``)."""
     if not isinstance(spec, dict) or "kind" not in spec:
         raise UnknownProcessorError(str(spec)[:60], "a processor spec is a mapping with a 'kind'")
     kind = spec["kind"]
-    cls = PROCESSORS.get(kind)
-    if cls is None:
-        raise UnknownProcessorError(spec.get("name", kind), f"unknown kind {kind!r}; known kinds: {sorted(PROCESSORS)}")
+    cls = processor_class(kind, spec.get("name"))
     params = spec.get("params") or {}
     if not isinstance(params, dict):
         raise UnknownProcessorError(spec.get("name", kind), "'params' must be a mapping")
