@@ -262,7 +262,7 @@ def draw_stream(path: Path, per_protocol: dict[str, dict[str, Any]], stream: Str
     axes = fig.subplots(1, len(per_protocol), squeeze=False)[0]
     image = None
     labels = [f"{s}: +{', '.join(r)[:24]}" for s, r in enumerate(stream.released)]
-    for ax, (name, m) in zip(axes, per_protocol.items(), strict=True):
+    for k, (ax, (name, m)) in enumerate(zip(axes, per_protocol.items(), strict=True)):
         values = np.array([[np.nan if v is None else v for v in row] for row in m["matrix"]], dtype=float)
         image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=Normalize(0.0, 1.0), interpolation="nearest")
         for i in range(n):
@@ -272,9 +272,10 @@ def draw_stream(path: Path, per_protocol: dict[str, dict[str, Any]], stream: Str
                     ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,
                             color="white" if dark else "black")
         ax.set_xticks(range(n), [str(j) for j in range(n)])
-        ax.set_yticks(range(n), labels, fontsize=7)
+        ax.set_yticks(range(n), labels if k == 0 else [""] * n, fontsize=7)  # rows are shared: label them once
         ax.set_xlabel("cohort (stage introduced)")
-        ax.set_ylabel("stage (capabilities released)")
+        if k == 0:
+            ax.set_ylabel("stage (capabilities released)")
         ax.set_title(f"{name}\nFWT {_fmt(m['fwt'])}  BWT {_fmt(m['bwt'])}", fontsize=10)
     if image is not None:
         fig.colorbar(image, ax=list(axes), label="pass@1 (grey: not defined)", fraction=0.04)
