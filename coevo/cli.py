@@ -258,6 +258,9 @@ def evolve_cmd(
         start = start.set_param("sampling", "temperature", temperature)
     if max_new_tokens is not None:
         start = start.set_param("sampling", "max_new_tokens", max_new_tokens)
+    if attempts > 1 and "sampling" in start and start.get("sampling").config["temperature"] == 0:
+        console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical, so the gates' "
+                      "pass@k is pass@1; pass --temperature[/yellow]")
     env = env_cls(**parse_env_args(env_args))
     out = out or Path("runs") / time.strftime(f"evolve-{env.name}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

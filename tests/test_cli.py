@@ -154,3 +154,12 @@ def test_stream_runs_both_protocols_on_the_reasoning_tool_axis(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"deployment", "self_evolving", "reference"} <= set(metrics)
     assert (out / "stream.png").stat().st_size > 0 and (out / "matrix-self_evolving.csv").is_file()
+
+
+def test_evolve_notes_that_greedy_attempts_are_identical(tmp_path):
+    args = ["evolve", "--env", "arithmetic", "--model", "scripted", "--rounds", "1", "--batch-tasks", "2",
+            "--val-limit", "1", "--test-limit", "0", "--out", str(tmp_path / "e")]
+    greedy = runner.invoke(app, [*args, "--temperature", "0"])
+    sampled = runner.invoke(app, [*args, "--temperature", "0.7"])
+    assert greedy.exit_code == 0 and sampled.exit_code == 0, greedy.output + sampled.output
+    assert "greedy decoding" in greedy.output and "greedy decoding" not in sampled.output
