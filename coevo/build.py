@@ -320,17 +320,11 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
 
 
 def build_meta(cfg: TrainConfig, run_dir: Path) -> Any:
-    from coevo.meta import BACKENDS, load_meta_agent
+    from coevo.meta import make_meta_agent
 
     m = cfg.meta_agent
-    if m.backend == "rule":
-        return BACKENDS["rule"]()
-    if m.backend not in BACKENDS:  # an import path, checked by check()
-        return load_meta_agent(m.backend)
-    if m.backend == "openai":
-        return BACKENDS["openai"](m.url, m.model, api_key_env=m.api_key_env, timeout_s=m.timeout_s,
-                                  cache_dir=run_dir / "meta_cache", max_retries=m.max_retries)
-    return BACKENDS["hf"](m.model or "smollm2", cache_dir=run_dir / "meta_cache", max_retries=m.max_retries)
+    return make_meta_agent(m.backend, url=m.url, model=m.model, cache_dir=run_dir / "meta_cache",
+                           api_key_env=m.api_key_env, timeout_s=m.timeout_s, max_retries=m.max_retries)
 
 
 def tracker_kwargs(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:

@@ -90,6 +90,22 @@ def _short(value: object, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def with_sampling(h: Harness, temperature: float | None, max_new_tokens: int | None, attempts: int) -> Harness:
+    """``h`` with the sampling overrides of ``--temperature``/``--max-new-tokens``, and a note when
+    greedy decoding would make the ``attempts`` of a task identical (pass@k would be pass@1)."""
+    overrides = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+    for param, value in overrides.items():
+        if value is None:
+            continue
+        if "sampling" not in h:
+            raise typer.BadParameter("the harness has no 'sampling' processor to set",
+                                     param_hint=f"--{param.replace('_', '-')}")
+        h = h.set_param("sampling", param, value)
+    if attempts > 1 and "sampling" in h and h.get("sampling").config["temperature"] == 0:
+        console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical; pass --temperature[/yellow]")
+    return h
+
+
 def parse_env_args(pairs: list[str]) -> dict[str, object]:
     """``["n_per_dataset=10", "games=[coin]"]`` -> keyword arguments (values parsed as YAML)."""
     import yaml
@@ -163,14 +179,7 @@ def eval_cmd(
     from coevo.evaluate import evaluate, write_eval
 
     env_cls = resolve_env(env_name)
-    h = load_harness(harness)
-    if temperature is not None:
-        if "sampling" not in h:
-            raise typer.BadParameter("the harness has no 'sampling' processor to set", param_hint="--temperature")
-        h = h.set_param("sampling", "temperature", temperature)
-    greedy = "sampling" in h and h.get("sampling").config["temperature"] == 0
-    if attempts > 1 and greedy:
-        console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical; pass --temperature[/yellow]")
+    h = with_sampling(load_harness(harness), temperature, None, attempts)
     try:
         env = env_cls(**parse_env_args(env_args))
     except (TypeError, ValueError) as err:
@@ -238,7 +247,7 @@ def evolve_cmd(
     from coevo.evolution.driver import batches, rollout_fn, routed_outcomes, run_round, session_tools
     from coevo.evolution.engine import AEGIS
     from coevo.evolution.reference import ReferenceStore, build_references
-    from coevo.meta import BACKENDS, load_meta_agent, meta_agent_factory
+    from coevo.meta import BACKENDS, make_meta_agent, meta_agent_factory
 
     env_cls = resolve_env(env_name)
     if gate not in GATES:
@@ -253,14 +262,7 @@ def evolve_cmd(
             raise typer.BadParameter(str(err), param_hint="--meta") from None
     if meta == "openai" and not (meta_url and meta_model):
         raise typer.BadParameter("the openai backend needs --meta-url and --meta-model", param_hint="--meta")
-    start = load_harness(harness)
-    if temperature is not None:
-        start = start.set_param("sampling", "temperature", temperature)
-    if max_new_tokens is not None:
-        start = start.set_param("sampling", "max_new_tokens", max_new_tokens)
-    if attempts > 1 and "sampling" in start and start.get("sampling").config["temperature"] == 0:
-        console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical, so the gates' "
-                      "pass@k is pass@1; pass --temperature[/yellow]")
+    start = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts)
     env = env_cls(**parse_env_args(env_args))
     out = out or Path("runs") / time.strftime(f"evolve-{env.name}-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -271,14 +273,7 @@ def evolve_cmd(
         plan = batches(train, batch_tasks)[:rounds]
         used = {t.task_id for b in plan for t in b}
         refs = build_references(env, [t for t in train if t.task_id not in used], ReferenceStore(out / "references"))
-        if meta == "rule":
-            agent = BACKENDS["rule"]()
-        elif meta not in BACKENDS:
-            agent = load_meta_agent(meta)
-        elif meta == "openai":
-            agent = BACKENDS["openai"](meta_url, meta_model, cache_dir=out / "meta_cache")
-        else:
-            agent = BACKENDS["hf"](meta_model or "smollm2", cache_dir=out / "meta_cache")
+        agent = make_meta_agent(meta, url=meta_url, model=meta_model, cache_dir=out / "meta_cache")
         critic = Critic(rollout_fn(policy, env, batch_size=batch_size, max_steps=max_steps), k=attempts, gate=gate)
         aegis = AEGIS(start, agent, critic, tasks={t.task_id: t for t in train}, references=refs,
                       tools=session_tools(env, train[0]), max_variants=max_variants,
@@ -352,8 +347,10 @@ def evolve_summary(env_name: str, k: int, rounds: int, before: dict[str, dict[st
 
 def evolve_markdown(summary: dict) -> str:
     k = summary["k"]
-    lines = [f"# coevo evolve: {summary['env']}", "", f"{summary['rounds']} rounds; routed variants before → after.", "",
-             f"| split | tasks | pass@1 before | pass@1 after | pass@{k} before | pass@{k} after |", "|---|---|---|---|---|---|"]
+    lines = [f"# coevo evolve: {summary['env']}", "",
+             f"{summary['rounds']} rounds; routed variants before → after.", "",
+             f"| split | tasks | pass@1 before | pass@1 after | pass@{k} before | pass@{k} after |",
+             "|---|---|---|---|---|---|"]
     for name, row in summary["splits"].items():
         lines.append(f"| {name} | {row['tasks']} | {row['pass@1'][0]:.3f} | {row['pass@1'][1]:.3f} | "
                      f"{row[f'pass@{k}'][0]:.3f} | {row[f'pass@{k}'][1]:.3f} |")
@@ -399,11 +396,7 @@ def stream_cmd(
     bad = [p for p in protocols if p not in PROTOCOLS]
     if bad:
         raise typer.BadParameter(f"protocol must be one of {list(PROTOCOLS)}, got {bad}", param_hint="--protocol")
-    start = load_harness(harness)
-    if temperature is not None:
-        start = start.set_param("sampling", "temperature", temperature)
-    if max_new_tokens is not None:
-        start = start.set_param("sampling", "max_new_tokens", max_new_tokens)
+    start = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts)
     env = env_cls(**parse_env_args(env_args))
     out = out or Path("runs") / time.strftime(f"stream-{env.name}-{axis}-%Y%m%d-%H%M%S")
     try:
@@ -440,7 +433,8 @@ def config_show_cmd(
 @app.command("export")
 def export_cmd(
     run_dir: Path = typer.Argument(..., help="a run directory written by train.py"),
-    fmt: str = typer.Option("jsonl", "--format", help="sft (chat messages) | grpo (token ids, masks, advantages) | jsonl"),
+    fmt: str = typer.Option("jsonl", "--format",
+                            help="sft (chat messages) | grpo (token ids, masks, advantages) | jsonl"),
     out: Optional[Path] = typer.Option(None, help="output file (default RUN_DIR/export-<format>.jsonl)"),
     rounds: list[int] = typer.Option([], "--round", help="keep traces of this round, repeatable"),
     harness_ids: list[str] = typer.Option([], "--harness", help="keep traces of this harness id, repeatable"),

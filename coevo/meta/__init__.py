@@ -36,6 +36,22 @@ def meta_agent_factory(path: str) -> Any:
     return factory
 
 
+def make_meta_agent(backend: str, *, url: str | None = None, model: str | None = None,
+                    cache_dir: Any = None, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 60.0,
+                    max_retries: int = 3) -> MetaAgent:
+    """The meta-agent of ``backend`` (a ``BACKENDS`` name or a factory's import path), for
+    ``train.py`` and ``coevo evolve`` alike. ``url``/``model`` serve ``openai`` (both needed) and
+    ``hf`` (``model``, default the embedded SmolLM2); ``cache_dir`` holds the LLM call cache."""
+    if backend == "rule":
+        return RuleMetaAgent()
+    if backend not in BACKENDS:
+        return load_meta_agent(backend)
+    if backend == "openai":
+        return openai_meta_agent(url, model, api_key_env=api_key_env, timeout_s=timeout_s, cache_dir=cache_dir,
+                                 max_retries=max_retries)
+    return hf_meta_agent(model or "smollm2", cache_dir=cache_dir, max_retries=max_retries)
+
+
 def load_meta_agent(path: str) -> MetaAgent:
     """``meta_agent_factory(path)()``, checked against the ``MetaAgent`` protocol."""
     factory = meta_agent_factory(path)
