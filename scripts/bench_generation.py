@@ -1,10 +1,25 @@
-"""Generation throughput of the embedded model on this machine: one request at a time vs batched.
+"""Rollout throughput of the embedded model: today's path (transformers ``generate``, every prompt
+re-read, per-step logits kept) against the prefix-cached engine, side by side in one run.
 
-    python scripts/bench_generation.py [--model smollm2] [--new-tokens 64] [--repeats 3]
+    python scripts/bench_generation.py [--tasks 16] [--repeats 2] [--sections workloads,memory,batching]
 
-Prints completion tokens per second for batch sizes 1 (sequential), 8 and 16, measured
-interleaved (1, 8, 16, 1, 8, 16, ...) so that machine noise hits every setting alike; the
-figures in docs/PERF.md come from this script.
+Sections:
+
+* ``workloads`` replays two workloads through both engines, interleaved (old, new, old, new, ...)
+  so that machine noise hits both alike, with greedy decoding so their outputs must be identical:
+  - ``main-job``: the main job's rollouts: its harness (base, ``configs/train.yaml``'s step cap and
+    completion budget) on reasoning_easy train tasks x 2 attempts, run twice as a round does
+    (rollout, then the Critic's re-run of the same tasks);
+  - ``tool-demos``: multi-turn calculator episodes under a harness with two worked multi-turn
+    demonstrations (question, tool call, tool result turn, answer) and the last-number fallback.
+  For each: episodes/s, prompt tokens rendered and actually computed, peak memory above the
+  loaded model (the process's resident high-water mark, reset before each run).
+* ``memory``: peak memory of one generate call on a tiny model as the vocabulary and the number
+  of new tokens grow; today's path holds ``[batch, new tokens, vocab]`` logits, the new one one
+  step's ``[batch, vocab]``.
+* ``batching``: completion tokens/s at batch 1, 8 and 16 (greedy, 64 new tokens).
+
+The figures in docs/PERF.md come from this script.
 """
 
 from __future__ import annotations
@@ -12,46 +27,182 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from coevo.agent.policy import ChatRequest
+from coevo.agent.runtime import Job, run_episodes
 from coevo.envs.arithmetic import ArithmeticEnv
+from coevo.envs.load import make_env
+from coevo.harness.defaults import base_harness
 from coevo.harness.events import SamplingParams
-from coevo.policy.load import transformers_policy
+from coevo.harness.harness import Harness
+from coevo.harness.library import FewShotDemos
+from coevo.policy.hf import TransformersPolicy
+from coevo.policy.load import load_model
+
+TOOL_DEMOS = [
+    "Calculate 37 * 12.\n\nAnswer with the integer result only.",
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "37 * 12"}}</tool_call>',
+    "[calculator result]\n444",
+    "<answer>444</answer>",
+    "Calculate ( 815 - 296 ) + -48.\n\nAnswer with the integer result only.",
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "( 815 - 296 ) + -48"}}</tool_call>',
+    "[calculator result]\n471",
+    "<answer>471</answer>",
+]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=16)
-    args = ap.parse_args()
+def main_job_harness() -> Harness:
+    """The main job's starting harness with configs/train.yaml's rollout settings."""
+    return (base_harness().set_param("sampling", "max_new_tokens", 96).set_param("sampling", "temperature", 0.0))
 
-    policy = transformers_policy(args.model, max_batch_size=64)
-    tasks = [t for split in ("train", "val", "test") for t in ArithmeticEnv(n_tasks=4 * args.requests).tasks(split)]
+
+def tool_demo_harness() -> Harness:
+    """Worked multi-turn calculator demonstrations, rendered as the runtime renders tool turns."""
+    h = main_job_harness().set_param("answer_extraction", "last_number_fallback", True)
+    return h.insert(FewShotDemos(demos=TOOL_DEMOS))
+
+
+def peak_rss_reset() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+
+
+def peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def run_workload(policy: TransformersPolicy, harness: Harness, tasks: list, env: Any, passes: int) -> dict:
+    policy.prompt_tokens = policy.prompt_tokens_computed = 0
+    policy.cache.clear()
+    policy.reseed(0)
+    peak_rss_reset()
+    base = rss_mib()
+    start = time.perf_counter()
+    traces = []
+    for _ in range(passes):
+        jobs = [Job(t, harness, trace_id=f"{t.task_id}-{a}") for t in tasks for a in range(2)]
+        traces += run_episodes(jobs, policy, env, batch_size=32, workers=4, max_steps=3)
+    seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "episodes": len(traces),
+        "calls": sum(len(t.model_calls) for t in traces),
+        "prompt": policy.prompt_tokens,
+        "computed": policy.prompt_tokens_computed,
+        "completion": sum(len(c.completion_ids) for t in traces for c in t.model_calls),
+        "peak_mib": peak_rss_mib() - base,
+        "ids": [[c.completion_ids for c in t.model_calls] for t in traces],
+        "passed": sum(t.passed for t in traces),
+        "tool_calls": sum(len(t.tool_calls) for t in traces),
+    }
+
+
+def workloads(args: argparse.Namespace) -> None:
+    model, tok = load_model("smollm2")
+    engines = {"old": TransformersPolicy(model, tok, engine="hf", max_batch_size=32),
+               "new": TransformersPolicy(model, tok, engine="cached", max_batch_size=32)}
+    env = make_env("reasoning", {"datasets": ["basic_arithmetic", "chain_sum"], "n_per_dataset": 40})
+    tasks = env.tasks("train")[: args.tasks]
+    loads = {"main-job": (main_job_harness(), 2), "tool-demos": (tool_demo_harness(), 1)}
+    engines["new"].generate([ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=2))])
+    results: dict[tuple[str, str], list[dict]] = {}
+    for r in range(args.repeats):
+        for load, (harness, passes) in loads.items():
+            for name, policy in engines.items():
+                res = run_workload(policy, harness, tasks, env, passes)
+                results.setdefault((load, name), []).append(res)
+                print(f"repeat {r} {load:10s} {name}: {res['seconds']:.1f} s, {res['episodes']} episodes, "
+                      f"{res['calls']} calls, prompt {res['prompt']} computed {res['computed']}", flush=True)
+    print(f"\nmodel=smollm2 torch={torch.__version__} threads={torch.get_num_threads()} tasks={args.tasks} x 2 "
+          f"attempts, greedy, repeats={args.repeats}")
+    print("| workload | path | episodes/s (median) | x old | model calls | prompt tokens rendered | computed "
+          "| completion tokens | peak MiB | identical ids | passed | tool calls |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for load in loads:
+        old = results[(load, "old")]
+        old_rate = statistics.median(x["episodes"] / x["seconds"] for x in old)
+        for name in engines:
+            runs = results[(load, name)]
+            rate = statistics.median(x["episodes"] / x["seconds"] for x in runs)
+            same = all(x["ids"] == y["ids"] for x, y in zip(runs, old, strict=True))
+            x = runs[-1]
+            print(f"| {load} | {name} | {rate:.3f} | {rate / old_rate:.2f} | {x['calls']} | {x['prompt']} | "
+                  f"{x['computed']} | {x['completion']} | {max(y['peak_mib'] for y in runs):.0f} | {same} | "
+                  f"{x['passed']}/{x['episodes']} | {x['tool_calls']} |")
+
+
+def memory(args: argparse.Namespace) -> None:
+    from coevo.policy.tiny import tiny_model, tiny_tokenizer
+
+    print("\n| vocab | new tokens | batch | old peak MiB | new peak MiB |")
+    print("|---|---|---|---|---|")
+    tok = tiny_tokenizer()
+    for vocab, new in ((32768, 64), (32768, 256), (151936, 64), (151936, 256)):
+        model = tiny_model(tok, seed=0)
+        model.resize_token_embeddings(vocab)
+        model.generation_config.eos_token_id = None
+        peaks = []
+        for engine in ("hf", "cached"):
+            policy = TransformersPolicy(model, tok, engine=engine, prefix_cache_mb=0)
+            policy.eos_ids = {-1}  # run every row to max_new_tokens
+            reqs = [ChatRequest([{"role": "user", "content": f"question {i}"}],
+                                SamplingParams(temperature=1.0, max_new_tokens=new)) for i in range(args.memory_batch)]
+            peak_rss_reset()
+            base = rss_mib()
+            gens = policy.generate(reqs)
+            assert all(len(g.completion_ids) == new for g in gens)
+            peaks.append(peak_rss_mib() - base)
+        print(f"| {vocab} | {new} | {args.memory_batch} | {peaks[0]:.0f} | {peaks[1]:.0f} |", flush=True)
+
+
+def batching(args: argparse.Namespace) -> None:
+    model, tok = load_model("smollm2")
+    policy = TransformersPolicy(model, tok, max_batch_size=64, prefix_cache_mb=0)
+    tasks = [t for split in ("train", "val", "test") for t in ArithmeticEnv(n_tasks=64).tasks(split)]
     system = {"role": "system", "content": "Solve the problem. Give the final answer as <answer>...</answer>."}
-    sampling = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
-    requests = [ChatRequest([system, {"role": "user", "content": t.instruction}], sampling) for t in tasks[: args.requests]]
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=64)
+    requests = [ChatRequest([system, {"role": "user", "content": t.instruction}], sampling) for t in tasks[:16]]
     policy.generate(requests[:2])  # warm-up
     rates: dict[int, list[float]] = {1: [], 8: [], 16: []}
     for _ in range(args.repeats):
         for batch in rates:
             start = time.perf_counter()
-            if batch == 1:
-                gens = [policy.generate([r])[0] for r in requests[:8]]
-            else:
-                gens = policy.generate(requests[:batch])
-            seconds = time.perf_counter() - start
-            rates[batch].append(sum(len(g.completion_ids) for g in gens) / seconds)
-    print(f"model={args.model} torch={torch.__version__} threads={torch.get_num_threads()} "
-          f"max_new_tokens={args.new_tokens} repeats={args.repeats}")
-    print("| batch | completion tokens/s (median) | min | max |")
+            gens = [policy.generate([r])[0] for r in requests[:8]] if batch == 1 else policy.generate(requests[:batch])
+            rates[batch].append(sum(len(g.completion_ids) for g in gens) / (time.perf_counter() - start))
+    print("\n| batch | completion tokens/s (median) | min | max |")
     print("|---|---|---|---|")
     for batch, values in rates.items():
         label = "1 (sequential, 8 requests)" if batch == 1 else str(batch)
         print(f"| {label} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} |")
+
+
+SECTIONS = {"workloads": workloads, "memory": memory, "batching": batching}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=16, help="reasoning_easy train tasks per workload (x 2 attempts)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--memory-batch", type=int, default=8)
+    ap.add_argument("--sections", default="workloads,memory", help=f"comma-separated, from {list(SECTIONS)}")
+    args = ap.parse_args()
+    for name in args.sections.split(","):
+        if name not in SECTIONS:
+            ap.error(f"unknown section {name!r}; choose from {list(SECTIONS)}")
+        SECTIONS[name](args)
 
 
 if __name__ == "__main__":

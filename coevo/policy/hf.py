@@ -6,20 +6,34 @@ token that completed a stop string), ``text`` is exactly their decoding (special
 skipped), and ``logprobs[i]`` is log softmax(logits / T) of token i, the sampling distribution
 before top-p truncation (T = 1 for greedy decoding).
 
-Requests are grouped by sampling parameters (one ``generate`` call needs one configuration) and
-run in left-padded batches of at most ``max_batch_size``.
+Requests are grouped by sampling parameters and run in batches of at most ``max_batch_size``.
+Two engines produce the same ids and log-probs:
+
+* ``cached`` (the default): ``coevo.policy.decode`` starts every row from the longest prefix whose
+  key/value states it already holds (``coevo.policy.prefix_cache``): the harness's system prompt,
+  tool hints and demonstrations are read once per weight version, and an episode's next call
+  continues from its previous one. It keeps only the sampled tokens' log-probs.
+* ``hf``: ``model.generate``, which re-reads every prompt and keeps ``[batch, new tokens, vocab]``
+  logits to get the log-probs. It is the reference the cached engine is checked against, and the
+  engine for models with sliding-window attention, whose states the prefix cache cannot splice.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from coevo.agent.policy import ChatRequest, Generation
-from coevo.harness.events import Message
+from coevo.harness.events import Message, SamplingParams
+from coevo.policy.decode import ExponentialNoise, decode
+from coevo.policy.prefix_cache import PrefixCache, common_prefix_len
+
+ENGINES = ("cached", "hf")
+SHARED_PREFIX_MIN = 32
+"""Prompts of one batch that share at least this many leading tokens get that prefix read once."""
 
 
 def to_template_messages(messages: Sequence[Message], tool_role: bool) -> list[dict[str, str]]:
@@ -35,8 +49,10 @@ def to_template_messages(messages: Sequence[Message], tool_role: bool) -> list[d
 
 
 class TransformersPolicy:
-    """Generates with ``model.generate``; the model object is shared with the trainer, so
-    updates are visible to the next rollout without any weight copy."""
+    """Generates with the model object the trainer updates, so rollouts see new weights without
+    any copy. The prefix cache notices updates by itself: its states are dropped whenever a
+    parameter's in-place version counter (bumped by every optimizer step and ``load_state_dict``)
+    or ``model_version`` changes."""
 
     def __init__(
         self,
@@ -47,9 +63,13 @@ class TransformersPolicy:
         max_batch_size: int = 32,
         tool_role: bool = False,
         seed: int = 0,
+        engine: str = "cached",
+        prefix_cache_mb: float = 1024,
     ) -> None:
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; TransformersPolicy renders chats with it")
+        if engine not in ENGINES:
+            raise ValueError(f"engine={engine!r}; choose one of {list(ENGINES)}")
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
@@ -59,9 +79,14 @@ class TransformersPolicy:
         self.tool_role = tool_role
         self.seed = seed
         self._calls = 0
-        self.seconds = 0.0  # wall time spent in generate(), for the round's time breakdown
+        self.seconds = 0.0  # wall time spent generating, for the round's time breakdown
         eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.engine = "hf" if engine == "cached" and _sliding_window(model.config) else engine
+        self.cache = PrefixCache(int(prefix_cache_mb * 2**20))
+        # prompt tokens rendered into requests vs read by the model (the rest came from the cache)
+        self.prompt_tokens = 0
+        self.prompt_tokens_computed = 0
 
     @property
     def device(self) -> torch.device:
@@ -85,19 +110,98 @@ class TransformersPolicy:
             s = requests[i].sampling
             return (s.temperature, s.top_p, s.max_new_tokens, tuple(s.stop))
 
+        run = self._generate_cached if self.engine == "cached" else self._generate_hf
         for _, group in itertools.groupby(sorted(range(len(requests)), key=key), key=key):
             idx = list(group)
             for start in range(0, len(idx), self.max_batch_size):
                 chunk = idx[start : start + self.max_batch_size]
-                for i, gen in zip(chunk, self._generate_batch([requests[i] for i in chunk]), strict=True):
+                prompts = [self.prompt_ids(requests[i].messages) for i in chunk]
+                self.prompt_tokens += sum(map(len, prompts))
+                # one noise stream per call: a resumed run replays the same calls and so the same samples
+                generator = torch.Generator(device=self.device).manual_seed(self.seed + self._calls)
+                self._calls += 1
+                for i, gen in zip(chunk, run(prompts, requests[chunk[0]].sampling, generator), strict=True):
                     results[i] = gen
         self.seconds += time.perf_counter() - began
         return [r for r in results if r is not None]
 
+    def _weights_fingerprint(self) -> tuple[str, int]:
+        return self.model_version, sum(p._version for p in self.model.parameters())
+
+    def _generate_cached(self, prompts: list[list[int]], sampling: SamplingParams,
+                         generator: torch.Generator) -> list[Generation]:
+        cache = self.cache
+        cache.validate(self._weights_fingerprint())
+        if cache.enabled:
+            self._read_shared_prefixes(prompts)
+        matches = [cache.match(p, len(p) - 1) if cache.enabled else (None, 0) for p in prompts]
+        past = [cache.states(e, n) if e is not None else None for e, n in matches]
+        self.prompt_tokens_computed += sum(len(p) - n for p, (_, n) in zip(prompts, matches, strict=True))
+        rows = decode(
+            self.model, prompts, past,
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            eos_ids=self.eos_ids,
+            pad_id=self.tokenizer.pad_token_id,
+            finished=self._stop_check(prompts, sampling.stop),
+            generator=generator,
+            keep_from=[n for _, n in matches] if cache.enabled else None,
+        )
+        out = []
+        for prompt, (entry, n), row in zip(prompts, matches, rows, strict=True):
+            if row.kv is not None:  # the states of everything read: the episode's next call continues here
+                cache.insert(prompt + row.ids[:-1], row.kv, entry, n)
+            out.append(self._one(prompt, row.ids, row.logprobs, sampling.stop))
+        return out
+
+    def _read_shared_prefixes(self, prompts: list[list[int]]) -> None:
+        """Read once the prefixes several prompts of this batch share and the cache lacks.
+
+        Neighbours in sorted order share the longest prefixes, so their common prefixes are the
+        candidates. They are read shortest first, in waves, so a longer one (two attempts of one
+        task) continues from a shorter one (the harness prompt they both start with).
+        """
+        order = sorted(prompts)
+        wanted: set[tuple[int, ...]] = set()
+        for a, b in itertools.pairwise(order):
+            n = min(common_prefix_len(a, b), len(a) - 1, len(b) - 1)
+            if n >= SHARED_PREFIX_MIN:
+                wanted.add(tuple(a[:n]))
+        pending = sorted((w for w in wanted if self.cache.match(w)[1] < len(w)), key=len)
+        while pending:
+            wave = [w for w in pending if not any(len(v) < len(w) and w[: len(v)] == v for v in pending)]
+            matches = [self.cache.match(w, len(w) - 1) for w in wave]
+            rows = decode(
+                self.model, wave, [self.cache.states(e, n) if e is not None else None for e, n in matches],
+                max_new_tokens=0, temperature=0.0, top_p=1.0, eos_ids=self.eos_ids,
+                pad_id=self.tokenizer.pad_token_id, keep_from=[n for _, n in matches],
+            )
+            for w, (e, n), row in zip(wave, matches, rows, strict=True):
+                self.cache.insert(w, row.kv, e, n)
+                self.prompt_tokens_computed += len(w) - n
+            pending = [w for w in pending if w not in wave]
+
+    def _stop_check(self, prompts: list[list[int]], stops: list[str]) -> Callable[[int, list[int]], bool] | None:
+        """``finished(row, ids)``: whether a stop string ends within the completion, with the same
+        rule as ``_one`` (a stop string may begin in the prompt's last characters)."""
+        if not stops:
+            return None
+        tails = [self.tokenizer.decode(p[-32:], skip_special_tokens=False) for p in prompts]
+
+        def finished(row: int, ids: list[int]) -> bool:
+            tail = tails[row]
+            text = tail + self.tokenizer.decode(ids, skip_special_tokens=False)
+            return any(text.find(s, max(0, len(tail) - len(s) + 1)) != -1 for s in stops)
+
+        return finished
+
     @torch.no_grad()
-    def _generate_batch(self, requests: Sequence[ChatRequest]) -> list[Generation]:
-        sampling = requests[0].sampling
-        prompts = [self.prompt_ids(r.messages) for r in requests]
+    def _generate_hf(self, prompts: list[list[int]], sampling: SamplingParams,
+                     generator: torch.Generator) -> list[Generation]:
+        """``model.generate`` on left-padded prompts, log-probs from the kept per-step logits. It
+        decodes greedily over ``ExponentialNoise`` scores, which samples like the cached engine."""
+        self.prompt_tokens_computed += sum(map(len, prompts))
         width = max(map(len, prompts))
         pad = self.tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
@@ -105,20 +209,19 @@ class TransformersPolicy:
         greedy = sampling.temperature <= 0
         kwargs: dict[str, Any] = dict(
             max_new_tokens=sampling.max_new_tokens,
-            do_sample=not greedy,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
             pad_token_id=pad,
             eos_token_id=sorted(self.eos_ids),
             return_dict_in_generate=True,
             output_logits=True,
         )
         if not greedy:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
+            kwargs["logits_processor"] = [ExponentialNoise(sampling.temperature, sampling.top_p, generator)]
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-        torch.manual_seed(self.seed + self._calls)  # reproducible sampling for a given call sequence
-        self._calls += 1
         was_training = self.model.training
         self.model.eval()
         out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
@@ -129,7 +232,7 @@ class TransformersPolicy:
         logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         return [
             self._one(prompts[b], new[b].tolist(), logp[b].tolist(), sampling.stop)
-            for b in range(len(requests))
+            for b in range(len(prompts))
         ]
 
     def _one(self, prompt: list[int], ids: list[int], logps: list[float], stops: list[str]) -> Generation:
@@ -160,3 +263,10 @@ class TransformersPolicy:
             logprobs=logps[: len(ids)],
             finish_reason=finish,
         )
+
+
+def _sliding_window(config: Any) -> bool:
+    """Whether some layer attends within a sliding window (the prefix cache assumes full attention)."""
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        return True
+    return bool(getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None))
