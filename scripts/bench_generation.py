@@ -6,12 +6,16 @@ re-read, per-step logits kept) against the prefix-cached engine, side by side in
 Sections:
 
 * ``workloads`` replays two workloads through both engines, interleaved (old, new, old, new, ...)
-  so that machine noise hits both alike, with greedy decoding so their outputs must be identical:
+  so that machine noise hits both alike. Both sample at the main job's temperature 0.7 from the
+  same noise (``coevo.policy.decode.RaceSampling``), so their outputs agree up to a rare
+  sample flipped by fp32 noise; a greedy replay of half the tasks checks the ids are identical:
   - ``main-job``: the main job's rollouts: its harness (base, ``configs/train.yaml``'s step cap and
     completion budget) on reasoning_easy train tasks x 2 attempts, run twice as a round does
     (rollout, then the Critic's re-run of the same tasks);
-  - ``tool-demos``: multi-turn calculator episodes under a harness with two worked multi-turn
-    demonstrations (question, tool call, tool result turn, answer) and the last-number fallback.
+  - ``tool-demos``: multi-turn episodes under a harness with two worked multi-turn calculator
+    demonstrations (question, tool call, tool result turn, answer), the last-number fallback and
+    self-verification (the first answer is checked in a second turn, so every episode continues
+    its conversation at least once; SmolLM2 calls the calculator itself only now and then).
   For each: episodes/s, prompt tokens rendered and actually computed, peak memory above the
   loaded model (the process's resident high-water mark, reset before each run).
 * ``memory``: peak memory of one generate call on a tiny model as the vocabulary and the number
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +45,7 @@ from coevo.envs.load import make_env
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import SamplingParams
 from coevo.harness.harness import Harness
-from coevo.harness.library import FewShotDemos
+from coevo.harness.library import FewShotDemos, SelfVerification
 from coevo.policy.hf import TransformersPolicy
 from coevo.policy.load import load_model
 
@@ -57,13 +63,13 @@ TOOL_DEMOS = [
 
 def main_job_harness() -> Harness:
     """The main job's starting harness with configs/train.yaml's rollout settings."""
-    return (base_harness().set_param("sampling", "max_new_tokens", 96).set_param("sampling", "temperature", 0.0))
+    return base_harness().set_param("sampling", "max_new_tokens", 96).set_param("sampling", "temperature", 0.7)
 
 
 def tool_demo_harness() -> Harness:
     """Worked multi-turn calculator demonstrations, rendered as the runtime renders tool turns."""
     h = main_job_harness().set_param("answer_extraction", "last_number_fallback", True)
-    return h.insert(FewShotDemos(demos=TOOL_DEMOS))
+    return h.insert(FewShotDemos(demos=TOOL_DEMOS)).insert(SelfVerification(), after="answer_extraction")
 
 
 def peak_rss_reset() -> None:
@@ -117,6 +123,7 @@ def workloads(args: argparse.Namespace) -> None:
     env = make_env("reasoning", {"datasets": ["basic_arithmetic", "chain_sum"], "n_per_dataset": 40})
     tasks = env.tasks("train")[: args.tasks]
     loads = {"main-job": (main_job_harness(), 2), "tool-demos": (tool_demo_harness(), 1)}
+    loads = {name: loads[name] for name in args.workloads.split(",")}
     engines["new"].generate([ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=2))])
     results: dict[tuple[str, str], list[dict]] = {}
     for r in range(args.repeats):
@@ -126,11 +133,16 @@ def workloads(args: argparse.Namespace) -> None:
                 results.setdefault((load, name), []).append(res)
                 print(f"repeat {r} {load:10s} {name}: {res['seconds']:.1f} s, {res['episodes']} episodes, "
                       f"{res['calls']} calls, prompt {res['prompt']} computed {res['computed']}", flush=True)
+    greedy_same = {}
+    for load, (harness, passes) in loads.items():  # the exactness contract: greedy ids must be identical
+        greedy = harness.set_param("sampling", "temperature", 0.0)
+        ids = [run_workload(policy, greedy, tasks[: args.tasks // 2], env, passes)["ids"] for policy in engines.values()]
+        greedy_same[load] = ids[0] == ids[1]
     print(f"\nmodel=smollm2 torch={torch.__version__} threads={torch.get_num_threads()} tasks={args.tasks} x 2 "
-          f"attempts, greedy, repeats={args.repeats}")
+          f"attempts, temperature 0.7, repeats={args.repeats}")
     print("| workload | path | episodes/s (median) | x old | model calls | prompt tokens rendered | computed "
-          "| completion tokens | peak MiB | identical ids | passed | tool calls |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| completion tokens | peak MiB | same ids (sampled) | same ids (greedy) | passed | tool calls |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for load in loads:
         old = results[(load, "old")]
         old_rate = statistics.median(x["episodes"] / x["seconds"] for x in old)
@@ -141,31 +153,41 @@ def workloads(args: argparse.Namespace) -> None:
             x = runs[-1]
             print(f"| {load} | {name} | {rate:.3f} | {rate / old_rate:.2f} | {x['calls']} | {x['prompt']} | "
                   f"{x['computed']} | {x['completion']} | {max(y['peak_mib'] for y in runs):.0f} | {same} | "
-                  f"{x['passed']}/{x['episodes']} | {x['tool_calls']} |")
+                  f"{greedy_same[load]} | {x['passed']}/{x['episodes']} | {x['tool_calls']} |")
 
 
 def memory(args: argparse.Namespace) -> None:
-    from coevo.policy.tiny import tiny_model, tiny_tokenizer
-
+    """Each (engine, vocab, new tokens) in a fresh process: a process's allocator keeps memory an
+    earlier call freed, which would hide the later call's peak."""
     print("\n| vocab | new tokens | batch | old peak MiB | new peak MiB |")
     print("|---|---|---|---|---|")
-    tok = tiny_tokenizer()
     for vocab, new in ((32768, 64), (32768, 256), (151936, 64), (151936, 256)):
-        model = tiny_model(tok, seed=0)
-        model.resize_token_embeddings(vocab)
-        model.generation_config.eos_token_id = None
         peaks = []
         for engine in ("hf", "cached"):
-            policy = TransformersPolicy(model, tok, engine=engine, prefix_cache_mb=0)
-            policy.eos_ids = {-1}  # run every row to max_new_tokens
-            reqs = [ChatRequest([{"role": "user", "content": f"question {i}"}],
-                                SamplingParams(temperature=1.0, max_new_tokens=new)) for i in range(args.memory_batch)]
-            peak_rss_reset()
-            base = rss_mib()
-            gens = policy.generate(reqs)
-            assert all(len(g.completion_ids) == new for g in gens)
-            peaks.append(peak_rss_mib() - base)
+            out = subprocess.run([sys.executable, __file__, "--memory-one", f"{engine},{vocab},{new}",
+                                  "--memory-batch", str(args.memory_batch)], capture_output=True, text=True, check=True)
+            peaks.append(float(out.stdout.strip().splitlines()[-1]))
         print(f"| {vocab} | {new} | {args.memory_batch} | {peaks[0]:.0f} | {peaks[1]:.0f} |", flush=True)
+
+
+def memory_one(spec: str, batch: int) -> None:
+    """Print the resident peak (MiB) of one generate call above the process's size before it."""
+    from coevo.policy.tiny import tiny_model, tiny_tokenizer
+
+    engine, vocab, new = spec.split(",")
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=0)
+    model.resize_token_embeddings(int(vocab), mean_resizing=False)
+    policy = TransformersPolicy(model, tok, engine=engine, prefix_cache_mb=0)
+    policy.eos_ids = {tok.vocab_size + 10**6}  # no token ends a row: every row runs to max_new_tokens
+    reqs = [ChatRequest([{"role": "user", "content": f"question {i}"}],
+                        SamplingParams(temperature=1.0, max_new_tokens=int(new))) for i in range(batch)]
+    policy.generate([ChatRequest(reqs[0].messages, SamplingParams(temperature=1.0, max_new_tokens=2))])  # warm-up
+    peak_rss_reset()
+    base = rss_mib()
+    gens = policy.generate(reqs)
+    assert all(len(g.completion_ids) == int(new) for g in gens)
+    print(f"{peak_rss_mib() - base:.1f}")
 
 
 def batching(args: argparse.Namespace) -> None:
@@ -196,9 +218,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=16, help="reasoning_easy train tasks per workload (x 2 attempts)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--workloads", default="main-job,tool-demos", help="comma-separated: main-job, tool-demos")
     ap.add_argument("--memory-batch", type=int, default=8)
     ap.add_argument("--sections", default="workloads,memory", help=f"comma-separated, from {list(SECTIONS)}")
+    ap.add_argument("--memory-one", help=argparse.SUPPRESS)  # ENGINE,VOCAB,NEW: one memory probe (a subprocess)
     args = ap.parse_args()
+    if args.memory_one:
+        return memory_one(args.memory_one, args.memory_batch)
     for name in args.sections.split(","):
         if name not in SECTIONS:
             ap.error(f"unknown section {name!r}; choose from {list(SECTIONS)}")

@@ -80,10 +80,23 @@ def check_transformers(model_name: str):
         text_ok = all(tok.decode(g.completion_ids, skip_special_tokens=True) == g.text for g in gens)
         report("transformers_contract", temperature=temperature, max_abs_logprob_error=err,
                passed=bool(err < 1e-4 and text_ok))
+    # the prefix-cached engine against transformers' generate: same ids, log-probs within fp32 noise,
+    # across two turns (the second continues the first) and after a weight change
+    hf = TransformersPolicy(model, tok, max_batch_size=64, engine="hf")
+    for temperature in (0.0, 0.7):
+        first = requests(8, temperature)
+        a, b = policy.generate(first), hf.generate(first)
+        second = [ChatRequest([*r.messages, {"role": "assistant", "content": g.text}, {"role": "user", "content": "Again."}],
+                          r.sampling) for r, g in zip(first, a, strict=True)]
+        a2, b2 = policy.generate(second), hf.generate(second)
+        same = all(x.completion_ids == y.completion_ids for x, y in zip(a + a2, b + b2, strict=True))
+        err = max(abs(u - v) for x, y in zip(a + a2, b + b2, strict=True) for u, v in zip(x.logprobs, y.logprobs))
+        report("cached_engine_vs_generate", temperature=temperature, identical_ids=same, max_abs_logprob_diff=err,
+               prompt_tokens=policy.prompt_tokens, computed=policy.prompt_tokens_computed, passed=bool(same and err < 1e-4))
     policy.generate(requests(2, 0.0))  # warm-up
     single = sum(throughput(policy, [r]) for r in requests(4, 0.0)) / 4
     report("transformers_tokens_per_s", batch1=single, batch16=throughput(policy, requests(16, 0.0)),
-           batch64=throughput(policy, requests(64, 0.0)))
+           batch64=throughput(policy, requests(64, 0.0)), generate_batch16=throughput(hf, requests(16, 0.0)))
     return model, tok
 
 

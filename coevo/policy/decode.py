@@ -11,13 +11,14 @@ the two things the rollout needs and nothing else:
   compute alone.
 * Each step samples from ``softmax(logits / T)`` (after top-p) and keeps only the sampled token's
   log-prob under ``log_softmax(logits / T)``, the number the trainer's importance ratios need;
-  peak memory holds one step's ``[batch, vocab]`` logits. Rows leave the batch when they finish.
+  peak memory holds one step's ``[batch, vocab]`` logits. Finished rows leave the batch when
+  the steps they would still ride along cost more than copying the past without them.
 
-Sampling is ``argmax(p / E)`` with ``E ~ Exp(1)`` noise (a draw from ``p``), the noise drawn as a
-``[batch, vocab]`` block per step from a generator seeded per call whichever rows are still
-running. A row's tokens then depend on the seed, the call, its position in the batch and its own
+Sampling is the exponential race ``argmax(p / E)``, ``E ~ Exp(1)``, with a ``[batch, vocab]`` noise
+block drawn per step for every row of the call (running or not) from a generator seeded per
+call. A row's tokens then depend on the seed, the call, its position in the batch and its own
 logits, not on how its prompt was split into cached and uncached parts, and ``transformers``'
-``generate`` reproduces them with ``ExponentialNoise`` as a logits processor.
+``generate`` reproduces them with ``RaceSampling`` as a logits processor.
 
 The past lives in buffers allocated once for the whole call (``PreallocatedLayer``): a growing
 cache that concatenates a column per step copies the whole past every step, which measured more
@@ -53,14 +54,22 @@ def cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def top_p_mask(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
-    """``scaled`` [B, V] with tokens outside the nucleus set to -inf: the smallest set of most
-    likely tokens whose probability reaches ``top_p`` (at least one token)."""
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-    cum = sorted_logits.softmax(-1).cumsum(-1)
-    drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # tokens after the nucleus is full
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return scaled.masked_fill(drop, float("-inf"))
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``probs`` [B, V] with the tokens outside the nucleus zeroed: the nucleus is the smallest set
+    of most likely tokens whose probability reaches ``top_p`` (at least one token)."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    drop_sorted = sorted_p.cumsum(-1) - sorted_p >= top_p  # tokens after the nucleus is full
+    return probs.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0)
+
+
+def draw(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Tokens [B] drawn from unnormalised ``probs`` [B, V] with Exp(1) ``noise`` [B, V]: the
+    exponential race ``argmax(p / E)`` picks token i with probability p_i / sum(p). A draw moves
+    only if two tokens' ``p / E`` are within rounding of each other, so two computations of the
+    same logits that differ in the last bits draw the same token; inverting a CDF instead flipped
+    tokens in the long tail of a 49k vocabulary, where thousands of tokens share each 1e-5 of
+    probability mass."""
+    return (probs / noise).argmax(-1)
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float,
@@ -73,19 +82,19 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
         tokens = logits.argmax(-1)
         logp = torch.log_softmax(logits, -1)
     else:
-        scaled = logits / temperature
-        logp = torch.log_softmax(scaled, -1)
-        tokens = sampling_scores(scaled, top_p, noise).argmax(-1)
+        logp = torch.log_softmax(logits / temperature, -1)
+        tokens = draw(sampling_probs(logp, top_p), noise)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-def sampling_scores(scaled: torch.Tensor, top_p: float, noise: torch.Tensor) -> torch.Tensor:
-    """``p / E`` [B, V] for tempered logits ``scaled``: its argmax is a draw from ``p`` (top-p
-    truncated)."""
-    return (top_p_mask(scaled, top_p) if top_p < 1.0 else scaled).softmax(-1) / noise
+def sampling_probs(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The distribution a row samples from [B, V], from its tempered log-probs: top-p truncated,
+    not renormalised (the race does not need it)."""
+    probs = logp.exp()
+    return nucleus(probs, top_p) if top_p < 1.0 else probs
 
 
-class ExponentialNoise:
+class RaceSampling:
     """A ``transformers`` logits processor that turns greedy ``generate`` into the sampler above:
     it returns ``p / E`` with the same noise stream, so both engines draw the same tokens."""
 
@@ -93,8 +102,9 @@ class ExponentialNoise:
         self.temperature, self.top_p, self.generator = temperature, top_p, generator
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        noise = torch.empty_like(scores, dtype=torch.float32).exponential_(generator=self.generator)
-        return sampling_scores(scores.float() / self.temperature, self.top_p, noise)
+        noise = torch.empty(scores.shape, device=scores.device).exponential_(generator=self.generator)
+        logp = torch.log_softmax(scores.float() / self.temperature, -1)
+        return sampling_probs(logp, self.top_p) / noise
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -115,8 +125,9 @@ class PreallocatedLayer(DynamicLayer):
 
     def _allocate(self, like: torch.Tensor) -> None:
         B, H, _, D = like.shape
-        self.kbuf = like.new_zeros(B, H, self.capacity, D)
-        self.vbuf = like.new_zeros(B, H, self.capacity, D)
+        # uninitialised: attention only ever reads the filled columns, each written before
+        self.kbuf = like.new_empty(B, H, self.capacity, D)
+        self.vbuf = like.new_empty(B, H, self.capacity, D)
         self.device, self.is_initialized = like.device, True
 
     def _views(self) -> None:
@@ -215,32 +226,37 @@ def decode(
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
         kv: list[LayerKV | None] = [None] * B
-        active = list(range(B))  # original row index of each batch row
+        active = list(range(B))  # original row of each batch row
+        running = [True] * B  # per batch row: still sampling (finished rows ride along until compaction)
         next_pos = pos[:, -1] + 1  # [B]
-        rows = torch.arange(B, device=device)  # batch row -> original row, for the noise block
+        rows = torch.arange(B, device=device)  # original row of each batch row, to pick its noise
         for step in range(max_new_tokens):
             noise = None
-            if temperature > 0:
+            if temperature > 0:  # a [B, V] block for every row of the call, whichever are still in the batch
                 noise = torch.empty(B, logits.shape[-1], device=device).exponential_(generator=generator)[rows]
             tokens, logp = sample(logits, temperature, top_p, noise)
-            done = []
-            for i, b in enumerate(active):
-                out_ids[b].append(int(tokens[i]))
-                out_lp[b].append(float(logp[i]))
-                if out_ids[b][-1] in eos_ids or (finished is not None and finished(b, out_ids[b])):
-                    done.append(i)
             last = step == max_new_tokens - 1
-            if keep_from is not None:  # states of the finished rows: they leave the batch now
-                for i in done if not last else range(len(active)):
-                    kv[active[i]] = _row_states(cache, i, mask[i], keep_from[active[i]])
-            if last or len(done) == len(active):
+            for i, (b, t, lp) in enumerate(zip(active, tokens.tolist(), logp.tolist(), strict=True)):
+                if not running[i]:
+                    continue
+                out_ids[b].append(t)
+                out_lp[b].append(lp)
+                if last or t in eos_ids or (finished is not None and finished(b, out_ids[b])):
+                    running[i] = False
+                    if keep_from is not None:  # the states of what it read, before the row moves on
+                        kv[b] = _row_states(cache, i, mask[i], keep_from[b])
+            if not any(running):
                 break
-            if done:
-                gone = set(done)
-                keep = torch.tensor([i for i in range(len(active)) if i not in gone], device=device)
+            riding = len(active) - sum(running)
+            if riding * (max_new_tokens - step - 1) > len(active):
+                # Finished rows still cost a row of every step (a step is compute-bound at a few
+                # dozen rows on a CPU); dropping them copies the past, about one row-step per row.
+                # So drop them when the row-steps they would still cost exceed the batch's rows.
+                keep = torch.tensor([i for i, r in enumerate(running) if r], device=device)
                 cache.batch_select_indices(keep)
                 tokens, mask, next_pos, rows = tokens[keep], mask[keep], next_pos[keep], rows[keep]
                 active = [active[i] for i in keep.tolist()]
+                running = [True] * len(active)
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
             logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                            use_cache=True, **{kw: cache}).logits[:, -1]

@@ -28,7 +28,7 @@ import torch
 
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.harness.events import Message, SamplingParams
-from coevo.policy.decode import ExponentialNoise, decode
+from coevo.policy.decode import RaceSampling, decode
 from coevo.policy.prefix_cache import PrefixCache, common_prefix_len
 
 ENGINES = ("cached", "hf")
@@ -200,7 +200,7 @@ class TransformersPolicy:
     def _generate_hf(self, prompts: list[list[int]], sampling: SamplingParams,
                      generator: torch.Generator) -> list[Generation]:
         """``model.generate`` on left-padded prompts, log-probs from the kept per-step logits. It
-        decodes greedily over ``ExponentialNoise`` scores, which samples like the cached engine."""
+        decodes greedily over ``RaceSampling`` scores, which samples like the cached engine."""
         self.prompt_tokens_computed += sum(map(len, prompts))
         width = max(map(len, prompts))
         pad = self.tokenizer.pad_token_id
@@ -219,7 +219,7 @@ class TransformersPolicy:
             output_logits=True,
         )
         if not greedy:
-            kwargs["logits_processor"] = [ExponentialNoise(sampling.temperature, sampling.top_p, generator)]
+            kwargs["logits_processor"] = [RaceSampling(sampling.temperature, sampling.top_p, generator)]
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
         was_training = self.model.training

@@ -90,6 +90,8 @@ class PrefixCache:
         best, best_len = None, 0
         key = tuple(tokens[:limit])
         for e in self.entries:
+            if len(e.tokens) <= best_len or (best_len < len(key) and e.tokens[best_len] != key[best_len]):
+                continue  # cannot beat the best match so far
             n = common_prefix_len(e.tokens, key)
             if n > best_len:
                 best, best_len = e, n

@@ -65,6 +65,8 @@ class ColocatedEngine:
         except ImportError as err:
             raise ImportError(VLLM_HINT) from err
         llm_kwargs.setdefault("gpu_memory_utilization", 0.3)
+        # the harness prefix and earlier turns are read once per weight version; load_weights resets it
+        llm_kwargs.setdefault("enable_prefix_caching", True)
         self.llm = LLM(model=model_path, logprobs_mode="processed_logprobs", **llm_kwargs)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[EngineOutput]:

@@ -95,3 +95,31 @@ def test_missing_vllm_names_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_vllm)
     with pytest.raises(ImportError, match=r"pip install 'coevo\[vllm\]'"):
         vmod.ColocatedEngine("some/model")
+
+
+def test_colocated_engine_caches_prefixes_and_resets_them_on_weight_load(monkeypatch):
+    """A fake ``vllm`` module records what the engine is built with and asked to do."""
+    import sys
+    import types
+
+    from coevo.policy import vllm as vmod
+
+    calls: dict[str, object] = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            calls["kwargs"] = kwargs
+            runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=lambda w: calls.update(loaded=list(w))))
+            self.llm_engine = types.SimpleNamespace(
+                model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(model_runner=runner)))
+
+        def reset_prefix_cache(self):
+            calls["reset"] = "loaded" in calls  # after the new weights are in
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM))
+    engine = vmod.ColocatedEngine("some/model")
+    assert calls["kwargs"]["enable_prefix_caching"] is True
+    engine.load_weights(iter([("w", torch.zeros(1))]))
+    assert calls["reset"] is True
+    vmod.ColocatedEngine("some/model", enable_prefix_caching=False)
+    assert calls["kwargs"]["enable_prefix_caching"] is False
