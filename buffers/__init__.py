@@ -6,7 +6,7 @@ task id, batch by batch, and the buffer survives the training process being kill
 """
 
 from .codec import decode_trace, encode_trace
-from .entry import BufferEntry, LogprobFn
+from .entry import BufferEntry, LogprobFn, LogprobQuery
 from .replay import ReplayBuffer
 from .segments import CorruptSegmentError
 from .store import CorruptBufferError
@@ -16,6 +16,7 @@ __all__ = [
     "CorruptBufferError",
     "CorruptSegmentError",
     "LogprobFn",
+    "LogprobQuery",
     "ReplayBuffer",
     "decode_trace",
     "encode_trace",

@@ -8,13 +8,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-LogprobFn = Callable[[Sequence[tuple[list[int], list[int]]]], list[list[float]]]
-"""Given ``(prompt_ids, completion_ids)`` pairs, one log-prob per completion token of each pair.
+
+class LogprobQuery(NamedTuple):
+    """One model call to score: its exact ids and the temperature its tokens were drawn at
+    (``ModelCall.logprob_temperature()``; None for a call recorded without its sampling
+    parameters, which the LogprobFn scores at the run's rollout temperature)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    temperature: float | None
+
+
+LogprobFn = Callable[[Sequence[LogprobQuery]], list[list[float]]]
+"""Given ``LogprobQuery`` items, one log-prob per completion token of each, at its temperature.
 
 The caller implements it as one batched forward pass of the current model (chunked as needed);
-the buffer calls it once per ``add`` with every model call of every trace of the batch.
+the buffer calls it once per ``add`` with every model call of every trace of the batch. Scoring a
+call at another temperature than the one that sampled it would make every importance ratio wrong
+from the first step on.
 """
 
 

@@ -12,21 +12,23 @@ from typing import Any
 
 from coevo.agent.trace import Trace
 
-from .entry import LogprobFn
+from .entry import LogprobFn, LogprobQuery
 
 
 def behaviour_logprobs(traces: Sequence[Trace], logprob_fn: LogprobFn) -> list[list[list[float]]]:
     """Per trace, per model call: one float per completion token.
 
-    ``logprob_fn`` gets every ``(prompt_ids, completion_ids)`` pair of the batch in trace order,
-    then model-call order; it is not called when the batch has no model calls at all.
+    ``logprob_fn`` gets a ``LogprobQuery`` (ids and the call's log-prob temperature) for every
+    model call of the batch in trace order, then model-call order; it is not called when the
+    batch has no model calls at all.
     Raises ValueError naming the trace id and call index when the rows do not match the calls.
     """
     owners = [(k, i) for k, trace in enumerate(traces) for i in range(len(trace.model_calls))]
     result: list[list[list[float]]] = [[] for _ in traces]
     if not owners:
         return result
-    pairs = [(traces[k].model_calls[i].prompt_ids, traces[k].model_calls[i].completion_ids) for k, i in owners]
+    calls = [traces[k].model_calls[i] for k, i in owners]
+    pairs = [LogprobQuery(c.prompt_ids, c.completion_ids, c.logprob_temperature()) for c in calls]
     rows = list(logprob_fn(pairs))
     if len(rows) != len(pairs):
         k, i = owners[min(len(rows), len(owners) - 1)]

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from coevo.config import MODES, TrainConfig
+from coevo.config import MODES, EvolutionConfig, TrainConfig
 
 log = logging.getLogger("coevo")
 
@@ -40,6 +40,7 @@ def check(cfg: TrainConfig) -> None:
     from coevo.evolution.critic import GATES
     from coevo.kernels import IMPLS
     from coevo.meta import BACKENDS, meta_agent_factory
+    from coevo.policy.hf import ENGINES
     from coevo.secrets import refuse_secrets
     from coevo.tracking import MODES as WANDB_MODES
     from coevo.trainers.aggregation import MODES as AGGREGATIONS
@@ -51,6 +52,7 @@ def check(cfg: TrainConfig) -> None:
         "model.dtype": (cfg.model.dtype, ("auto", "float32", "bfloat16")),
         "rollout.backend": (cfg.rollout.backend, ("transformers", "vllm")),
         "rollout.vllm_mode": (cfg.rollout.vllm_mode, ("colocate", "server")),
+        "rollout.engine": (cfg.rollout.engine, ENGINES),
         "evolution.gate": (cfg.evolution.gate, GATES),
         "trainer.aggregation": (cfg.trainer.aggregation, tuple(AGGREGATIONS)),
         "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
@@ -87,12 +89,16 @@ def check(cfg: TrainConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"config {key}={value} must be >= 1")
+    if cfg.evolution.reference_pool < 0:
+        raise ValueError(f"config evolution.reference_pool={cfg.evolution.reference_pool} must be >= 0")
+    check_stat_gate(cfg.evolution)
     ranges = {  # field: (value, low, high, the allowed range in words)
         "rollout.temperature": (cfg.rollout.temperature, 0.0, float("inf"), ">= 0 (0 is greedy)"),
         "rollout.vllm_gpu_memory_utilization": (cfg.rollout.vllm_gpu_memory_utilization, 1e-9, 1.0,
                                                 "in (0, 1]: the share of GPU memory vLLM reserves"),
         "meta_agent.timeout_s": (cfg.meta_agent.timeout_s, 1e-9, float("inf"), "> 0 seconds"),
         "trainer.lr": (cfg.trainer.lr, 0.0, float("inf"), ">= 0"),
+        "rollout.prefix_cache_mb": (cfg.rollout.prefix_cache_mb, 0.0, float("inf"), ">= 0 MiB (0 turns the cache off)"),
     }
     for key, (value, low, high, allowed) in ranges.items():
         if not low <= value <= high:
@@ -167,11 +173,10 @@ def run(cfg: Any) -> Path:
 
     from coevo.buffers import ReplayBuffer
     from coevo.envs.load import make_env
-    from coevo.evolution.critic import Critic
     from coevo.evolution.driver import rollout_fn, session_tools
     from coevo.evolution.engine import AEGIS
     from coevo.evolution.pool import Patience
-    from coevo.evolution.reference import ReferenceStore, build_references
+    from coevo.evolution.reference import ReferenceStore, build_references, split_reference_pool
     from coevo.loop import Coevolution
     from coevo.policy.load import load_model
     from coevo.progress import NullProgress, RichProgress
@@ -220,14 +225,19 @@ def run(cfg: Any) -> Path:
 
     progress = RichProgress() if is_main else NullProgress()
     start = start_harness(cfg)
-    train = env.tasks("train")
+    try:
+        pool, train = split_reference_pool(env.tasks("train"), cfg.evolution.reference_pool, cfg.seed)
+    except ValueError as err:
+        raise ValueError(f"config evolution.reference_pool={cfg.evolution.reference_pool}: {err}") from None
     tasks = {t.task_id: t for t in train}
     evolves = cfg.mode in ("coevolve", "harness_only")
     references = {}
     if evolves and cfg.evolution.references and is_main:
-        references = build_references(env, train, ReferenceStore(run_dir / "references"))
+        # every train task's reference serves the Digester; only those of the pool and of tasks no
+        # remaining round trains on may become demonstrations (Coevolution.withheld)
+        references = build_references(env, [*train, *pool], ReferenceStore(run_dir / "references"))
 
-    def critic_rollout(harness: Any, judged: Any, k: int) -> dict[str, list[bool]]:
+    def critic_rollout(harness: Any, judged: Any, k: int) -> dict[str, list[bool | None]]:
         with progress.task(f"critic: re-run {harness.id[:8]}", len(judged) * k) as advance:
             run = rollout_fn(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
                              workers=cfg.rollout.workers, on_trace=lambda _t: advance())
@@ -235,10 +245,10 @@ def run(cfg: Any) -> Path:
 
     e = cfg.evolution
     meta = build_meta(cfg, run_dir)
-    critic = Critic(critic_rollout, k=e.critic_attempts, gate=e.gate, eta_leak=e.eta_leak, eta_bloat=e.eta_bloat,
-                    delta=e.delta, epsilon=e.epsilon)
-    aegis = AEGIS(start, meta, critic, tasks=tasks, references=references, tools=session_tools(env, train[0]),
-                  max_variants=e.max_variants, max_proposals=e.max_proposals, max_revisions=e.max_revisions,
+    critic = make_critic(e, critic_rollout)
+    aegis = AEGIS(start, meta, critic, tasks=tasks, critic_pool=tasks, references=references,
+                  tools=session_tools(env, train[0]), max_variants=e.max_variants, max_proposals=e.max_proposals,
+                  max_revisions=e.max_revisions,
                   recent_batches=e.recent_batches, patience=Patience(rounds=e.patience_rounds, batches=10**9, epochs=10**9),
                   router=meta.route if e.router else None, router_threshold=e.router_threshold)
     tracker = make_tracker(cfg.logger.kind, **tracker_kwargs(cfg, run_dir)) if is_main else NullTracker()
@@ -274,6 +284,36 @@ def run(cfg: Any) -> Path:
     return run_dir
 
 
+def check_stat_gate(e: EvolutionConfig) -> None:
+    """The statistical gate's fields, each named in the error (the Critic checks them again)."""
+    if not (0 < e.stat_alpha < 1 and 0 < e.stat_beta < 1 and e.stat_alpha + e.stat_beta < 1):
+        raise ValueError(f"config evolution.stat_alpha={e.stat_alpha} and evolution.stat_beta={e.stat_beta} must be "
+                         "in (0, 1) with stat_alpha + stat_beta < 1")
+    if not 0.5 < e.stat_win_share < 1:
+        raise ValueError(f"config evolution.stat_win_share={e.stat_win_share} must be in (0.5, 1)")
+    if e.stat_tasks < 1:
+        raise ValueError(f"config evolution.stat_tasks={e.stat_tasks} must be >= 1")
+    if e.stat_budget < 2 * e.critic_attempts:
+        raise ValueError(f"config evolution.stat_budget={e.stat_budget} must be >= 2 * evolution.critic_attempts "
+                         f"({2 * e.critic_attempts}): one paired attempt of parent and candidate")
+    if e.stat_max_episodes < e.stat_budget:
+        raise ValueError(f"config evolution.stat_max_episodes={e.stat_max_episodes} must be >= "
+                         f"evolution.stat_budget={e.stat_budget}")
+    if e.stat_confirm_attempts < 0 or (e.stat_confirm_attempts and 0.5**e.stat_confirm_attempts > e.stat_alpha):
+        raise ValueError(f"config evolution.stat_confirm_attempts={e.stat_confirm_attempts} must be 0 or enough "
+                         f"re-runs for the sign test to reach stat_alpha={e.stat_alpha} (0.5^attempts <= stat_alpha)")
+
+
+def make_critic(e: EvolutionConfig, rollout: Any) -> Any:
+    """The Critic of ``evolution.*`` over ``rollout`` (also used by scripts/gate_quality.py)."""
+    from coevo.evolution.critic import Critic
+
+    return Critic(rollout, k=e.critic_attempts, gate=e.gate, eta_leak=e.eta_leak, eta_bloat=e.eta_bloat,
+                  delta=e.delta, epsilon=e.epsilon, alpha=e.stat_alpha, beta=e.stat_beta, win_share=e.stat_win_share,
+                  n_tasks=e.stat_tasks, budget=e.stat_budget, max_episodes=e.stat_max_episodes,
+                  confirm_attempts=e.stat_confirm_attempts)
+
+
 def start_harness(cfg: TrainConfig) -> Any:
     """The starting harness with the rollout's sampling settings written into it."""
     from coevo.harness.defaults import BUILTIN_HARNESSES
@@ -303,7 +343,8 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
     from coevo.policy.hf import TransformersPolicy
 
     if cfg.rollout.backend == "transformers":
-        policy = TransformersPolicy(model, tok, model_version="0", max_batch_size=cfg.rollout.batch_size, seed=cfg.seed)
+        policy = TransformersPolicy(model, tok, model_version="0", max_batch_size=cfg.rollout.batch_size, seed=cfg.seed,
+                                    engine=cfg.rollout.engine, prefix_cache_mb=cfg.rollout.prefix_cache_mb)
         return policy, None  # generation uses the trained model object itself
     from coevo.policy.smollm2 import converted_dir
     from coevo.policy.vllm import ColocatedEngine, ServerEngine, VLLMPolicy

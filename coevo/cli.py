@@ -227,7 +227,8 @@ def evolve_cmd(
     batch_tasks: int = typer.Option(8, min=1, help="train tasks per round"),
     attempts: int = typer.Option(2, "--k", "--attempts", min=1, help="attempts per task (pass@k in the gates)"),
     temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
-    gate: str = typer.Option("seesaw", help="seesaw | performance | both"),
+    gate: str = typer.Option("stat", help="stat (paired re-runs, sequential test; undecided edits are judged again) "
+                             "| seesaw | performance | both"),
     max_variants: int = typer.Option(1, min=1, help="harness variants K"),
     max_proposals: int = typer.Option(2, min=1, help="proposals judged per variant per round"),
     val_limit: Optional[int] = typer.Option(None, min=1, help="validation tasks for the before/after comparison"),
@@ -275,7 +276,8 @@ def evolve_cmd(
         refs = build_references(env, [t for t in train if t.task_id not in used], ReferenceStore(out / "references"))
         agent = make_meta_agent(meta, url=meta_url, model=meta_model, cache_dir=out / "meta_cache")
         critic = Critic(rollout_fn(policy, env, batch_size=batch_size, max_steps=max_steps), k=attempts, gate=gate)
-        aegis = AEGIS(start, agent, critic, tasks={t.task_id: t for t in train}, references=refs,
+        train_tasks = {t.task_id: t for t in train}
+        aegis = AEGIS(start, agent, critic, tasks=train_tasks, critic_pool=train_tasks, references=refs,
                       tools=session_tools(env, train[0]), max_variants=max_variants,
                       max_proposals=max_proposals)
         splits = {"val": env.tasks("val")[:val_limit], "test": env.tasks("test")[:test_limit]}
@@ -304,7 +306,8 @@ def evolve_cmd(
                     next(h for h in aegis.variants.harnesses.values() if h.id == cid).save(out / "lineage" / f"{cid}.yaml")
                 rate = sum(t.passed for t in traces) / len(traces)
                 clusters = ", ".join(f"{c.cause}:{c.count}" for d in report.digests for c in d.clusters) or "-"
-                verdicts = ", ".join(f"{'ship' if v.ship else v.gate}" for v in report.verdicts) or "-"
+                verdicts = ", ".join("ship" if v.ship else "undecided" if v.undecided else v.gate
+                                     for v in report.verdicts) or "-"
                 table.add_row(str(r), f"{rate:.2f}", clusters, verdicts, str(len(report.shipped)),
                               aegis.harness().id, f"{time.perf_counter() - began:.0f}")
                 console.print(f"round {r}: train pass {rate:.2f}; {verdicts}")
@@ -323,14 +326,15 @@ def evolve_cmd(
     for name, row in summary["splits"].items():
         console.print(f"{name} pass@1 {row['pass@1'][0]:.3f} -> {row['pass@1'][1]:.3f}   pass@{attempts} "
                       f"{row[f'pass@{attempts}'][0]:.3f} -> {row[f'pass@{attempts}'][1]:.3f}   ({row['tasks']} tasks)")
-    console.print(f"edits: {len(summary['shipped'])} shipped, {len(summary['rejected'])} rejected   "
-                  f"({out / 'summary.md'})")
+    console.print(f"edits: {len(summary['shipped'])} shipped, {len(summary['rejected'])} rejected, "
+                  f"{len(summary['undecided'])} undecided   ({out / 'summary.md'})")
 
 
 def evolve_summary(env_name: str, k: int, rounds: int, before: dict[str, dict[str, list[bool]]],
                    after: dict[str, dict[str, list[bool]]], verdicts: list, tokens: dict) -> dict:
     """What ``coevo evolve`` reports: pass@1 and pass@k before → after per split, and every
-    judged edit with its verdict (shipped ones with their flips, rejected ones with the reason)."""
+    judged edit with its verdict (shipped ones with their flips, rejected ones with the reason,
+    the statistical gate's evidence: counts, statistic, episodes)."""
     from coevo.evaluate import pass_rates
 
     splits = {}
@@ -339,10 +343,12 @@ def evolve_summary(env_name: str, k: int, rounds: int, before: dict[str, dict[st
         splits[name] = {"tasks": len(outcomes), "pass@1": [b1, a1], f"pass@{k}": [bk, ak]}
     edits = [{"round": v.round, "variant": v.variant, "edits": [e.describe() for e in v.proposal.edits],
               "cluster": v.proposal.cluster, "gate": v.gate, "reason": v.reason,
-              "fail_to_pass": v.fail_to_pass, "pass_to_fail": v.pass_to_fail} for v in verdicts]
+              "fail_to_pass": v.fail_to_pass, "pass_to_fail": v.pass_to_fail, "evidence": v.evidence}
+             for v in verdicts]
     return {"env": env_name, "k": k, "rounds": rounds, "splits": splits,
             "shipped": [e for e, v in zip(edits, verdicts) if v.ship],
-            "rejected": [e for e, v in zip(edits, verdicts) if not v.ship], "meta_tokens": tokens}
+            "rejected": [e for e, v in zip(edits, verdicts) if not v.ship and not v.undecided],
+            "undecided": [e for e, v in zip(edits, verdicts) if v.undecided], "meta_tokens": tokens}
 
 
 def evolve_markdown(summary: dict) -> str:
@@ -354,7 +360,9 @@ def evolve_markdown(summary: dict) -> str:
     for name, row in summary["splits"].items():
         lines.append(f"| {name} | {row['tasks']} | {row['pass@1'][0]:.3f} | {row['pass@1'][1]:.3f} | "
                      f"{row[f'pass@{k}'][0]:.3f} | {row[f'pass@{k}'][1]:.3f} |")
-    for title, rows in (("Shipped", summary["shipped"]), ("Rejected", summary["rejected"])):
+    groups = (("Shipped", summary["shipped"]), ("Rejected", summary["rejected"]),
+              ("Undecided", summary.get("undecided", [])))
+    for title, rows in groups:
         lines += ["", f"## {title} edits ({len(rows)})", ""]
         lines += [f"- round {e['round']} [{e['variant']}] {'; '.join(e['edits'])} (cluster {e['cluster']}): "
                   f"{e['reason']}" for e in rows] or ["none"]

@@ -50,6 +50,10 @@ class RolloutConfig:
     vllm_mode: str = opt("colocate", "vllm backend: colocate (engine in the trainer process) | server (trl vllm-serve)")
     vllm_server_url: str = opt("http://127.0.0.1:8000", "vllm server mode: URL of trl vllm-serve")
     vllm_gpu_memory_utilization: float = opt(0.3, "vllm colocate: share of GPU memory for the engine")
+    engine: str = opt("cached", "transformers backend: cached (reuses prompt-prefix key/value states, coevo.policy.decode) "
+                      "| hf (model.generate, re-reads every prompt; the reference)")
+    prefix_cache_mb: float = opt(1024, "transformers backend, cached engine: MiB of prefix key/value states kept "
+                                 "between calls (0 = re-read every prompt); dropped whenever the weights change")
 
 
 @dataclass
@@ -66,8 +70,25 @@ class HarnessConfig:
 
 @dataclass
 class EvolutionConfig:
-    gate: str = opt("seesaw", "seesaw (no pass@k task may flip to fail) | performance | both")
-    critic_attempts: int = opt(2, "attempts per task in the Critic's re-runs (k of pass@k)")
+    gate: str = opt("stat", "stat (parent and candidate re-run on the same tasks; a sequential test on the paired "
+                    "outcomes with a stated false-ship rate; undecided edits are judged again with their evidence "
+                    "pooled) | seesaw (no pass@k task may flip to fail) | performance | both")
+    critic_attempts: int = opt(2, "attempts per task in the Critic's re-runs (k of pass@k; stat gate: paired attempts "
+                               "per task and stage)")
+    stat_alpha: float = opt(0.1, "stat gate: probability that an edit with no effect ever ships, over every round "
+                            "it is judged (Ville's bound)")
+    stat_beta: float = opt(0.2, "stat gate: probability that an edit with the designed effect is rejected for no "
+                           "effect (Wald's boundary)")
+    stat_win_share: float = opt(0.75, "stat gate: the designed effect, as the share of discordant paired attempts "
+                                "(one harness passed, the other failed) that the candidate wins")
+    stat_tasks: int = opt(12, "stat gate: tasks per decision: those the edit claims and those that passed before, "
+                          "then other train tasks up to this number")
+    stat_budget: int = opt(64, "stat gate: episodes per decision, parent and candidate together, confirmation "
+                           "re-runs included")
+    stat_max_episodes: int = opt(256, "stat gate: pooled episodes (every round together) after which an edit still "
+                                 "undecided is rejected for no effect")
+    stat_confirm_attempts: int = opt(4, "stat gate: paired re-runs of a task that flipped pass->fail before it "
+                                     "counts as a regression, which rejects (0: no confirmation, no veto)")
     eta_leak: float = opt(0.2, "leakage threshold of the quality gate")
     eta_bloat: float = opt(5.0, "bloat threshold of the quality gate (demos + prompt growth / 400 chars)")
     delta: float = opt(0.0, "performance gate: improvement needed on the current batch")
@@ -77,7 +98,11 @@ class EvolutionConfig:
     max_proposals: int = opt(2, "proposals judged per variant per round")
     max_revisions: int = opt(2, "revisions of a proposal rejected by the build or quality gate (T_rev)")
     patience_rounds: int = opt(1000, "stop evolving after this many rounds without a shipped edit")
-    references: bool = opt(True, "build reference trajectories (env gold solutions) for unused train tasks")
+    references: bool = opt(True, "build reference trajectories (env gold solutions) of the train tasks: the Digester's "
+                           "first divergence; demonstrations only from tasks no remaining round trains on")
+    reference_pool: int = opt(0, "train tasks split off the train split (seeded) as a reference pool that is never "
+                              "trained, validated or tested on: their references give demonstrations even when "
+                              "epochs return to every other train task (0: no pool)")
     router: bool = opt(False, "route tasks with the meta-agent (LLM backends) instead of records")
     router_threshold: float = opt(0.5, "router confidence below which a task goes to the base variant")
 

@@ -14,10 +14,13 @@ Formats (one JSON object per line; every line passes ``datasets.load_dataset("js
   (the exact ids the policy saw and produced), ``completion_mask`` (1 per token where the trainer
   would train it: trace and call trainable), ``behaviour_logprobs`` (cached by the buffer at
   insertion), ``reward``, ``advantage``, ``task_id``, ``harness_id``, ``model_version``, ``round``,
-  ``trace_id``, ``call_index``, ``loss_weight``. ``advantage`` is ``group_advantages`` (the
-  trainer's own function) over the *exported* traces grouped by task id, with the run's
-  ``trainer.scale_by_std``; filters therefore change the groups (a group whose rewards are all
-  equal after filtering gets advantage 0), as they would in training.
+  ``trace_id``, ``call_index``, ``loss_weight``, ``temperature`` (the temperature the call's
+  tokens were sampled at and its log-probs refer to; null for calls recorded before model calls
+  kept their sampling parameters). ``advantage`` is ``group_advantages`` (the trainer's own
+  function) over the *exported* trainable traces grouped by task id, with the run's
+  ``trainer.scale_by_std``; traces kept out of training (crashed episodes, infrastructure failures
+  among them) join no group and get advantage 0; filters therefore change the groups (a group whose
+  rewards are all equal after filtering gets advantage 0), as they would in training.
 - ``jsonl``: the raw trace records (``Trace.to_dict()``, behaviour log-probs included) plus
   ``buffer``: ``{seq, round, model_version}``.
 
@@ -180,14 +183,16 @@ def run_scale_by_std(run_dir: Path) -> bool:
 
 
 def entry_advantages(entries: Sequence[BufferEntry], *, scale_by_std: bool = True) -> dict[int, float]:
-    """Entry seq → its GRPO advantage among ``entries`` grouped by task id (``group_advantages``).
+    """Entry seq → its GRPO advantage among ``entries`` grouped by task id (``group_advantages``);
+    only trainable entries join a group, as in the trainer.
 
     The rewards come from the buffer's index, so advantages are known before any payload is read."""
     if not entries:
         return {}
     from coevo.trainers.advantages import group_advantages
 
-    adv, _, _ = group_advantages([e.task_id for e in entries], [e.reward for e in entries], scale_by_std=scale_by_std)
+    adv, _, _ = group_advantages([e.task_id for e in entries], [e.reward for e in entries], scale_by_std=scale_by_std,
+                                 members=[e.trainable for e in entries])
     return {e.seq: float(a) for e, a in zip(entries, adv.tolist(), strict=True)}
 
 
@@ -235,6 +240,7 @@ def grpo_records(trace: Trace, entry: BufferEntry, advantage: float) -> list[dic
             **_meta(trace, entry),
             "call_index": k,
             "loss_weight": float(call.loss_weight),
+            "temperature": call.logprob_temperature(),
         })
     return out
 

@@ -6,6 +6,12 @@ cross-harness GRPO updates the weights on the buffer groups of the round's tasks
 harness version or checkpoint produced each trace). ``mode`` switches halves off for the
 ablation: ``harness_only`` (no GRPO), ``model_only`` (no AEGIS), ``static`` (neither).
 
+No gold answer of a task the run will still train, validate or test on may reach a harness edit:
+each round tells AEGIS to withhold the references of every task a remaining round's batch holds
+(this round's included) and of the validation and test tasks, so demonstrations come only from
+tasks already consumed for good or from a reference pool split off the train split (``coevo.build``).
+Infrastructure failures (``Trace.infra_failure``) are counted per round in the record.
+
 Resume: a round ends with an atomic checkpoint commit (``coevo.checkpoint``). Started again on
 the same run directory, the loop restores the last complete round; if the killed round had
 already committed its traces to the buffer, they are reused, otherwise they are sampled again —
@@ -64,6 +70,17 @@ def round_batches(tasks: Sequence[Task], batch_tasks: int, seed: int, rounds: in
         out += [order[i * batch_tasks : (i + 1) * batch_tasks] for i in range(per_epoch)]
         epoch += 1
     return out[:rounds]
+
+
+def infra_failures(traces: Sequence[Trace]) -> dict[str, Any]:
+    """The round's infrastructure failures: how many, by source (policy, env, tool), and which
+    traces. They stay in ``train`` (as failed attempts) but no GRPO group or failure cluster
+    holds them, so a round that lost many episodes to the machine says so here."""
+    bad = [t for t in traces if t.infra_failure]
+    by_source: dict[str, int] = defaultdict(int)
+    for t in bad:
+        by_source[str(t.error_source)] += 1
+    return {"count": len(bad), "by_source": dict(sorted(by_source.items())), "trace_ids": [t.trace_id for t in bad]}
 
 
 @dataclass
@@ -216,7 +233,7 @@ class Coevolution:
         if self.evolves:
             self._reseed(r, "critic")
             before = {v: h.id for v, h in self.aegis.variants.harnesses.items()}
-            evolved = self.aegis.evolve(traces, round=r)
+            evolved = self.aegis.evolve(traces, round=r, withheld=self.withheld(r))
             for key in ("digest", "plan", "critic"):
                 seconds[key] = evolved.seconds.get(key, 0.0)
             self._record_lineage(evolved, before, r)
@@ -262,6 +279,13 @@ class Coevolution:
             self.tracker.log_edits(edit_rows(record))
         self.progress.round_done(record)
         return record
+
+    def withheld(self, r: int) -> set[str]:
+        """Task ids whose references may not become demonstrations in round ``r``: every task that
+        round ``r`` or a later round trains on (epochs repeat tasks), and the validation and test
+        tasks (which never have references; named anyway, so the guarantee does not rest on that)."""
+        ids = {t.task_id for batch in self.batches[r:] for t in batch}
+        return ids | {t.task_id for t in self.val_tasks} | {t.task_id for t in self.test_tasks}
 
     def _buffered(self, r: int) -> list[Trace] | None:
         """Traces a killed run already committed to the buffer for round ``r`` (reused on resume)."""
@@ -380,6 +404,7 @@ class Coevolution:
                       "n_traces": len(traces), "outcomes": dict(outcomes)},
             "val": val.to_dict() if val else None,
             "test": test.to_dict() if test else None,
+            "infra_failures": infra_failures(traces),
             "variants": {n: h.id for n, h in self.aegis.variants.harnesses.items()},
             "by_variant": {v: {"pass_rate": sum(t.passed for t in ts) / len(ts), "n_traces": len(ts)}
                            for v, ts in by_variant.items()},

@@ -155,6 +155,17 @@ def _check_verdict(v: Any, where: str, path: str) -> None:
     _field(v, "candidate_id", str, where, path, nullable=True)
     for key in ("fail_to_pass", "pass_to_fail"):
         _field(v, key, list, where, path)
+    # optional: verdicts written before the statistical gate have neither
+    if "undecided" in v:
+        _field(v, "undecided", bool, where, path)
+        if v["undecided"] and v["ship"]:
+            raise ValueError(f"{where}: field '{path}' is both shipped and undecided")
+    if "evidence" in v:
+        evidence = _field(v, "evidence", dict, where, path, nullable=True)
+        if evidence is not None:
+            for key in ("pairs", "wins", "losses", "episodes"):
+                _field(evidence, key, int, where, f"{path}.evidence")
+            _field(evidence, "log_lr", _NUM, where, f"{path}.evidence")
     proposal = _field(v, "proposal", dict, where, path)
     for i, edit in enumerate(_field(proposal, "edits", list, where, f"{path}.proposal")):
         try:
@@ -199,7 +210,20 @@ def check_record(record: Any, where: str = "record") -> dict[str, Any]:
         _field(grpo, "loss", _NUM, where, "grpo")
     _field(record, "meta_tokens", dict, where, "")
     _field(record, "buffer", dict, where, "", nullable=True)
+    infra = record.get("infra_failures")  # optional: records written before rounds counted them lack it
+    if infra is not None:
+        _object(infra, where, "field 'infra_failures'")
+        if _field(infra, "count", int, where, "infra_failures") < 0:
+            raise ValueError(f"{where}: field 'infra_failures.count' must be >= 0")
+        for source in _field(infra, "by_source", dict, where, "infra_failures"):
+            _field(infra["by_source"], source, int, where, "infra_failures.by_source")
     return record
+
+
+def infra_count(record: Mapping[str, Any]) -> int | None:
+    """Infrastructure failures of the round's rollouts (None for a record that did not count them)."""
+    infra = record.get("infra_failures")
+    return None if infra is None else int(infra["count"])
 
 
 def _check_lineage(entry: Any, where: str) -> dict[str, Any]:
@@ -226,9 +250,12 @@ def verdicts(record: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def verdict_status(record: Mapping[str, Any], verdict: Mapping[str, Any]) -> str:
-    """``shipped``, ``spawned`` (not shipped, but kept as a new variant this round) or ``rejected``."""
+    """``shipped``, ``spawned`` (not shipped, but kept as a new variant this round), ``undecided``
+    (the statistical gate wants more evidence; judged again later) or ``rejected``."""
     if verdict["ship"]:
         return "shipped"
+    if verdict.get("undecided"):
+        return "undecided"
     spawned_ids = {record["variants"].get(name) for name in (record.get("evolve") or {}).get("spawned", [])}
     if verdict["candidate_id"] is not None and verdict["candidate_id"] in spawned_ids:
         return "spawned"
@@ -237,7 +264,7 @@ def verdict_status(record: Mapping[str, Any], verdict: Mapping[str, Any]) -> str
 
 def edit_counts(record: Mapping[str, Any], variant: str | None = None) -> dict[str, int]:
     """Verdicts of the round (of one ``variant`` when given) by status."""
-    counts = {"shipped": 0, "spawned": 0, "rejected": 0}
+    counts = {"shipped": 0, "spawned": 0, "rejected": 0, "undecided": 0}
     for v in verdicts(record):
         if variant is None or v["variant"] == variant:
             counts[verdict_status(record, v)] += 1
@@ -350,9 +377,21 @@ def round_table(record: Mapping[str, Any]) -> Table:
         table.add_row(variant, harness_id[:12], _rate(stats["pass_rate"] if stats else None),
                       str(stats["n_traces"]) if stats else "0", str(counts["shipped"]), str(counts["rejected"]))
     val = record["val"]
+    infra = infra_count(record)
     table.caption = (f"val pass@1 {_rate(val['pass_at_1'] if val else None)} · spawned {total['spawned']} · "
-                     f"GRPO loss {_loss(record)} · {record['seconds'].get('total', 0.0):.1f} s")
+                     f"GRPO loss {_loss(record)} · {record['seconds'].get('total', 0.0):.1f} s"
+                     + (f" · infrastructure failures {infra}" if infra else ""))
     return table
+
+
+def _infra_line(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The summary's line on infrastructure failures (none for runs that did not count them)."""
+    counted = [(r["round"], infra_count(r)) for r in records if infra_count(r) is not None]
+    if not counted:
+        return []
+    rounds = ", ".join(f"round {r}: {n}" for r, n in counted if n)
+    return [f"- infrastructure failures (policy, environment or tool crashes; in no GRPO group or failure "
+            f"cluster): {sum(n for _, n in counted)} traces" + (f" ({rounds})" if rounds else "")]
 
 
 def summary_markdown(run: Run) -> str:
@@ -368,7 +407,10 @@ def summary_markdown(run: Run) -> str:
         f"- mode: {', '.join(run.modes)}",
         f"- rounds: {len(recs)} (rounds {recs[0]['round']}–{recs[-1]['round']})",
         (f"- edits: {sum(c['shipped'] for c in all_counts)} shipped, {sum(c['spawned'] for c in all_counts)} "
-         f"spawned, {sum(c['rejected'] for c in all_counts)} rejected"),
+         f"spawned, {sum(c['rejected'] for c in all_counts)} rejected"
+         + (f", {undecided} undecided (judged again with more evidence)"
+            if (undecided := sum(c['undecided'] for c in all_counts)) else "")),
+        *_infra_line(recs),
         "",
         "## Rounds",
         "",

@@ -118,22 +118,24 @@ def _walk(prefix: str, value: Any, out: dict[str, Scalar]) -> None:
 
 
 def _evolve_metrics(evolve: Mapping[str, Any]) -> dict[str, Scalar]:
-    """The evolve report as counts: verdicts, accepted / rejected (and rejected per gate),
+    """The evolve report as counts: verdicts, accepted / rejected (and rejected per gate) / undecided,
     shipped, spawned, warnings, failures per root cause and each variant's digest compression.
     Its ``seconds`` are left out: the RoundRecord's own ``seconds`` hold digest/plan/critic."""
     verdicts = evolve.get("verdicts") or []
     accepted = sum(1 for v in verdicts if v["ship"])
+    undecided = sum(1 for v in verdicts if v.get("undecided"))
     out: dict[str, Scalar] = {
         "evolve/verdicts": len(verdicts),
         "evolve/accepted": accepted,
-        "evolve/rejected": len(verdicts) - accepted,
+        "evolve/rejected": len(verdicts) - accepted - undecided,
+        "evolve/undecided": undecided,
         "evolve/shipped": len(evolve.get("shipped") or []),
         "evolve/spawned": len(evolve.get("spawned") or []),
         "evolve/warnings": len(evolve.get("warnings") or []),
     }
     if evolve.get("stopped") is not None:
         out["evolve/stopped"] = str(evolve["stopped"])
-    by_gate = Counter(v.get("gate") or "none" for v in verdicts if not v["ship"])
+    by_gate = Counter(v.get("gate") or "none" for v in verdicts if not v["ship"] and not v.get("undecided"))
     out.update({f"evolve/rejected_by/{gate}": n for gate, n in sorted(by_gate.items())})
     failures: Counter[str] = Counter()
     for digest in evolve.get("digests") or []:

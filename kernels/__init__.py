@@ -61,7 +61,7 @@ def grpo_loss(
     *,
     ref_logp: torch.Tensor | None = None,  # [N] reference-model log-probs, for the k3 KL
     beta: float = 0.0,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,  # one T for every token, or [N]: the T that sampled each
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float | None = None,
@@ -70,7 +70,8 @@ def grpo_loss(
 ) -> GRPOLossOutput:
     """Clipped GRPO loss Σ_i token_weights_i · ℓ_i, differentiable w.r.t. hidden and weight.
 
-    Per token, with logp = log_softmax(hidden · weightᵀ / temperature)[target] and
+    Per token, with logp = log_softmax(hidden · weightᵀ / T_i)[target] (T_i = ``temperature``, or its
+    i-th entry when it is a tensor: a batch may mix calls sampled at different temperatures) and
     r = exp(logp − old_logp): ℓ = max(−r·A, −clip(r, 1−eps_low, 1+eps_high)·A), capped at −c·A for
     A < 0 when ``dual_clip=c``, plus beta·k3 with k3 = exp(ref − logp) − (ref − logp) − 1.
 

@@ -21,7 +21,8 @@ One pass or recompute?
 
 Temperature is folded into the hidden rows (z = (h / T) · Wᵀ), which costs a [chunk × H] scale
 instead of a pass over the [chunk × V] tile; by the chain rule grad_weight = Gᵀ · (h / T) reuses the
-scaled rows and grad_hidden = (G · W) / T.
+scaled rows and grad_hidden = (G · W) / T. T may differ per row (each token at the temperature that
+sampled it): the scale is then a [chunk × 1] column, and the row kernels never see T at all.
 
 Gradients accumulate in float32 (float64 for float64 inputs) and are cast to the inputs' dtype once
 at the end, so half-precision inputs do not round every chunk's contribution.
@@ -34,7 +35,7 @@ from typing import Any, Protocol
 import torch
 
 from .rows_torch import torch_rows
-from .spec import GRPOLossOutput, LossParams, check_inputs
+from .spec import GRPOLossOutput, LossParams, check_inputs, row_temperatures
 from .token_loss import TokenTerms
 
 # Rows per tile. At V=151936 a float32 tile is 74 MiB beside the 519 MiB fp32 weight gradient every path must
@@ -74,13 +75,17 @@ def chunk_pass(
     chunk_size: int,
     grad_hidden: torch.Tensor | None = None,  # [N, H] float32/64, fully overwritten
     grad_weight: torch.Tensor | None = None,  # [V, H] float32/64, fully overwritten
+    temperatures: torch.Tensor | None = None,  # [N] each row's temperature; None: params.temperature
 ) -> TokenTerms:
     """Per-token terms of all rows; fills grad_hidden / grad_weight with dL/dhidden, dL/dweight if given."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     n_rows, vocab = hidden.shape[0], weight.shape[0]
     acc = torch.promote_types(hidden.dtype, torch.float32)
-    inv_t = 1.0 / params.temperature
+    # 1/T as a float, or per row as an [N, 1] column in the accumulation dtype
+    inv_t: float | torch.Tensor = (
+        1.0 / params.temperature if temperatures is None else 1.0 / temperatures.to(acc)[:, None]
+    )
     with_grad = grad_hidden is not None or grad_weight is not None
     out = {name: torch.empty(n_rows, dtype=acc, device=hidden.device) for name in ("logp", "ratio", "loss", "slope")}
     clipped = torch.empty(n_rows, dtype=torch.bool, device=hidden.device)  # [N]
@@ -94,7 +99,8 @@ def chunk_pass(
 
     for start in range(0, n_rows, chunk_size):
         rows_ = slice(start, min(start + chunk_size, n_rows))
-        h_scaled = hidden[rows_] * inv_t  # [n, H]
+        inv_t_rows = inv_t[rows_] if isinstance(inv_t, torch.Tensor) else inv_t  # [n, 1] or a float
+        h_scaled = (hidden[rows_] * inv_t_rows).to(hidden.dtype)  # [n, H], rounded once like the scalar scale
         n = h_scaled.shape[0]
         if vocab_major:
             tile = torch.mm(weight, h_scaled.t(), out=tile_storage[: n * vocab].view(vocab, n)).t()  # [n, V]
@@ -122,7 +128,7 @@ def chunk_pass(
         if grad_hidden is not None:
             # dL/dh = (dL/dz · W) / T, formed as (Wᵀ · dL/dzᵀ)ᵀ: MKL runs that orientation ~15 % faster
             grad_hidden_t = torch.mm(weight.t(), grad.t().to(weight.dtype))  # [H, n]
-            torch.mul(grad_hidden_t.t(), inv_t, out=grad_hidden[rows_])
+            torch.mul(grad_hidden_t.t(), inv_t_rows, out=grad_hidden[rows_])
         if grad_weight is not None:
             # dL/dW += (dL/dz)ᵀ · (h / T)   [V, H]; the first chunk overwrites, so no zero-fill pass
             grad_weight.addmm_(grad.t().to(acc), h_scaled.to(acc), beta=0 if start == 0 else 1)
@@ -142,6 +148,7 @@ class _ChunkedGRPOLoss(torch.autograd.Function):
         advantages: torch.Tensor,  # [N]
         token_weights: torch.Tensor,  # [N]
         ref_logp: torch.Tensor | None,  # [N]
+        temperatures: torch.Tensor | None,  # [N]
         params: LossParams,
         rows: RowKernel,
         chunk_size: int,
@@ -154,6 +161,7 @@ class _ChunkedGRPOLoss(torch.autograd.Function):
         terms = chunk_pass(
             hidden, weight, targets, old_logp, advantages, token_weights, ref_logp, params,
             rows=rows, chunk_size=chunk_size, grad_hidden=grad_hidden, grad_weight=grad_weight,
+            temperatures=temperatures,
         )  # fmt: skip
         loss = (token_weights.to(acc) * terms.loss).sum()  # []
         # Cast once, then drop the float32 copy before anything else is allocated.
@@ -173,7 +181,7 @@ class _ChunkedGRPOLoss(torch.autograd.Function):
         if float(grad_loss) != 1.0:
             grad_hidden = grad_hidden * grad_loss.to(grad_hidden.dtype) if grad_hidden is not None else None
             grad_weight = grad_weight * grad_loss.to(grad_weight.dtype) if grad_weight is not None else None
-        return (grad_hidden, grad_weight) + (None,) * 10
+        return (grad_hidden, grad_weight) + (None,) * 11
 
 
 def grpo_loss_chunked(
@@ -186,7 +194,7 @@ def grpo_loss_chunked(
     *,
     ref_logp: torch.Tensor | None = None,  # [N]
     beta: float = 0.0,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,  # one T, or [N]: each row's own
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float | None = None,
@@ -194,11 +202,12 @@ def grpo_loss_chunked(
     rows: RowKernel = torch_rows,
 ) -> GRPOLossOutput:
     """The GRPO loss over ``chunk_size``-row tiles; gradients only when autograd will ask for them."""
-    params = LossParams(temperature, eps_low, eps_high, dual_clip, beta)
+    scalar_t, per_row = row_temperatures(temperature, hidden.shape[0], hidden.device)
+    params = LossParams(scalar_t, eps_low, eps_high, dual_clip, beta)
     check_inputs(hidden, weight, targets, old_logp, advantages, token_weights, ref_logp, params)
     grad_enabled = torch.is_grad_enabled()
     loss, logp, ratio, clipped, kl = _ChunkedGRPOLoss.apply(
-        hidden, weight, targets, old_logp, advantages, token_weights, ref_logp, params, rows, chunk_size,
+        hidden, weight, targets, old_logp, advantages, token_weights, ref_logp, per_row, params, rows, chunk_size,
         grad_enabled and hidden.requires_grad, grad_enabled and weight.requires_grad,
     )  # fmt: skip
     return GRPOLossOutput(loss, logp, ratio, clipped, kl if ref_logp is not None else None)

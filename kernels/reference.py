@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .spec import GRPOLossOutput, LossParams, check_inputs
+from .spec import GRPOLossOutput, LossParams, check_inputs, row_temperatures
 
 
 def grpo_loss_reference(
@@ -23,7 +23,7 @@ def grpo_loss_reference(
     *,
     ref_logp: torch.Tensor | None = None,  # [N]
     beta: float = 0.0,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,  # one T, or [N]: each row's own
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float | None = None,
@@ -33,11 +33,13 @@ def grpo_loss_reference(
     Works in the inputs' dtype for the matmul and in at least float32 for everything after it (in
     float64 when the inputs are float64).
     """
-    params = LossParams(temperature, eps_low, eps_high, dual_clip, beta)
+    scalar_t, per_row = row_temperatures(temperature, hidden.shape[0], hidden.device)
+    params = LossParams(scalar_t, eps_low, eps_high, dual_clip, beta)
     check_inputs(hidden, weight, targets, old_logp, advantages, token_weights, ref_logp, params)
     acc = torch.promote_types(hidden.dtype, torch.float32)
 
-    logits = (hidden @ weight.T).to(acc) / temperature  # [N, V]
+    t = per_row.to(acc).unsqueeze(-1) if per_row is not None else params.temperature  # [N, 1] or a float
+    logits = (hidden @ weight.T).to(acc) / t  # [N, V]
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # [N]
     adv = advantages.to(acc)  # [N]
     ratio = torch.exp(logp - old_logp.to(acc))  # [N]

@@ -27,6 +27,9 @@ class GRPOLossOutput(NamedTuple):
 class LossParams:
     """Scalar settings of the clipped GRPO objective, validated once at construction.
 
+    ``temperature`` is the one temperature of every row; per-row temperatures (a batch whose calls
+    were sampled at different temperatures) travel as a tensor beside it (``row_temperatures``).
+
     ``dual_clip`` is the constant c > 1 of dual-clip PPO: for A < 0 the per-token loss is capped at
     −c·A, so a token whose ratio has exploded cannot push the policy arbitrarily far.
     """
@@ -56,6 +59,26 @@ class LossParams:
     @property
     def ratio_high(self) -> float:
         return 1.0 + self.eps_high
+
+
+def row_temperatures(
+    temperature: float | torch.Tensor, n: int, device: torch.device
+) -> tuple[float, torch.Tensor | None]:
+    """(scalar temperature for ``LossParams``, [N] per-row temperatures or None).
+
+    A tensor must hold one positive, finite temperature per row, on the rows' device; the scalar
+    returned beside it is 1.0 (rows are scaled by their own). Raises ValueError otherwise.
+    """
+    if not isinstance(temperature, torch.Tensor):
+        return float(temperature), None
+    if temperature.shape != (n,) or not temperature.is_floating_point():
+        raise ValueError(f"temperature must be a number or a floating tensor of shape [{n}], got "
+                         f"{temperature.dtype} {tuple(temperature.shape)}")
+    if temperature.device != device:
+        raise ValueError(f"temperature is on {temperature.device}, hidden on {device}")
+    if n and not (bool((temperature > 0).all()) and bool(torch.isfinite(temperature).all())):
+        raise ValueError("temperature must be positive and finite in every row")
+    return 1.0, temperature
 
 
 def check_inputs(

@@ -192,7 +192,7 @@ def grpo_loss_triton(
     *,
     ref_logp: torch.Tensor | None = None,  # [N]
     beta: float = 0.0,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,  # one T, or [N]: each row's own (applied by the chunked pass)
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float | None = None,

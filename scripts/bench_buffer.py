@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coevo.buffers import ReplayBuffer
+from coevo.buffers import LogprobQuery, ReplayBuffer
 
 from coevo.agent.trace import ModelCall, Trace
 
@@ -111,8 +111,8 @@ def _run_buffer(args: argparse.Namespace) -> str:
     ]
     rows = {id(c.completion_ids): [-0.5] * len(c.completion_ids) for t in traces for c in t.model_calls}
 
-    def cached_logprobs(pairs: Sequence[tuple[list[int], list[int]]]) -> list[list[float]]:
-        return [rows[id(completion)] for _, completion in pairs]
+    def cached_logprobs(queries: Sequence[LogprobQuery]) -> list[list[float]]:
+        return [rows[id(q.completion_ids)] for q in queries]
 
     batches = [traces[i : i + args.add_batch] for i in range(0, len(traces), args.add_batch)]
     results: dict[str, list[tuple[float, float | None]]] = {}  # label -> [(traces/s, MB/s or None)]

@@ -120,6 +120,8 @@ def test_missing_liger_names_the_install_in_the_loss_benchmark(monkeypatch):
 @pytest.mark.parametrize(("overrides", "field", "allowed"), [
     (["model.dtype=fp8"], "model.dtype", "['auto', 'float32', 'bfloat16']"),
     (["rollout.vllm_mode=remote"], "rollout.vllm_mode", "['colocate', 'server']"),
+    (["rollout.engine=fast"], "rollout.engine", "['cached', 'hf']"),
+    (["rollout.prefix_cache_mb=-1"], "rollout.prefix_cache_mb", ">= 0 MiB"),
     (["trainer.kernel=cuda"], "trainer.kernel", "['auto', 'reference', 'chunked', 'triton']"),
     (["logger.mode=sometimes"], "logger.mode", "['auto', 'online', 'offline', 'disabled']"),
     (["rollout.temperature=-0.5"], "rollout.temperature", ">= 0"),

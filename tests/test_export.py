@@ -92,7 +92,8 @@ def test_grpo_records_carry_exact_ids_logprobs_and_the_trainers_advantages(
         run_dir: Path, stored: list[tuple], tmp_path: Path) -> None:
     export(run_dir, tmp_path / "grpo.jsonl", "grpo")
     records = lines(tmp_path / "grpo.jsonl")
-    adv, _, _ = group_advantages([t.task_id for _, t in stored], [t.reward for _, t in stored], scale_by_std=True)
+    adv, _, _ = group_advantages([t.task_id for _, t in stored], [t.reward for _, t in stored], scale_by_std=True,
+                                 members=[t.trainable for _, t in stored])
     expected = {t.trace_id: a for (_, t), a in zip(stored, adv.tolist(), strict=True)}
     assert any(a != 0 for a in expected.values())
     by_id = {t.trace_id: (e, t) for e, t in stored}
@@ -131,7 +132,8 @@ def test_grpo_advantages_are_recomputed_over_the_exported_groups(run_dir: Path, 
                                                                  tmp_path: Path) -> None:
     export(run_dir, tmp_path / "r1.jsonl", "grpo", rounds=1, scale_by_std=False)
     kept = [t for e, t in stored if e.round == 1]
-    adv, _, _ = group_advantages([t.task_id for t in kept], [t.reward for t in kept], scale_by_std=False)
+    adv, _, _ = group_advantages([t.task_id for t in kept], [t.reward for t in kept], scale_by_std=False,
+                                 members=[t.trainable for t in kept])
     expected = {t.trace_id: a for t, a in zip(kept, adv.tolist(), strict=True)}
     assert {r["trace_id"]: r["advantage"] for r in lines(tmp_path / "r1.jsonl")} == expected
 
@@ -196,7 +198,7 @@ def tool_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     run = tmp_path / "run"
     with ReplayBuffer(run / "buffer", capacity=8) as buf:
         buf.add([tool_trace("a", "t1", 1.0), tool_trace("b", "t1", 0.0), tool_trace("c", "t2", 1.0)], round=0,
-                model_version=0, logprob_fn=lambda pairs: [[-1.0] * len(c) for _, c in pairs])
+                model_version=0, logprob_fn=lambda queries: [[-1.0] * len(q.completion_ids) for q in queries])
     return run
 
 
@@ -224,6 +226,23 @@ def test_exports_redact_secret_environment_values(tool_run: Path, tmp_path: Path
     grpo = lines(tmp_path / "grpo.jsonl")  # numbers untouched by redaction
     assert [r["completion_ids"] for r in grpo] == [[4, 5]] * 6 and grpo[0]["behaviour_logprobs"] == [-1.0, -1.0]
     assert [r["advantage"] for r in grpo if r["task_id"] == "t2"] == [0.0, 0.0]  # a singleton group: no signal
+
+
+def test_grpo_export_leaves_infrastructure_failures_out_of_the_groups_and_names_temperatures(tmp_path: Path) -> None:
+    """As in training: a crashed episode (reward 0 from the machine) joins no group, so task t1's
+    baseline is its two real traces; each record says the temperature its log-probs refer to."""
+    traces = [tool_trace("a", "t1", 1.0), tool_trace("b", "t1", 0.0), tool_trace("c", "t1", 0.0)]
+    traces[2].error, traces[2].error_source, traces[2].trainable = "env reset: ConnectionError: down", "env", False
+    for call in traces[0].model_calls:
+        call.temperature = 0.3
+    traces[1].model_calls[1].temperature = 0.0  # greedy: log-probs at T = 1
+    with ReplayBuffer(tmp_path / "run" / "buffer", capacity=8) as buf:
+        buf.add(traces, round=0, model_version=0,
+                logprob_fn=lambda queries: [[-1.0] * len(q.completion_ids) for q in queries])
+    export(tmp_path / "run", tmp_path / "grpo.jsonl", "grpo", scale_by_std=False)
+    got = {(r["trace_id"], r["call_index"]): (r["advantage"], r["temperature"]) for r in lines(tmp_path / "grpo.jsonl")}
+    assert got == {("a", 0): (0.5, 0.3), ("a", 1): (0.5, 0.3), ("b", 0): (-0.5, None), ("b", 1): (-0.5, 1.0),
+                   ("c", 0): (0.0, None), ("c", 1): (0.0, None)}
 
 
 def test_export_command_writes_the_filtered_traces(run_dir: Path, stored: list[tuple], tmp_path: Path) -> None:

@@ -443,9 +443,9 @@ def test_lineage_layout_depth_is_ancestors_and_x_is_order():
 
 def test_edit_counts_per_variant():
     rec = fabricate_records()[3]
-    assert edit_counts(rec) == {"shipped": 1, "spawned": 0, "rejected": 1}
-    assert edit_counts(rec, "v1") == {"shipped": 0, "spawned": 0, "rejected": 1}
-    assert edit_counts(fabricate_records()[1]) == {"shipped": 0, "spawned": 1, "rejected": 1}
+    assert edit_counts(rec) == {"shipped": 1, "spawned": 0, "rejected": 1, "undecided": 0}
+    assert edit_counts(rec, "v1") == {"shipped": 0, "spawned": 0, "rejected": 1, "undecided": 0}
+    assert edit_counts(fabricate_records()[1]) == {"shipped": 0, "spawned": 1, "rejected": 1, "undecided": 0}
 
 
 # -------------------------------------------------------------------------------------- round table
@@ -490,4 +490,57 @@ def test_real_verdict_dicts_validate_and_describe_like_edit():
     rec["evolve"]["verdicts"] = [json.loads(json.dumps(verdict.to_dict()))]
     check_record(rec)
     assert describe_edits(rec["evolve"]["verdicts"][0]) == "insert few_shot (few_shot); set_param step_budget.max_steps"
-    assert edit_counts(rec) == {"shipped": 1, "spawned": 0, "rejected": 0}
+    assert edit_counts(rec) == {"shipped": 1, "spawned": 0, "rejected": 0, "undecided": 0}
+
+
+def test_infrastructure_failures_are_validated_and_reported(tmp_path: Path):
+    """Rounds count the episodes lost to the machine; the summary and the round table say so, old
+    records without the count still load, and a malformed count names its field."""
+    records = fabricate_records()
+    records[1]["infra_failures"] = {"count": 2, "by_source": {"policy": 2}, "trace_ids": ["r0001-t1-0", "r0001-t2-1"]}
+    records[3]["infra_failures"] = {"count": 0, "by_source": {}, "trace_ids": []}
+    run = write_run(tmp_path / "run", records)
+    summary = (write_report(run) / "summary.md").read_text()
+    assert ("- infrastructure failures (policy, environment or tool crashes; in no GRPO group or failure cluster): "
+            "2 traces (round 1: 2)") in summary
+    _, text = _render(round_table(records[1]))
+    assert "infrastructure failures 2" in text
+    assert "infrastructure failures" not in _render(round_table(records[3]))[1]
+    assert "infrastructure failures" not in (write_report(write_run(tmp_path / "old", fabricate_records()))
+                                             / "summary.md").read_text()
+    records[2]["infra_failures"] = {"count": "2", "by_source": {}}
+    with pytest.raises(ValueError, match=re.escape("3: field 'infra_failures.count' must be int, got str")):
+        load_run(write_run(tmp_path / "bad", records))
+
+
+def test_statistical_gate_verdicts_validate_and_count_as_undecided(tmp_path: Path):
+    """A real undecided verdict of the stat gate goes through JSON into a record: it validates, is
+    counted as undecided (neither shipped nor rejected), and shows in the summary; its evidence is
+    checked field by field, and a verdict both shipped and undecided is refused."""
+    from coevo.envs.base import Task
+    from coevo.evolution.critic import Critic
+    from coevo.harness.defaults import base_harness
+    from coevo.report import verdict_status
+
+    tasks = {f"t{i}": Task(f"t{i}", "synthetic", f"Task {i}", "train", answer=100 + i) for i in range(2)}
+    critic = Critic(lambda h, ts, k: {t.task_id: [h.id != base_harness().id] * k for t in ts}, k=1, n_tasks=2, budget=4)
+    proposal = Proposal(hypothesis="h", edits=[Edit("set_param", "sampling", param="temperature", value=0.3)],
+                        dimension="model_selection")
+    verdict, _ = critic.judge(proposal, base_harness(), before={t: [False] for t in tasks}, tasks=tasks)
+    assert verdict.undecided
+    records = fabricate_records()
+    records[0]["evolve"]["verdicts"].append(json.loads(json.dumps(verdict.to_dict())))
+    check_record(records[0])
+    stat = records[0]["evolve"]["verdicts"][-1]
+    assert verdict_status(records[0], stat) == "undecided" and stat["evidence"]["wins"] == 2
+    assert edit_counts(records[0])["undecided"] == 1
+    summary = (write_report(write_run(tmp_path / "run", records)) / "summary.md").read_text()
+    assert "1 undecided (judged again with more evidence)" in summary and "| undecided |" in summary
+    bad = json.loads(json.dumps(records[0]))
+    bad["evolve"]["verdicts"][-1]["evidence"]["wins"] = "2"
+    with pytest.raises(ValueError, match=r"evidence.wins' must be int"):
+        check_record(bad)
+    bad["evolve"]["verdicts"][-1]["evidence"]["wins"] = 2
+    bad["evolve"]["verdicts"][-1]["ship"] = True
+    with pytest.raises(ValueError, match="both shipped and undecided"):
+        check_record(bad)

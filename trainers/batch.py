@@ -2,7 +2,9 @@
 
 Every model call of a trace is trained with that trace's advantage (DESIGN §6). A sequence keeps
 the exact prompt and completion ids the policy saw and produced, the behaviour log-probs cached
-by the replay buffer, and the sampler's log-probs when the policy gave them.
+by the replay buffer, the sampler's log-probs when the policy gave them, and the temperature its
+tokens were drawn at: the harness may sample calls at different temperatures (a temperature
+schedule), and current-policy log-probs, ratios and KL must use each token's own.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ class TrainSequence:
     sampler_logp: list[float] | None
     advantage: float
     loss_weight: float
+    temperature: float = 1.0  # the log-prob temperature of its tokens (ModelCall.logprob_temperature)
 
 
-def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor) -> list[TrainSequence]:
-    """Flatten the trainable, non-empty model calls of trainable traces into sequences."""
+def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
+                       default_temperature: float = 1.0) -> list[TrainSequence]:
+    """Flatten the trainable, non-empty model calls of trainable traces into sequences.
+
+    ``default_temperature`` is the run's rollout temperature, for calls recorded before model
+    calls kept their sampling parameters."""
     out: list[TrainSequence] = []
     for i, (trace, adv) in enumerate(zip(traces, advantages.tolist(), strict=True)):
         if not trace.trainable:
@@ -41,8 +48,10 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor) -> lis
             if len(old) != len(call.completion_ids):
                 raise ValueError(f"trace {trace.trace_id} call {k}: {len(old)} behaviour log-probs for "
                                  f"{len(call.completion_ids)} tokens")
+            temperature = call.logprob_temperature()
             out.append(TrainSequence(i, call.prompt_ids, call.completion_ids, old, call.sampler_logprobs,
-                                     float(adv), call.loss_weight))
+                                     float(adv), call.loss_weight,
+                                     default_temperature if temperature is None else temperature))
     return out
 
 
@@ -57,6 +66,7 @@ class Collated:
     sampler_logp: torch.Tensor | None  # [N] (None when any sequence lacks sampler log-probs)
     advantages: torch.Tensor  # [N]
     loss_weights: torch.Tensor  # [N]
+    temperatures: torch.Tensor  # [N] the temperature each token was sampled at
     lengths: list[int]  # completion tokens per sequence
 
 
@@ -88,5 +98,6 @@ def collate(seqs: Sequence[TrainSequence], pad_id: int, device: torch.device | s
         sampler_logp=flat([s.sampler_logp for s in seqs]) if has_sampler else None,  # type: ignore[misc]
         advantages=flat([[s.advantage] * n for s, n in zip(seqs, lengths, strict=True)]),
         loss_weights=flat([[s.loss_weight] * n for s, n in zip(seqs, lengths, strict=True)]),
+        temperatures=flat([[s.temperature] * n for s, n in zip(seqs, lengths, strict=True)]),
         lengths=lengths,
     )

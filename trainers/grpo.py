@@ -1,9 +1,12 @@
 """Cross-harness GRPO: one optimizer step over traces from the replay buffer.
 
-``GRPOTrainer.step(traces)`` groups the traces by task id (any harness, any checkpoint),
+``GRPOTrainer.step(traces)`` groups the trainable traces by task id (any harness, any
+checkpoint; crashed episodes, infrastructure failures among them, take no part in any group),
 computes advantages, turns every trainable model call into a sequence carrying its trace's
 advantage, and takes one optimizer step on the clipped off-policy objective against the cached
-behaviour log-probs. The loss comes from the fused kernels in ``coevo.kernels``, which never
+behaviour log-probs. Current-policy log-probs, ratios and the KL use, per token, the temperature
+that sampled it (``ModelCall.logprob_temperature``; the ``temperature`` argument only for calls
+recorded without one). The loss comes from the fused kernels in ``coevo.kernels``, which never
 hold the full [tokens × vocab] logits.
 
 Distribution is accelerate's: the step's sequences are dealt to processes in a fixed order,
@@ -44,6 +47,8 @@ class StepMetrics:
     advantage_mean: float
     advantage_std: float
     zero_variance_fraction: float
+    excluded_traces: int  # left out of every group: not trainable (crashed, or excluded by the harness)
+    infra_traces: int  # of those, infrastructure failures (Trace.infra_failure)
     sequences: int
     tokens: int
     tokens_per_s: float
@@ -65,7 +70,8 @@ class GRPOTrainer:
     ``ref_model``), ``tis_cap`` for the truncated importance weight between the trainer's
     behaviour log-probs and the sampler's, ``aggregation`` (token_mean | sequence_mean | dapo),
     ``scale_by_std`` (False is Dr. GRPO), ``drop_zero_variance``, ``temperature`` (the rollout
-    temperature the log-probs refer to), ``kernel`` (auto | chunked | reference | triton),
+    temperature, for model calls recorded without their own; every other token is scored at the
+    temperature that sampled it), ``kernel`` (auto | chunked | reference | triton),
     ``optimizer`` (adamw | sgd; SGD keeps the update proportional to the gradient, which the
     distributed test relies on to see a wrong gradient scale).
     """
@@ -120,8 +126,7 @@ class GRPOTrainer:
         self.pad_id = pad_id
         self.max_grad_norm = max_grad_norm
         self.micro_batch_size = micro_batch_size
-        self.loss_kwargs = dict(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, beta=beta,
-                                temperature=temperature, impl=kernel)
+        self.loss_kwargs = dict(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, beta=beta, impl=kernel)
         self.beta, self.tis_cap, self.temperature = beta, tis_cap, temperature
         self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, scale_by_std, drop_zero_variance
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
@@ -137,13 +142,16 @@ class GRPOTrainer:
         ``versions`` are the model versions that produced each trace (for the staleness metric).
         """
         start = time.perf_counter()
+        members = [t.trainable for t in traces]
         adv, signal, stats = group_advantages([t.task_id for t in traces], [t.reward for t in traces],
-                                              scale_by_std=self.scale_by_std)
-        keep = [i for i in range(len(traces)) if signal[i] or not self.drop_zero_variance]
-        seqs = training_sequences([traces[i] for i in keep], adv[keep])
+                                              scale_by_std=self.scale_by_std, members=members)
+        keep = [i for i in range(len(traces)) if members[i] and (signal[i] or not self.drop_zero_variance)]
+        seqs = training_sequences([traces[i] for i in keep], adv[keep], default_temperature=self.temperature)
         staleness = dict(Counter(self.version - v for v in versions)) if versions is not None else {}
+        excluded = (stats.excluded_traces, sum(t.infra_failure for t in traces))
         if not seqs:  # nothing to learn from: no step, but say why in the metrics
-            return self._metrics(0.0, [], adv, stats.zero_variance_fraction, 0, 0, start, 0.0, staleness)
+            return self._metrics(0.0, [], adv[[i for i, m in enumerate(members) if m]], stats.zero_variance_fraction,
+                                 0, 0, start, 0.0, staleness, excluded=excluded)
         lengths = [len(s.completion_ids) for s in seqs]
         step_tokens, step_seqs = sum(lengths), len(seqs)
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
@@ -170,7 +178,7 @@ class GRPOTrainer:
         self.version += 1
         total_loss = float(self.accelerator.reduce(torch.tensor(total_loss, device=self.accelerator.device), "sum"))
         return self._metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
-                             start, float(grad_norm), staleness, lr)
+                             start, float(grad_norm), staleness, lr, excluded=excluded)
 
     def _micro_loss(self, mb: list[TrainSequence], step_tokens: int, step_seqs: int) -> tuple[torch.Tensor, Any]:
         if not mb:  # this process has fewer sequences: take part in the gradient reduction with zeros
@@ -183,26 +191,30 @@ class GRPOTrainer:
         weights = weights.to(device) * batch.loss_weights
         if self.tis_cap is not None and batch.sampler_logp is not None:
             weights = weights * torch.exp(batch.old_logp - batch.sampler_logp).clamp(max=self.tis_cap)
-        ref = self._ref_logp(batch) if self.beta > 0 else None
+        temperature = _temperature(mb, batch)
+        ref = self._ref_logp(batch, temperature) if self.beta > 0 else None
         out = grpo_loss(hidden, weight, batch.targets, batch.old_logp, batch.advantages, weights, ref_logp=ref,
-                        **self.loss_kwargs)
+                        temperature=temperature, **self.loss_kwargs)
         return out.loss, out
 
     @torch.no_grad()
-    def _ref_logp(self, batch: Any) -> torch.Tensor:
+    def _ref_logp(self, batch: Any, temperature: float | torch.Tensor) -> torch.Tensor:
+        """[N] reference log-probs at each token's own temperature, so the k3 KL compares like with like."""
         model = self.unwrapped
         if hasattr(model, "disable_adapter"):  # LoRA: the reference is the base model
             with model.disable_adapter():
                 hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
-                return token_logprobs(hidden, lm_head_weight(model), batch.targets, self.temperature)
+                return token_logprobs(hidden, lm_head_weight(model), batch.targets, temperature)
         if self.ref_model is None:
             raise ValueError("beta > 0 needs a ref_model (or a LoRA model, whose base is the reference)")
         hidden = completion_hidden(self.ref_model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
-        return token_logprobs(hidden, lm_head_weight(self.ref_model), batch.targets, self.temperature)
+        return token_logprobs(hidden, lm_head_weight(self.ref_model), batch.targets, temperature)
 
     def _metrics(self, loss: float, details: list[Any], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,
-                 start: float, grad_norm: float, staleness: dict[int, int], lr: float | None = None) -> StepMetrics:
-        """``lr``: the rate the step used (the scheduler has already moved on); None when no step ran."""
+                 start: float, grad_norm: float, staleness: dict[int, int], lr: float | None = None, *,
+                 excluded: tuple[int, int] = (0, 0)) -> StepMetrics:
+        """``lr``: the rate the step used (the scheduler has already moved on); None when no step ran.
+        ``excluded``: (traces left out of the groups, infrastructure failures among them)."""
         ratio = torch.cat([d.ratio for d in details]) if details else torch.ones(1)
         clipped = torch.cat([d.clipped.float() for d in details]) if details else torch.zeros(1)
         kls = [d.kl for d in details if d.kl is not None]
@@ -216,6 +228,8 @@ class GRPOTrainer:
             advantage_mean=float(adv.mean()) if adv.numel() else 0.0,
             advantage_std=float(adv.std()) if adv.numel() > 1 else 0.0,
             zero_variance_fraction=zero_var,
+            excluded_traces=excluded[0],
+            infra_traces=excluded[1],
             sequences=seqs,
             tokens=tokens,
             tokens_per_s=tokens / max(time.perf_counter() - start, 1e-9),
@@ -262,6 +276,13 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
+
+
+def _temperature(seqs: Sequence[TrainSequence], batch: Any) -> float | torch.Tensor:
+    """The micro-batch's temperature: one float when every sequence was sampled at the same one (the
+    kernels' scalar path), else the [N] per-token tensor. Decided from the sequences, on the host."""
+    temperatures = {s.temperature for s in seqs}
+    return next(iter(temperatures)) if len(temperatures) == 1 else batch.temperatures
 
 
 def apply_lora(model: Any, *, r: int = 16, alpha: int = 32, dropout: float = 0.0,

@@ -38,23 +38,28 @@ def completion_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch
 
 
 @torch.no_grad()
-def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                   chunk: int = 256) -> torch.Tensor:
-    """[N] log softmax(hidden @ weight.T / temperature)[target], ``chunk`` rows at a time."""
+def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                   temperature: float | torch.Tensor = 1.0, chunk: int = 256) -> torch.Tensor:
+    """[N] log softmax(hidden @ weight.T / T)[target], ``chunk`` rows at a time; ``temperature`` is
+    one T for all rows or a [N] tensor with each row's own."""
     out = torch.empty(targets.shape[0], dtype=torch.float32, device=hidden.device)
+    per_row = isinstance(temperature, torch.Tensor)
     for s in range(0, targets.shape[0], chunk):
-        logits = (hidden[s : s + chunk] @ weight.T).float() / temperature  # [c, V]
+        t = temperature[s : s + chunk, None].float() if per_row else temperature  # [c, 1] or a float
+        logits = (hidden[s : s + chunk] @ weight.T).float() / t  # [c, V]
         out[s : s + chunk] = logits.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - logits.logsumexp(-1)
     return out
 
 
 def logprob_fn(model: Any, pad_id: int, *, temperature: float = 1.0, batch_size: int = 8
-               ) -> Callable[[Sequence[tuple[list[int], list[int]]]], list[list[float]]]:
-    """The replay buffer's LogprobFn: behaviour log-probs of (prompt, completion) pairs under
-    ``model`` as it is now, in batches of ``batch_size`` sequences (one forward per batch)."""
+               ) -> Callable[[Sequence[Sequence[Any]]], list[list[float]]]:
+    """The replay buffer's LogprobFn: behaviour log-probs of ``LogprobQuery`` items (prompt ids,
+    completion ids, temperature) under ``model`` as it is now, each at its own temperature, in
+    batches of ``batch_size`` sequences (one forward per batch). ``temperature`` is the run's
+    rollout temperature, for items without one (None, or plain (prompt, completion) pairs)."""
 
     @torch.no_grad()
-    def fn(pairs: Sequence[tuple[list[int], list[int]]]) -> list[list[float]]:
+    def fn(pairs: Sequence[Sequence[Any]]) -> list[list[float]]:
         was_training = model.training
         model.eval()
         out: list[list[float]] = []
@@ -62,14 +67,16 @@ def logprob_fn(model: Any, pad_id: int, *, temperature: float = 1.0, batch_size:
         weight = lm_head_weight(model)
         try:
             for s in range(0, len(pairs), batch_size):
-                chunk = [TrainSequence(0, list(p), list(c), [0.0] * len(c), None, 0.0, 1.0) for p, c in pairs[s : s + batch_size]]
+                chunk = [TrainSequence(0, list(q[0]), list(q[1]), [0.0] * len(q[1]), None, 0.0, 1.0,
+                                       temperature if len(q) < 3 or q[2] is None else float(q[2]))
+                         for q in pairs[s : s + batch_size]]
                 nonempty = [q for q in chunk if q.completion_ids]
                 if not nonempty:
                     out.extend([] for _ in chunk)
                     continue
                 batch = collate(nonempty, pad_id, device)
                 hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
-                logp = token_logprobs(hidden, weight, batch.targets, temperature).tolist()
+                logp = token_logprobs(hidden, weight, batch.targets, batch.temperatures).tolist()
                 it = iter(batch.lengths)
                 for q in chunk:
                     if q.completion_ids:

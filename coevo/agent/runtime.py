@@ -6,8 +6,10 @@ requests into batches for the policy (one ``generate`` call serves many episodes
 the episodes between model calls in a thread pool, so slow tools overlap.
 
 Failures stay local. An exception raised by the environment, a tool or a processor ends that
-episode as a failed trace whose ``error`` names where it happened; the other episodes go on. A
-tool that hangs is abandoned after its timeout and reported to the model as a tool error.
+episode as a failed trace whose ``error`` names where it happened and whose ``error_source`` says
+who raised it ("policy", "env", "tool" or "processor"; the first three are infrastructure failures,
+``Trace.infra_failure``); the other episodes go on. A tool that hangs is abandoned after its
+timeout and reported to the model as a tool error.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 from coevo.envs.base import Env, EnvSession, Task
 from coevo.harness import events as ev
+from coevo.harness.events import Message
 from coevo.harness.errors import ProcessorContractError
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import Hook
@@ -32,11 +35,19 @@ Episode = Generator[ChatRequest, Generation, Trace]
 
 
 class EpisodeError(Exception):
-    """An episode failed; ``where`` says which component (env, tool or processor) raised."""
+    """An episode failed; ``where`` says which component raised, ``source`` its kind ("env",
+    "tool" or "processor"; see ``coevo.agent.trace.INFRA_SOURCES``)."""
 
-    def __init__(self, where: str, err: BaseException) -> None:
-        self.where = where
+    def __init__(self, where: str, err: BaseException, source: str) -> None:
+        self.where, self.source = where, source
         super().__init__(f"{where}: {type(err).__name__}: {err}")
+
+
+def tool_message(name: str, result: ev.ToolResult) -> Message:
+    """The turn that shows the model a tool's result: what every episode appends after a tool
+    call, and what a worked demonstration must show in the same place."""
+    content = result.output if result.error is None else f"Error: {result.error}\n{result.output}".rstrip()
+    return {"role": "tool", "name": name, "content": content}
 
 
 @dataclass(frozen=True)
@@ -73,10 +84,10 @@ def fire(harness: Harness, hook: Hook, event: ev.Event, log: list[dict[str, Any]
         try:
             out = p.process(event)
         except Exception as err:
-            raise EpisodeError(f"processor {p.name!r} at {hook.value}", err) from err
+            raise EpisodeError(f"processor {p.name!r} at {hook.value}", err, "processor") from err
         if not isinstance(out, p.produces):
             err = ProcessorContractError(f"returned {type(out).__name__}, declared {p.produces.__name__}")
-            raise EpisodeError(f"processor {p.name!r} at {hook.value}", err)
+            raise EpisodeError(f"processor {p.name!r} at {hook.value}", err, "processor")
         event = out
     log.append(
         {"hook": hook.value, "step": event.state.step, "processors": [p.name for p in harness.at(hook)],
@@ -137,17 +148,18 @@ class _EpisodeRun:
             yield from self._steps()
             self._verify()
         except EpisodeError as err:
-            self.trace.error = str(err)
+            self.trace.error, self.trace.error_source = str(err), err.source
             self.state.stop("error")
-        except Exception as err:  # a policy failure thrown in by the driver
-            self.trace.error = f"policy: {type(err).__name__}: {err}"
+        except Exception as err:  # a policy failure thrown in by the driver (out-of-memory included)
+            self.trace.error, self.trace.error_source = f"policy: {type(err).__name__}: {err}", "policy"
             self.state.stop("error")
         finally:
             if self.session is not None:
                 try:
                     self.session.close()
                 except Exception as err:
-                    self.trace.error = self.trace.error or f"env close: {type(err).__name__}: {err}"
+                    if self.trace.error is None:
+                        self.trace.error, self.trace.error_source = f"env close: {type(err).__name__}: {err}", "env"
         return self._finish(time.perf_counter() - start)
 
     def _steps(self) -> Episode:
@@ -157,7 +169,7 @@ class _EpisodeRun:
             state.messages = [{"role": "user", "content": self.session.observation}]
             state.available_tools = dict(self.session.tools)
         except Exception as err:
-            raise EpisodeError("env reset", err) from err
+            raise EpisodeError("env reset", err, "env") from err
         state.max_steps = self.max_steps
         fire(harness, Hook.TASK_START, ev.TaskStartEvent(state), log)
         state.prefix_len = len(state.messages)
@@ -169,6 +181,7 @@ class _EpisodeRun:
                 ev.ModelRequestEvent(state, messages=copy.deepcopy(state.messages), sampling=copy.deepcopy(state.sampling)),
                 log,
             )
+            sampling = copy.deepcopy(request.sampling)  # what the policy is asked for, kept on the call
             generation = yield ChatRequest(request.messages, request.sampling)
             self._count("model_calls")
             self._count("prompt_tokens", len(generation.prompt_ids))
@@ -181,6 +194,9 @@ class _EpisodeRun:
                 sampler_logprobs=None if generation.logprobs is None else list(generation.logprobs),
                 text=generation.text,
                 finish_reason=generation.finish_reason,
+                temperature=float(sampling.temperature),
+                top_p=float(sampling.top_p),
+                max_new_tokens=int(sampling.max_new_tokens),
             )
             self.trace.model_calls.append(call)
             out: ev.ParsedOutputEvent = fire(
@@ -231,8 +247,7 @@ class _EpisodeRun:
             ToolCallRecord(state.step, call.name, call.arguments, result.output, result.error, result.seconds,
                            call.call_id, blocked)
         )
-        content = result.output if result.error is None else f"Error: {result.error}\n{result.output}".rstrip()
-        state.messages.append({"role": "tool", "name": call.name, "content": content})
+        state.messages.append(tool_message(call.name, result))
         return f"{call.name}({_short(call.arguments)})"
 
     def _execute(self, call: ev.ToolCall, timeout_s: float) -> ev.ToolResult:
@@ -242,16 +257,16 @@ class _EpisodeRun:
         session = self.session
         if spec.provider == "env":
             fn = lambda: session.call_tool(call.name, call.arguments)  # noqa: E731
-            where = f"env tool {call.name!r}"
+            where, source = f"env tool {call.name!r}", "env"
         else:
             provider = self.harness.get(spec.provider)
             fn = lambda: provider.call_tool(call.name, call.arguments, timeout_s)  # noqa: E731
-            where = f"tool {call.name!r} of processor {spec.provider!r}"
+            where, source = f"tool {call.name!r} of processor {spec.provider!r}", "tool"
         start = time.perf_counter()
         try:
             result, timed_out = call_with_timeout(fn, timeout_s)
         except Exception as err:
-            raise EpisodeError(where, err) from err
+            raise EpisodeError(where, err, source) from err
         self._count("tool_timeouts", timed_out)
         if not result.seconds:
             result = ev.ToolResult(result.output, result.error, time.perf_counter() - start)
@@ -261,9 +276,9 @@ class _EpisodeRun:
         try:
             score = self.session.verify(self.state.final_answer)
         except Exception as err:
-            raise EpisodeError("env verify", err) from err
+            raise EpisodeError("env verify", err, "env") from err
         if not 0.0 <= score.reward <= 1.0:
-            raise EpisodeError("env verify", ValueError(f"reward {score.reward} outside [0, 1]"))
+            raise EpisodeError("env verify", ValueError(f"reward {score.reward} outside [0, 1]"), "env")
         self.trace.reward, self.trace.passed = float(score.reward), bool(score.passed)
         self.trace.verifier_info = dict(score.info)
 

@@ -7,10 +7,17 @@ from typing import Any
 
 from coevo.harness.events import Message
 
+INFRA_SOURCES = ("policy", "env", "tool")
+"""``Trace.error_source`` values that make a trace an infrastructure failure: the policy call raised
+(out-of-memory included), the environment raised (reset, an env tool, verify, close), or a tool's
+implementation raised. ``"processor"`` (a harness processor raised) is the harness's own defect."""
+
 
 @dataclass
 class ModelCall:
-    """One policy call with the exact token ids the policy saw and produced."""
+    """One policy call with the exact token ids the policy saw and produced, and the sampling
+    parameters that produced them (the harness may change them per call, e.g. a temperature
+    schedule), so the trainer scores each token under the distribution it was drawn from."""
 
     step: int
     messages: list[Message]  # the request view actually sent (after memory processors)
@@ -21,6 +28,17 @@ class ModelCall:
     finish_reason: str
     trainable: bool = True
     loss_weight: float = 1.0
+    temperature: float | None = None  # as requested; 0 is greedy; None: recorded before calls kept it
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+
+    def logprob_temperature(self) -> float | None:
+        """The temperature this call's log-probs refer to: the sampling temperature, 1.0 for greedy
+        decoding (policies report greedy log-probs at T = 1), None for a record made before model
+        calls kept their sampling parameters (its run's rollout temperature then applies)."""
+        if self.temperature is None:
+            return None
+        return self.temperature if self.temperature > 0 else 1.0
 
 
 @dataclass
@@ -53,12 +71,20 @@ class Trace:
     passed: bool = False
     stop_reason: str | None = None
     error: str | None = None
+    error_source: str | None = None  # who raised ``error``: "policy" | "env" | "tool" | "processor"
     trainable: bool = True
     cost: dict[str, float] = field(default_factory=dict)  # prompt/completion tokens, seconds
     journal: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
     verifier_info: dict[str, Any] = field(default_factory=dict)
     behaviour_logprobs: list[list[float]] | None = None  # per model call; set by the replay buffer
+
+    @property
+    def infra_failure(self) -> bool:
+        """The episode crashed outside the model and its harness (``INFRA_SOURCES``): its reward 0
+        says nothing about the policy or the harness, so GRPO groups and the Digester's failure
+        clusters leave it out, and each round counts it."""
+        return self.error_source in INFRA_SOURCES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

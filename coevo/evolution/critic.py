@@ -1,33 +1,56 @@
-"""The Critic: a quality gate on the edit's text, then a re-run of the candidate and the seesaw
-and/or performance gate on what happened.
+"""The Critic: a quality gate on the edit's text, then re-runs and a gate on what happened.
 
 The order matters for cost: leakage and bloat are checked on the proposal alone, so a proposal
 that quotes an answer never costs a rollout; its reason goes back to the Planner for revision.
-Only a clean proposal is re-run, on the tasks it claims (its scope) plus every task that passed
-before — the tasks it could break — with ``k`` attempts each, so pass@k is compared per task.
+
+Two kinds of gate follow (``gate``):
+
+- ``stat`` (the default), for noisy models: the parent and the candidate are both re-run, afresh,
+  on the same tasks — the tasks the edit claims, the tasks that passed before, then other train
+  tasks (``extra``) up to ``n_tasks`` — ``k`` attempts each, in stages until a decision or the
+  per-decision ``budget`` of episodes is spent. The paired outcomes feed a sequential likelihood
+  ratio test (``gates.stat_gate``) whose false-ship rate is at most ``alpha`` however many
+  rounds the edit is judged. A task that flipped pass→fail is re-run ``confirm_attempts`` more
+  times before it counts as a regression; a confirmed regression rejects. An edit without
+  enough evidence is *undecided*: its pairs are kept (``evidence``, keyed by parent and
+  candidate) and pooled with those of its next judgement; once the pooled episodes reach
+  ``max_episodes`` it is rejected for no effect. A rejected edit keeps its pairs too, so one
+  proposed again continues the same test instead of restarting it. Fresh parent runs matter: the batch's own
+  outcomes chose the claimed tasks for failing and would flatter any edit by regression to
+  the mean, so they only pick tasks here.
+- ``seesaw`` / ``performance`` / ``both`` (HarnessX, HarnessEvolve): the candidate is re-run on
+  the tasks it claims (its scope) plus every task that passed before, ``k`` attempts each, and
+  compared with the batch's outcomes per task under pass@k.
 
 Rollouts are injected as a function (``Rollout``), which keeps this module free of models and
-environments and lets the tests drive it with exact outcomes.
+environments and lets the tests drive it with exact outcomes. An attempt that failed for
+infrastructure reasons (a crashed policy, environment or tool) comes back as None: it is no
+evidence about the harness, so every gate leaves it out (the statistical gate drops its pair).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from coevo.envs.base import Task
 from coevo.evolution import gates
 from coevo.evolution.evolver import BuildError, build_candidate
+from coevo.evolution.gates import Pair
 from coevo.evolution.types import Proposal, QualityReport, Verdict
 from coevo.harness.harness import Harness
 
 log = logging.getLogger("coevo.evolution")
 
-Rollout = Callable[[Harness, Sequence[Task], int], dict[str, list[bool]]]
-"""(harness, tasks, k) → task id → the outcomes of k attempts."""
+Rollout = Callable[[Harness, Sequence[Task], int], Mapping[str, Sequence[bool | None]]]
+"""(harness, tasks, k) → task id → the outcomes of k attempts; None for an attempt that failed
+for infrastructure reasons (``Trace.infra_failure``)."""
 
-GATES = ("seesaw", "performance", "both")
+GATES = ("stat", "seesaw", "performance", "both")
 
 
 @dataclass
@@ -39,28 +62,84 @@ class RecentBatch:
 
 
 @dataclass
+class Evidence:
+    """The paired attempts of one candidate against its parent, pooled over every judgement."""
+
+    pairs: dict[str, list[Pair]] = field(default_factory=dict)  # task id → (parent, candidate) per attempt
+    episodes: int = 0  # episodes spent on it, all judgements together
+    judged: int = 0  # how many times it was judged
+
+    def add(self, pairs: Mapping[str, Sequence[Pair]]) -> None:
+        for tid, task_pairs in pairs.items():
+            self.pairs.setdefault(tid, []).extend((bool(a), bool(b)) for a, b in task_pairs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pairs": {t: [list(p) for p in ps] for t, ps in self.pairs.items()}, "episodes": self.episodes,
+                "judged": self.judged}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Evidence:
+        pairs = {t: [(bool(a), bool(b)) for a, b in ps] for t, ps in data["pairs"].items()}
+        return cls(pairs, int(data["episodes"]), int(data["judged"]))
+
+
+def judged_outcomes(outcomes: Mapping[str, Sequence[bool | None]]) -> tuple[dict[str, list[bool]], int]:
+    """(task id → the attempts that were not infrastructure failures, how many were); a task left
+    with no attempt is absent: it cannot be judged."""
+    kept = {tid: [bool(a) for a in attempts if a is not None] for tid, attempts in outcomes.items()}
+    dropped = sum(sum(a is None for a in attempts) for attempts in outcomes.values())
+    return {tid: attempts for tid, attempts in kept.items() if attempts}, dropped
+
+
+@dataclass
 class Critic:
     """Judges proposals for one variant. Flat hyper-parameters:
 
-    ``k`` attempts per task (pass@k; 2 in HarnessX); ``gate`` in GATES; ``eta_leak``/``eta_bloat``
-    the quality thresholds; ``delta`` the improvement the performance gate needs on the current
-    batch and ``epsilon`` the degradation it tolerates on each of the recent batches.
+    ``k`` attempts per task and stage; ``gate`` in GATES; ``eta_leak``/``eta_bloat`` the quality
+    thresholds; ``delta`` the improvement the performance gate needs on the current batch and
+    ``epsilon`` the degradation it tolerates on each of the recent batches. Statistical gate:
+    ``alpha`` (false-ship rate of an edit with no effect), ``beta`` (miss rate at the designed
+    effect), ``win_share`` (the designed effect: share of discordant pairs the candidate wins),
+    ``n_tasks`` (tasks judged per decision, at least), ``budget`` (episodes per decision, both
+    harnesses), ``max_episodes`` (pooled episodes after which an undecided edit is rejected),
+    ``confirm_attempts`` (paired re-runs of an apparent regression; 0: no confirmation, no veto).
     """
 
     rollout: Rollout
     k: int = 2
-    gate: str = "seesaw"
+    gate: str = "stat"
     eta_leak: float = gates.ETA_LEAK
     eta_bloat: float = gates.ETA_BLOAT
     delta: float = 0.0
     epsilon: float = 0.0
+    alpha: float = gates.STAT_ALPHA
+    beta: float = gates.STAT_BETA
+    win_share: float = gates.STAT_WIN_SHARE
+    n_tasks: int = 12
+    budget: int = 64
+    max_episodes: int = 256
+    confirm_attempts: int = 4
     reruns: int = field(default=0, init=False)  # episodes the critic has run (cost accounting)
+    evidence: dict[str, Evidence] = field(default_factory=dict, init=False)  # "parent>candidate" → pooled pairs
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
+        gates.stat_thresholds(self.alpha, self.beta)
+        gates.log_likelihood_ratio(0, 0, self.win_share)
+        if self.n_tasks < 1:
+            raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
+        if self.budget < 2 * self.k:
+            raise ValueError(f"budget must hold one paired attempt (2 * k = {2 * self.k} episodes), got {self.budget}")
+        if self.max_episodes < self.budget:
+            raise ValueError(f"max_episodes ({self.max_episodes}) must be >= budget ({self.budget})")
+        if self.confirm_attempts < 0:
+            raise ValueError(f"confirm_attempts must be >= 0, got {self.confirm_attempts}")
+        if self.confirm_attempts and 0.5**self.confirm_attempts > self.alpha:
+            raise ValueError(f"confirm_attempts={self.confirm_attempts} can never confirm a regression at "
+                             f"alpha={self.alpha} (the sign test's smallest p-value is 0.5^attempts); use 0 or more")
 
     def quality(self, proposal: Proposal, parent: Harness, tasks: Mapping[str, Task],
                 failed: Sequence[str], allowed: Sequence[str] = ()) -> QualityReport:
@@ -82,13 +161,15 @@ class Critic:
         recent: Sequence[RecentBatch] = (),
         allowed: Sequence[str] = (),
         round: int = 0,
+        extra: Mapping[str, Task] | None = None,
     ) -> tuple[Verdict, Harness | None]:
         """Build, gate and re-run ``proposal`` against ``parent``; returns the verdict and the
         candidate harness (None when it did not build).
 
         ``before``: outcomes of the parent on this round's batch (task id → k attempts);
-        ``tasks``: those tasks by id. The re-run covers the proposal's target tasks that are in
-        the batch plus every task that passed before. ``allowed``: see ``quality``.
+        ``tasks``: those tasks by id. ``extra``: other train tasks the statistical gate may judge
+        on (never validation or test tasks, nor the tasks whose references are offered as
+        demonstrations). ``allowed``: see ``quality``.
         """
         verdict = Verdict(proposal=proposal, parent_id=parent.id, candidate_id=None, variant=proposal.variant,
                           ship=False, reason="", round=round)
@@ -101,29 +182,131 @@ class Critic:
         passed_before = [tid for tid, outs in before.items() if any(outs)]
         failed_before = [tid for tid, outs in before.items() if not any(outs)]
         scope = [tid for tid in proposal.target_tasks if tid in before] or failed_before
-        evaluated = sorted(set(scope) | set(passed_before))
-        verdict.quality = self.quality(proposal, parent, {tid: tasks[tid] for tid in evaluated}, failed_before,
+        known = {**(extra or {}), **tasks}
+        if self.gate == "stat":
+            evaluated = self._stat_tasks(scope, passed_before, [*before, *(extra or {})], parent, candidate, round)
+        else:
+            evaluated = sorted(set(scope) | set(passed_before))
+        verdict.quality = self.quality(proposal, parent, {tid: known[tid] for tid in evaluated}, failed_before,
                                        allowed)
         if not verdict.quality.passed:
             verdict.gate, verdict.reason = "quality", verdict.quality.reason
             return verdict, candidate
+        if self.gate == "stat":
+            self._judge_stat(verdict, parent, candidate, [known[tid] for tid in evaluated])
+            log.info("critic %s %s: %s", "ships" if verdict.ship else "rejects" if not verdict.undecided
+                     else "keeps undecided", candidate.id, verdict.reason)
+            return verdict, candidate
 
-        after = self._run(candidate, [tasks[tid] for tid in evaluated])
+        after, infra = judged_outcomes(self._run(candidate, [tasks[tid] for tid in evaluated]))
         verdict.before = {tid: list(before[tid]) for tid in evaluated}
         verdict.after = after
-        seesaw = gates.seesaw_gate(verdict.before, after, scope=scope)
+        seesaw = gates.seesaw_gate(verdict.before, after, scope=[tid for tid in scope if tid in after])
         verdict.fail_to_pass, verdict.pass_to_fail = seesaw.fail_to_pass, seesaw.pass_to_fail
         performance = self._performance(candidate, before, after, recent) if self.gate != "seesaw" else None
         decision = gates.combine(self.gate, seesaw=seesaw, performance=performance)
         verdict.ship, verdict.gate, verdict.reason = decision.ship, decision.gate, decision.reason
+        if infra:
+            verdict.reason += f"; {infra} infrastructure-failed attempt(s) left out"
         log.info("critic %s %s: %s", "ships" if verdict.ship else "rejects", candidate.id, verdict.reason)
         return verdict, candidate
 
-    def _run(self, harness: Harness, tasks: Sequence[Task]) -> dict[str, list[bool]]:
+    # ------------------------------------------------------------------ statistical gate
+    def _stat_tasks(self, scope: Sequence[str], passed_before: Sequence[str], available: Sequence[str],
+                    parent: Harness, candidate: Harness, round: int) -> list[str]:
+        """The claimed tasks, then those that passed before, then a seeded sample of the other
+        available tasks up to ``n_tasks``; a short stage runs the head of this list."""
+        core = list(dict.fromkeys([*sorted(scope), *sorted(passed_before)]))
+        others = sorted(set(available) - set(core))
+        seed = hashlib.sha256(f"{round}:{parent.id}:{candidate.id}".encode()).hexdigest()
+        random.Random(seed).shuffle(others)
+        return core + others[: max(0, self.n_tasks - len(core))]
+
+    def _judge_stat(self, verdict: Verdict, parent: Harness, candidate: Harness, tasks: list[Task]) -> None:
+        """Stages of ``k`` paired attempts per task until ``gates.stat_gate`` decides or the
+        budget is spent; apparent regressions are re-run in between. Fills ``verdict``."""
+        key = f"{parent.id}>{candidate.id}"
+        pooled = self.evidence.setdefault(key, Evidence())
+        pooled.judged += 1
+        by_id = {t.task_id: t for t in tasks}
+        spent = infra = 0
+        checked: set[str] = set()
+        confirmed: list[str] = []
+        confirmations: dict[str, dict[str, Any]] = {}
+        result = None
+        while True:
+            stage = tasks[: (self.budget - spent) // (2 * self.k)]
+            if not stage:
+                break
+            pairs, dropped = self._paired(parent, candidate, stage, self.k)
+            spent, infra = spent + 2 * self.k * len(stage), infra + dropped
+            pooled.add(pairs)
+            suspects = [tid for tid in pairs if tid not in checked and gates.apparent_regression(pairs[tid])]
+            for tid in sorted(suspects, key=lambda t: -gates.pair_counts(pairs[t]).losses):
+                if not self.confirm_attempts or self.budget - spent < 2 * self.confirm_attempts:
+                    break
+                fresh, dropped = self._paired(parent, candidate, [by_id[tid]], self.confirm_attempts)
+                spent, infra = spent + 2 * self.confirm_attempts, infra + dropped
+                pooled.add(fresh)
+                checked.add(tid)
+                counts = gates.pair_counts(fresh.get(tid, []))
+                is_confirmed = gates.regression_confirmed(fresh.get(tid, []), self.alpha)
+                confirmations[tid] = {"wins": counts.wins, "losses": counts.losses, "pairs": counts.pairs,
+                                      "confirmed": is_confirmed}
+                if is_confirmed:
+                    confirmed.append(tid)
+            result = gates.stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
+                                     win_share=self.win_share)
+            if result.decision != "undecided":
+                break
+        pooled.episodes += spent
+        if result is None or result.decision == "undecided":
+            result = gates.stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
+                                     win_share=self.win_share, exhausted=pooled.episodes >= self.max_episodes)
+        if result.decision == "ship":  # the parent is replaced: nothing will be compared with it again
+            del self.evidence[key]
+        counts = {tid: gates.pair_counts(ps) for tid, ps in pooled.pairs.items()}
+        verdict.before = {tid: [a for a, _ in ps] for tid, ps in pooled.pairs.items()}
+        verdict.after = {tid: [b for _, b in ps] for tid, ps in pooled.pairs.items()}
+        verdict.fail_to_pass = sorted(tid for tid, c in counts.items() if c.wins > c.losses)
+        verdict.pass_to_fail = sorted(confirmed)
+        verdict.ship, verdict.undecided = result.decision == "ship", result.decision == "undecided"
+        verdict.gate = "stat"
+        verdict.evidence = {
+            **result.evidence, "decision": result.decision, "episodes": spent, "budget": self.budget,
+            "pooled_episodes": pooled.episodes, "max_episodes": self.max_episodes, "judged": pooled.judged,
+            "confirmations": confirmations, "infra_left_out": infra,
+        }
+        verdict.reason = (f"{result.reason}; {spent}/{self.budget} episodes this time, {pooled.episodes} pooled "
+                          f"over {pooled.judged} judgement(s)"
+                          + (f"; {infra} pair(s) with an infrastructure failure left out" if infra else ""))
+
+    def _paired(self, parent: Harness, candidate: Harness, tasks: Sequence[Task],
+                k: int) -> tuple[dict[str, list[Pair]], int]:
+        """``k`` fresh attempts of each harness per task, paired in attempt order; a pair with an
+        infrastructure failure on either side is dropped. Returns (task → pairs, pairs dropped)."""
+        runs = self._run(parent, tasks, k), self._run(candidate, tasks, k)
+        pairs: dict[str, list[Pair]] = {}
+        dropped = 0
+        for t in tasks:
+            a_outs, b_outs = runs[0][t.task_id], runs[1][t.task_id]
+            if len(a_outs) != k or len(b_outs) != k:
+                raise RuntimeError(f"rollout returned {len(a_outs)} and {len(b_outs)} outcomes for task "
+                                   f"{t.task_id!r}; {k} were asked")
+            for a, b in zip(a_outs, b_outs, strict=True):
+                if a is None or b is None:
+                    dropped += 1
+                else:
+                    pairs.setdefault(t.task_id, []).append((bool(a), bool(b)))
+        return pairs, dropped
+
+    # ------------------------------------------------------------------ shared
+    def _run(self, harness: Harness, tasks: Sequence[Task], k: int | None = None) -> dict[str, list[bool | None]]:
         if not tasks:
             return {}
-        self.reruns += len(tasks) * self.k
-        out = self.rollout(harness, tasks, self.k)
+        k = self.k if k is None else k
+        self.reruns += len(tasks) * k
+        out = self.rollout(harness, tasks, k)
         missing = [t.task_id for t in tasks if t.task_id not in out]
         if missing:
             raise RuntimeError(f"rollout returned no outcomes for tasks {missing}")
@@ -135,9 +318,17 @@ class Critic:
         merged = {tid: list(after.get(tid, outs)) for tid, outs in before.items()}
         cur_before = pass_rate(before)
         cur_after = pass_rate(merged)
-        recent_after = [pass_rate(self._run(candidate, b.tasks)) for b in recent]
+        recent_after = [pass_rate(judged_outcomes(self._run(candidate, b.tasks))[0]) for b in recent]
         return gates.performance_gate(cur_before, cur_after, [b.score for b in recent], recent_after,
                                       delta=self.delta, epsilon=self.epsilon)
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        """The pooled evidence of edits judged before (what a resumed run must not forget)."""
+        return {"evidence": {key: ev.to_dict() for key, ev in self.evidence.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.evidence = {key: Evidence.from_dict(ev) for key, ev in state.get("evidence", {}).items()}
 
 
 def pass_rate(outcomes: Mapping[str, Sequence[bool]]) -> float:

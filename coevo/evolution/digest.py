@@ -6,10 +6,16 @@ the failures by cause (a cause seen once is still a cluster: the long tail is wh
 from), points each cluster at the harness component ``IMPLICATED`` by its cause, and keeps a few
 short excerpts from distinct tasks. It reports how many times smaller its text is than the traces.
 
+Infrastructure failures (``Trace.infra_failure``: the policy call, the environment or a tool's
+implementation crashed, out-of-memory included) are counted (``Digest.n_infra``) and left out of
+everything else: no harness edit can fix the machine, and a cluster of them would send the Planner
+after a cause that is not there.
+
 Root cause without a reference trajectory: the first rule that matches wins.
 
-1. ``env_error``: the episode crashed (``trace.error``: env reset, a tool raising, the verifier,
-   a processor or the policy failed) or a tool call timed out: the machine failed, not the model.
+1. ``env_error``: the episode crashed in a harness processor (``trace.error`` with
+   ``error_source == "processor"``) or a tool call timed out: the harness's own machinery failed
+   (a broken processor, a tool budget too short), not the model.
 2. ``context_overflow``: the last model call hit the completion budget (``finish_reason ==
    "length"``), so the reply that should have ended the episode was cut.
 3. ``loop``: the loop detector stopped the episode (``stop_reason == "loop"``).
@@ -348,6 +354,8 @@ def digest(
     one. Traces from several harness ids (a variant edited within the round) must all carry
     ``variant``; the digest reports the most common harness id (ties: the smallest id). A task is
     in ``passed_task_ids`` when any of its traces passed, else in ``failed_task_ids``.
+    Infrastructure failures are only counted (``n_infra``): they are in no cluster, in neither
+    task list, and outside ``n_failed`` and ``pass_rate``.
     """
     if not traces:
         raise ValueError("digest needs at least one trace")
@@ -361,26 +369,28 @@ def digest(
             )
     harness_id = min(ids, key=lambda h: (-ids[h], h))
     references = references or {}
+    judged = [t for t in traces if not t.infra_failure]
     failures = [
-        f for t in traces if not t.passed
+        f for t in judged if not t.passed
         for f in [classify(t, references.get(t.task_id))] if f is not None
     ]
     clusters = cluster_failures(failures, max_excerpts=max_excerpts)
-    passed = sorted({t.task_id for t in traces if t.passed})
-    failed = sorted({t.task_id for t in traces} - set(passed))
-    n_passed = sum(t.passed for t in traces)
+    passed = sorted({t.task_id for t in judged if t.passed})
+    failed = sorted({t.task_id for t in judged} - set(passed))
+    n_passed = sum(t.passed for t in judged)
     result = Digest(
         round=round,
         variant=variant,
         harness_id=harness_id,
         n_traces=len(traces),
-        n_failed=len(traces) - n_passed,
-        pass_rate=n_passed / len(traces),
+        n_failed=len(judged) - n_passed,
+        pass_rate=n_passed / len(judged) if judged else 0.0,
         clusters=clusters,
         raw_tokens=math.ceil(sum(raw_chars(t) for t in traces) / CHARS_PER_TOKEN),
         digest_tokens=0,
         passed_task_ids=passed,
         failed_task_ids=failed,
+        n_infra=len(traces) - len(judged),
     )
     result.digest_tokens = estimate_tokens(result.text())
     return result

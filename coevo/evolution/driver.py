@@ -19,15 +19,16 @@ from coevo.harness.harness import Harness
 
 def rollout_fn(policy: Policy, env: Env, *, batch_size: int = 32, max_steps: int = 32, workers: int = 8,
                on_trace: Callable[[Trace], None] | None = None) -> Rollout:
-    """The Critic's re-run: ``k`` episodes per task on one harness → task id → outcomes."""
+    """The Critic's re-run: ``k`` episodes per task on one harness → task id → outcomes, None for
+    an episode that ended in an infrastructure failure (no evidence about the harness)."""
 
-    def run(harness: Harness, tasks: Sequence[Task], k: int) -> dict[str, list[bool]]:
+    def run(harness: Harness, tasks: Sequence[Task], k: int) -> dict[str, list[bool | None]]:
         jobs = [Job(task, harness, variant="critic") for task in tasks for _ in range(k)]
         traces = run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, max_steps=max_steps,
                               on_trace=on_trace)
-        out: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
+        out: dict[str, list[bool | None]] = {t.task_id: [] for t in tasks}
         for trace in traces:
-            out[trace.task_id].append(bool(trace.passed))
+            out[trace.task_id].append(None if trace.infra_failure else bool(trace.passed))
         return out
 
     return run

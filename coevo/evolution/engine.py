@@ -3,10 +3,13 @@
 The loop (or ``coevo evolve``) rolls out a batch on the variants ``assign`` picked, then calls
 ``evolve`` with the traces. Per variant: the traces are digested, the meta-agent proposes typed
 edits, each is built and judged by the Critic (quality gate first, revisions on its reason, then a
-re-run under the seesaw and/or performance gate); the first proposal that ships becomes the
-variant's harness and joins the snapshot pool. A proposal rejected only because it broke some
-tasks while fixing others becomes a new variant when a slot is free (variant isolation). At epoch
-end ``select`` keeps, per variant, the best snapshot on the validation split.
+re-run under the statistical, seesaw and/or performance gate); the first proposal that ships
+becomes the variant's harness and joins the snapshot pool. A proposal rejected only because it
+broke some tasks while fixing others becomes a new variant when a slot is free (variant
+isolation). A proposal the statistical gate leaves undecided is kept and judged again, first, in
+the variant's next round while its parent is still the variant's harness (the Critic pools its
+paired attempts); it is never added to the rejected set. At epoch end ``select`` keeps, per
+variant, the best snapshot on the validation split.
 
 Everything a resumed run needs is in ``state_dict`` (plain JSON-able data).
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +33,8 @@ from coevo.evolution.reference import reference_demo
 from coevo.evolution.types import Digest, Proposal, Verdict
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.harness import Harness
-from coevo.meta.base import MetaAgent, PlanContext
+from coevo.harness.library.context import demo_problem
+from coevo.meta.base import Demo, MetaAgent, PlanContext, demo_question
 
 log = logging.getLogger("coevo.evolution")
 
@@ -70,7 +74,9 @@ class AEGIS:
     ``max_proposals`` per variant per round; ``max_revisions`` T_rev; ``recent_batches`` R kept
     for the performance gate; ``patience``: stop the search after that many rounds without a
     shipped edit (None: never); ``router``/``router_threshold``: optional OO-style routing;
-    ``lesson_cap``: size of the design and routing lesson stores.
+    ``lesson_cap``: size of the design and routing lesson stores; ``critic_pool``: train tasks the
+    Critic may judge an edit on besides the batch (the statistical gate widens its sample with
+    them; tasks whose references may serve as demonstrations are left out), None for none.
     """
 
     def __init__(
@@ -91,9 +97,11 @@ class AEGIS:
         router_threshold: float = 0.5,
         lesson_cap: int = 20,
         monitors: Monitors | None = None,
+        critic_pool: Mapping[str, Task] | None = None,
     ) -> None:
         self.meta, self.critic = meta, critic
         self.tasks = dict(tasks)
+        self.critic_pool = dict(critic_pool or {})
         self.references = dict(references or {})
         self.tools = list(tools)
         self.variants = VariantSet(base, max_variants=max_variants)
@@ -106,6 +114,7 @@ class AEGIS:
         self.design_lessons = LessonStore(lesson_cap)
         self.routing_lessons = LessonStore(lesson_cap)
         self.rejected: dict[str, set[str]] = defaultdict(set)  # variant -> Proposal.key()
+        self.undecided: dict[str, list[tuple[str, Proposal]]] = defaultdict(list)  # variant -> (parent id, proposal)
         self.recent: dict[str, list[tuple[list[str], float]]] = defaultdict(list)  # variant -> (task ids, score)
         self.notes: dict[str, str] = {}  # task id -> what its last base trajectory did (for the router)
         self.history: list[dict[str, Any]] = []  # every verdict, as dicts
@@ -120,8 +129,16 @@ class AEGIS:
                                     lessons=self.routing_lessons.items, notes=self.notes)
 
     # ------------------------------------------------------------------ one round
-    def evolve(self, traces: Sequence[Trace], *, round: int) -> EvolveReport:
-        """Digest, propose, judge and ship, per variant, from this round's traces."""
+    def evolve(self, traces: Sequence[Trace], *, round: int, withheld: Collection[str] = ()) -> EvolveReport:
+        """Digest, propose, judge and ship, per variant, from this round's traces.
+
+        ``withheld``: task ids whose references must not become demonstrations this round besides
+        the judged ones (the loop passes every task a remaining round trains on, and the
+        validation and test tasks), so no gold answer of a task the run will still train, validate
+        or test on enters a harness edit. Infrastructure failures (``Trace.infra_failure``) are
+        no evidence about a harness: they are left out of the variant records, the Critic's
+        outcomes, routing lessons and monitors (the digest counts them).
+        """
         report = EvolveReport(round=round)
         by_variant: dict[str, list[Trace]] = defaultdict(list)
         for t in traces:
@@ -129,11 +146,12 @@ class AEGIS:
         unknown = sorted(set(by_variant) - set(self.variants.names()))
         if unknown:
             raise ValueError(f"traces from unknown variants {unknown}; known: {self.variants.names()}")
-        self._learn_routing(traces)
+        self._learn_routing([t for t in traces if not t.infra_failure])
         stopped = self.patience.exhausted if self.patience is not None else None
         for variant, vtraces in by_variant.items():
+            judged = [t for t in vtraces if not t.infra_failure]
             outcomes: dict[str, list[bool]] = defaultdict(list)
-            for t in vtraces:
+            for t in judged:
                 outcomes[t.task_id].append(bool(t.passed))
             self.variants.record(variant, outcomes)
             start = time.perf_counter()
@@ -144,12 +162,15 @@ class AEGIS:
                 self.notes.update({tid: "passed" for tid in dig.passed_task_ids})
                 for c in dig.clusters:
                     self.notes.update({tid: f"failed: {c.cause}" for tid in c.task_ids})
+            if not judged:  # every episode of the variant hit an infrastructure failure: nothing to learn
+                report.warnings.append(f"variant {variant}: all {len(vtraces)} traces are infrastructure failures")
+                continue
             if stopped is None and dig.n_failed:
-                self._evolve_variant(variant, dig, dict(outcomes), report)
+                self._evolve_variant(variant, dig, dict(outcomes), report, set(withheld))
             self._remember_batch(variant, dict(outcomes))
             shipped = next((v for v in report.verdicts if v.ship and v.variant == variant), None)
             alerts = self.monitors.observe_round(
-                round, train_pass_rate=sum(t.passed for t in vtraces) / len(vtraces),
+                round, train_pass_rate=sum(t.passed for t in judged) / len(judged),
                 harness_id=self.variants.harnesses[variant].id, outcomes=dict(outcomes),
                 shipped_dimension=shipped.proposal.dimension if shipped else None)
             report.warnings += [a.message for a in alerts]
@@ -158,22 +179,36 @@ class AEGIS:
             report.stopped = self.patience.update(round_shipped=shipped, batch_accepted=shipped)
         return report
 
-    def _evolve_variant(self, variant: str, dig: Digest, before: dict[str, list[bool]], report: EvolveReport) -> None:
+    def _evolve_variant(self, variant: str, dig: Digest, before: dict[str, list[bool]], report: EvolveReport,
+                        withheld: set[str]) -> None:
         parent = self.variants.harnesses[variant]
+        exclude = set(before) | withheld
         context = PlanContext(
             round=report.round, variant=variant, priorities=self.monitors.priorities(),
-            rejected=set(self.rejected[variant]), demos=self._demos(exclude=set(before)), tools=self.tools,
+            rejected=set(self.rejected[variant]), demos=self._demos(exclude), tools=self.tools,
             lessons=list(self.design_lessons.items), max_proposals=self.max_proposals,
         )
-        start = time.perf_counter()
-        proposals = self.meta.propose(dig, parent, context)[: self.max_proposals]
-        report.seconds["plan"] = report.seconds.get("plan", 0.0) + time.perf_counter() - start
+        # undecided edits of this parent are judged again first; those of a replaced parent are dropped
+        self.undecided[variant] = [(pid, p) for pid, p in self.undecided[variant] if pid == parent.id]
+        retry = [p for _, p in self.undecided[variant]][: self.max_proposals]
+        fresh: list[Proposal] = []
+        if len(retry) < self.max_proposals:
+            start = time.perf_counter()
+            fresh = self.meta.propose(dig, parent, context)
+            report.seconds["plan"] = report.seconds.get("plan", 0.0) + time.perf_counter() - start
+        keys = {p.key() for p in retry}
+        proposals = (retry + [p for p in fresh if p.key() not in keys])[: self.max_proposals]
         tasks = {tid: self.tasks[tid] for tid in before}
+        # never a task whose reference may be (or, for a retried edit, may have been) a demonstration
+        extra = {tid: t for tid, t in self.critic_pool.items()
+                 if tid not in before and (tid not in self.references or tid in exclude)}
         recent = [RecentBatch([self.tasks[t] for t in ids], score) for ids, score in self.recent[variant]]
         for proposal in proposals:
             proposal.variant = variant
-            verdict, candidate = self._judge_with_revisions(proposal, parent, dig, context, before, tasks, recent, report)
+            verdict, candidate = self._judge_with_revisions(proposal, parent, dig, context, before, tasks, recent,
+                                                            report, extra)
             self._record_verdict(verdict, parent, report)
+            self._keep_if_undecided(variant, parent.id, proposal, verdict)
             if verdict.ship and candidate is not None:
                 self.variants.harnesses[variant] = candidate
                 self.variants.record(variant, verdict.after)
@@ -189,12 +224,13 @@ class AEGIS:
 
     def _judge_with_revisions(self, proposal: Proposal, parent: Harness, dig: Digest, context: PlanContext,
                               before: dict[str, list[bool]], tasks: dict[str, Task], recent: list[RecentBatch],
-                              report: EvolveReport) -> tuple[Verdict, Harness | None]:
+                              report: EvolveReport, extra: dict[str, Task]) -> tuple[Verdict, Harness | None]:
         """Build and quality rejections go back to the meta-agent, up to ``max_revisions`` times."""
         while True:
             start = time.perf_counter()
             verdict, candidate = self.critic.judge(proposal, parent, before=before, tasks=tasks, recent=recent,
-                                                   allowed=[q for q, _ in context.demos], round=report.round)
+                                                   allowed=[demo_question(d) for d in context.demos],
+                                                   round=report.round, extra=extra)
             report.seconds["critic"] = report.seconds.get("critic", 0.0) + time.perf_counter() - start
             if verdict.gate not in ("build", "quality") or proposal.revision >= self.max_revisions:
                 return verdict, candidate
@@ -211,12 +247,22 @@ class AEGIS:
     def _record_verdict(self, verdict: Verdict, parent: Harness, report: EvolveReport) -> None:
         report.verdicts.append(verdict)
         self.history.append(verdict.to_dict())
-        if not verdict.ship:
+        if not verdict.ship and not verdict.undecided:
             self.rejected[verdict.variant].add(verdict.proposal.key())
         report.warnings += [a.message for a in self.monitors.observe_verdict(verdict, harness_before=parent)]
         edits = ", ".join(e.describe() for e in verdict.proposal.edits)
-        outcome = "shipped" if verdict.ship else f"rejected by {verdict.gate}"
+        outcome = ("shipped" if verdict.ship else "undecided, to be judged again" if verdict.undecided
+                   else f"rejected by {verdict.gate}")
         self.design_lessons.add(f"{edits} for {verdict.proposal.cluster or 'scope'}: {outcome} ({verdict.reason[:120]})")
+
+    def _keep_if_undecided(self, variant: str, parent_id: str, proposal: Proposal, verdict: Verdict) -> None:
+        """An undecided proposal (the judged revision of ``proposal``) waits for the variant's next
+        round, once; a decided one leaves the queue."""
+        keys = {proposal.key(), verdict.proposal.key()}
+        waiting = [(pid, p) for pid, p in self.undecided[variant] if p.key() not in keys]
+        if verdict.undecided:
+            waiting.append((parent_id, verdict.proposal))
+        self.undecided[variant] = waiting
 
     def _remember_batch(self, variant: str, outcomes: dict[str, list[bool]]) -> None:
         self.recent[variant].append((sorted(outcomes), pass_rate(outcomes)))
@@ -228,9 +274,11 @@ class AEGIS:
                 text = " ".join(self.tasks[t.task_id].instruction.split()[:12]) if t.task_id in self.tasks else t.task_id
                 self.routing_lessons.add(f"'{text}...' failed on {t.variant} but has passed on base")
 
-    def _demos(self, exclude: set[str], limit: int = 2) -> list[tuple[str, str]]:
-        """Worked demonstrations from references of tasks the Critic will not judge this round."""
-        return [reference_demo(self.references[tid]) for tid in sorted(self.references) if tid not in exclude][:limit]
+    def _demos(self, exclude: set[str], limit: int = 2) -> list[Demo]:
+        """Worked demonstrations (the runtime's turns) from references of tasks outside ``exclude``:
+        the tasks the Critic judges this round and those the caller withholds."""
+        demos = (reference_demo(self.references[tid]) for tid in sorted(self.references) if tid not in exclude)
+        return [d for d in demos if demo_problem(d) is None][:limit]
 
     # ------------------------------------------------------------------ epoch end
     def select(self, evaluate: Callable[[Harness], float]) -> dict[str, str]:
@@ -257,6 +305,9 @@ class AEGIS:
             "design_lessons": self.design_lessons.to_dict(),
             "routing_lessons": self.routing_lessons.to_dict(),
             "rejected": {v: sorted(keys) for v, keys in self.rejected.items()},
+            "undecided": {v: [{"parent_id": pid, "proposal": p.to_dict()} for pid, p in items]
+                          for v, items in self.undecided.items() if items},
+            "critic": self.critic.state_dict(),
             "recent": {v: [[ids, s] for ids, s in items] for v, items in self.recent.items()},
             "notes": dict(self.notes),
             "history": list(self.history),
@@ -272,6 +323,10 @@ class AEGIS:
         self.design_lessons = LessonStore.from_dict(state["design_lessons"])
         self.routing_lessons = LessonStore.from_dict(state["routing_lessons"])
         self.rejected = defaultdict(set, {v: set(keys) for v, keys in state["rejected"].items()})
+        # states saved before the statistical gate have no undecided edits and no pooled evidence
+        self.undecided = defaultdict(list, {v: [(i["parent_id"], Proposal.from_dict(i["proposal"])) for i in items]
+                                            for v, items in state.get("undecided", {}).items()})
+        self.critic.load_state_dict(state.get("critic", {}))
         self.recent = defaultdict(list, {v: [(list(ids), float(s)) for ids, s in items]
                                          for v, items in state["recent"].items()})
         self.notes = dict(state["notes"])

@@ -6,8 +6,10 @@ testable against slow, obvious twins. Nothing here runs a model or builds a proc
 
 Quality gate (HarnessEvolve §3.5), applied to the text an edit *adds* to the harness: the words
 of a changed string parameter (prompt, template, code source) outside runs of ≥ 3 words kept from
-the old value, new items of a string list (demos), strings nested in dict parameters (a code
-processor's ``init_params``). Specs are compared, nothing is built.
+the old value, new items of a string list (demos), new turns of a turn list (a ``few_shot``
+processor's ``turns``: every turn's text, the task, the tool call, the tool's result and the
+answer), strings nested in dict parameters (a code processor's ``init_params``). Specs are
+compared, nothing is built.
 
 - Leakage has two parts, and the score is the larger:
   (a) answers: a task's ground truth appearing in the added text as a whole word/phrase. Answers
@@ -26,7 +28,8 @@ processor's ``init_params``). Specs are compared, nothing is built.
       template, not the task. Eight task-specific consecutive words do not recur by chance, so
       one copied n-gram scores 1.0; the containment (share of the task's specific n-grams
       copied) is reported per task in ``leakage_detail`` for the reviser.
-- Bloat counts injected examples: new few-shot demonstration pairs plus prompt growth in
+- Bloat counts injected examples: new few-shot demonstrations (pairs of ``demos``, demonstrations
+  of ``turns``) plus prompt growth in
   characters divided by ``chars_per_example`` (400: a worked example pasted into a prompt instead
   of a demo counts too). Code source is not prompt text and does not count (it is still checked
   for leakage).
@@ -36,14 +39,30 @@ fail→pass and no pass→fail among the tasks evaluated. Performance gate (Harn
 improvement ≥ delta on the current batch, degradation ≤ epsilon on each recent batch; both
 boundaries pass (compared with a 1e-9 tolerance because accuracies are ratios of counts and
 ``0.3 - 0.2 < 0.1`` in floating point).
+
+Statistical gate (the default; ``stat_gate``): a sequential test on *paired* attempts. The Critic
+runs the parent and the candidate afresh on the same tasks; each paired attempt is a win
+(candidate passed, parent failed), a loss (the reverse) or a tie. If the edit changes nothing,
+a discordant pair is a win or a loss with probability 1/2 each, whatever the task's difficulty.
+The statistic is the likelihood ratio of "the candidate wins a share ``win_share`` of discordant
+pairs" against "half": ``LR = (2·win_share)^wins · (2·(1 − win_share))^losses``. Under no effect
+it is a non-negative martingale, so by Ville's inequality it ever reaches ``1/alpha`` with
+probability at most ``alpha`` — however the pairs were gathered: in stages, with confirmation
+re-runs, pooled across rounds. Hence: ship when ``LR ≥ 1/alpha``; reject when
+``LR ≤ beta/(1 − alpha)`` (Wald's lower boundary: an edit with the designed effect is rejected with
+probability about ``beta``), naming harm when the sign test on losses is significant at ``alpha``;
+otherwise undecided (more evidence needed), or rejected for no effect once the pooled evidence
+reached its cap (``exhausted``). A task that looked regressed is re-run (``regression_confirmed``:
+the exact sign test on the fresh pairs alone at ``alpha``); a confirmed regression rejects.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -65,6 +84,15 @@ ETA_BLOAT = 5.0
 """Suggested bloat threshold (HarnessEvolve's η_blo = 5 injected examples)."""
 TOLERANCE = 1e-9
 GATE_MODES = ("seesaw", "performance", "both")
+STAT_ALPHA = 0.1
+"""Suggested error rate of the statistical gate: an edit with no effect ships with probability at
+most 0.1 over every round it is judged (half the 20% the project tolerates for neutral edits, so
+prompt changes that are nearly neutral stay under it; harmful edits ship far less often)."""
+STAT_BETA = 0.2
+"""Suggested miss rate at the designed effect (Wald's lower boundary): the usual 80% power."""
+STAT_WIN_SHARE = 0.75
+"""Suggested designed effect: the candidate wins 3 of 4 discordant pairs (e.g. a pass rate from
+0.05 to 0.15 on a small model: wins 0.14, losses 0.04 per pair)."""
 
 COMMON_TOKENS = frozenset({
     "a", "an", "the", "and", "or", "of", "to", "in", "on", "at", "by", "for", "with", "is", "it", "be", "are",
@@ -113,7 +141,7 @@ class Added:
     kind: str
     param: str  # dotted path for nested dict params ("init_params.demos")
     text: str
-    role: str | None = None  # "user" / "assistant" for an item of a ``demos`` list
+    role: str | None = None  # "user" / "assistant" for an item of a ``demos`` list, the turn's role in ``turns``
 
 
 @dataclass
@@ -155,12 +183,24 @@ def _simulate(edits: Sequence[Edit], harness_before: Harness | None) -> tuple[di
     return before, state
 
 
+def _is_turn(value: Any) -> bool:
+    return isinstance(value, Mapping) and isinstance(value.get("content"), str)
+
+
+def _turn_key(turn: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A chat turn as a hashable value: (role, tool name, content)."""
+    return (str(turn.get("role", "")), str(turn.get("name") or ""), str(turn.get("content", "")))
+
+
 def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """String and list-of-string leaves of a parameter value (dicts are walked)."""
+    """String, list-of-string and list-of-turn leaves of a parameter value (dicts are walked);
+    a turn list comes back as a list of ``_turn_key`` tuples."""
     if isinstance(value, str):
         yield path, value
     elif isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         yield path, list(value)
+    elif isinstance(value, (list, tuple)) and all(_is_turn(v) for v in value):
+        yield path, [_turn_key(v) for v in value]
     elif isinstance(value, Mapping):
         for k in sorted(value, key=str):
             yield from _leaves(value[k], f"{path}.{k}")
@@ -214,9 +254,13 @@ def added_segments(edits: Sequence[Edit], harness_before: Harness | None) -> lis
                 if remaining[item] > 0:
                     remaining[item] -= 1
                     continue
-                role = ("user" if i % 2 == 0 else "assistant") if param.rsplit(".", 1)[-1] == "demos" else None
-                if item.strip():
-                    out.append(Added(name, proc.kind, param, item, role))
+                if isinstance(item, tuple):  # a turn: (role, tool name, content)
+                    role, text = item[0], item[2]
+                else:
+                    role = ("user" if i % 2 == 0 else "assistant") if param.rsplit(".", 1)[-1] == "demos" else None
+                    text = item
+                if text.strip():
+                    out.append(Added(name, proc.kind, param, text, role))
     return out
 
 
@@ -383,9 +427,10 @@ def _prompt_params(kind: str) -> set[str]:
 
 
 def bloat(edits: Sequence[Edit], harness_before: Harness | None, *, chars_per_example: int = CHARS_PER_EXAMPLE) -> Bloat:
-    """Count the examples the edits inject: new demonstration pairs in any ``demos`` list, and
-    growth of prompt parameters (built-in ``prompt`` params, and string ``init_params`` of a code
-    processor, which configure its base's prompts) in units of ``chars_per_example``."""
+    """Count the examples the edits inject: new demonstration pairs in any ``demos`` list, new
+    demonstrations (a user turn and what follows it) in any turn list, and growth of prompt
+    parameters (built-in ``prompt`` params, and string ``init_params`` of a code processor, which
+    configure its base's prompts) in units of ``chars_per_example``."""
     if chars_per_example < 1:
         raise ValueError(f"chars_per_example must be >= 1, got {chars_per_example}")
     before, after = _simulate(edits, harness_before)
@@ -398,11 +443,12 @@ def bloat(edits: Sequence[Edit], harness_before: Harness | None, *, chars_per_ex
         for path, value in _leaves(proc.params, ""):
             old = old_leaves.get(path)
             leaf = path.rsplit(".", 1)[-1]
-            if isinstance(value, list) and leaf == "demos":
-                old_pairs = Counter(_pairs(old if isinstance(old, list) else []))
-                for pair in _pairs(value):
-                    if old_pairs[pair] > 0:
-                        old_pairs[pair] -= 1
+            if isinstance(value, list) and (leaf == "demos" or any(isinstance(v, tuple) for v in value)):
+                split = _pairs if leaf == "demos" else _turn_demos
+                old_demos = Counter(split(old if isinstance(old, list) else []))
+                for demo in split(value):
+                    if old_demos[demo] > 0:
+                        old_demos[demo] -= 1
                     else:
                         demos_added += 1
             elif isinstance(value, str):
@@ -414,6 +460,16 @@ def bloat(edits: Sequence[Edit], harness_before: Harness | None, *, chars_per_ex
 
 def _pairs(items: Sequence[str]) -> list[tuple[str, ...]]:
     return [tuple(items[i : i + 2]) for i in range(0, len(items), 2)]
+
+
+def _turn_demos(turns: Sequence[tuple[str, str, str]]) -> list[tuple[tuple[str, str, str], ...]]:
+    """Turn keys grouped into demonstrations: each starts at a user turn."""
+    demos: list[list[tuple[str, str, str]]] = []
+    for turn in turns:
+        if turn[0] == "user" or not demos:
+            demos.append([])
+        demos[-1].append(turn)
+    return [tuple(d) for d in demos]
 
 
 # ---------------------------------------------------------------------------------- quality gate
@@ -617,3 +673,111 @@ def combine(
         return Decision(s_ok, "seesaw+performance", reason)
     return Decision(False, "performance" if s_ok else "seesaw", reason)
 
+
+
+# ---------------------------------------------------------------------------------- statistical gate
+Pair = tuple[bool, bool]
+"""One paired attempt on a task: (the parent passed, the candidate passed)."""
+STAT_DECISIONS = ("ship", "reject", "undecided")
+
+
+class PairCounts(NamedTuple):
+    wins: int  # candidate passed, parent failed
+    losses: int  # parent passed, candidate failed
+    both: int  # both passed
+    neither: int  # both failed
+
+    @property
+    def pairs(self) -> int:
+        return self.wins + self.losses + self.both + self.neither
+
+
+def pair_counts(pairs: Iterable[Pair]) -> PairCounts:
+    """Wins, losses and the two kinds of ties among ``pairs``."""
+    c = Counter((bool(a), bool(b)) for a, b in pairs)
+    return PairCounts(c[(False, True)], c[(True, False)], c[(True, True)], c[(False, False)])
+
+
+def sign_test(successes: int, failures: int) -> float:
+    """One-sided exact sign test: P(X ≥ successes) for X ~ Binomial(successes + failures, 1/2)
+    (1.0 when there are no trials)."""
+    if successes < 0 or failures < 0:
+        raise ValueError(f"counts must be >= 0, got {successes} and {failures}")
+    n = successes + failures
+    return sum(math.comb(n, i) for i in range(successes, n + 1)) / 2**n
+
+
+def log_likelihood_ratio(wins: int, losses: int, win_share: float) -> float:
+    """log LR of "the candidate wins ``win_share`` of discordant pairs" against "half of them";
+    ties carry no information and do not enter."""
+    if not 0.5 < win_share < 1.0:
+        raise ValueError(f"win_share must be in (0.5, 1), got {win_share}")
+    return wins * math.log(2 * win_share) + losses * math.log(2 * (1 - win_share))
+
+
+def stat_thresholds(alpha: float, beta: float) -> tuple[float, float]:
+    """(ship at log LR ≥ this, reject at log LR ≤ this): log(1/alpha) and log(beta/(1 − alpha))."""
+    if not 0.0 < alpha < 1.0 or not 0.0 < beta < 1.0 or alpha + beta >= 1.0:
+        raise ValueError(f"alpha and beta must be in (0, 1) with alpha + beta < 1, got {alpha} and {beta}")
+    return math.log(1 / alpha), math.log(beta / (1 - alpha))
+
+
+def apparent_regression(pairs: Sequence[Pair]) -> bool:
+    """A task looks regressed when its paired attempts hold more losses than wins."""
+    c = pair_counts(pairs)
+    return c.losses > c.wins
+
+
+def regression_confirmed(fresh: Sequence[Pair], alpha: float) -> bool:
+    """A regression is confirmed by a re-run alone (the pairs that made it look regressed are
+    not used again): the sign test on the fresh pairs' losses is significant at ``alpha``."""
+    c = pair_counts(fresh)
+    return c.losses > 0 and sign_test(c.losses, c.wins) <= alpha
+
+
+class StatResult(NamedTuple):
+    decision: str  # one of STAT_DECISIONS
+    reason: str
+    evidence: dict[str, Any]
+
+
+def stat_gate(
+    pairs: Mapping[str, Sequence[Pair]],
+    *,
+    regressions: Collection[str] = (),
+    alpha: float = STAT_ALPHA,
+    beta: float = STAT_BETA,
+    win_share: float = STAT_WIN_SHARE,
+    exhausted: bool = False,
+) -> StatResult:
+    """The decision from the pooled paired attempts (task → pairs) and the confirmed regressions.
+
+    Order: a confirmed regression rejects; then ``LR ≥ 1/alpha`` ships; ``LR ≤ beta/(1 − alpha)``
+    rejects (harm when the sign test on losses is significant at ``alpha``, else no effect); else
+    undecided, or, when ``exhausted`` (the pooled evidence reached its cap), rejected for no effect.
+    The evidence dict holds every number the decision used."""
+    ship_at, reject_at = stat_thresholds(alpha, beta)
+    c = pair_counts(p for task_pairs in pairs.values() for p in task_pairs)
+    llr = log_likelihood_ratio(c.wins, c.losses, win_share)
+    p_gain, p_harm = sign_test(c.wins, c.losses), sign_test(c.losses, c.wins)
+    evidence: dict[str, Any] = {
+        "tasks": sum(1 for v in pairs.values() if v), "pairs": c.pairs, "wins": c.wins, "losses": c.losses,
+        "both_pass": c.both, "both_fail": c.neither, "log_lr": llr, "ship_at": ship_at, "reject_at": reject_at,
+        "p_gain": p_gain, "p_harm": p_harm, "alpha": alpha, "beta": beta, "win_share": win_share,
+        "regressions": sorted(regressions),
+    }
+    counts = f"{c.wins} wins / {c.losses} losses in {c.pairs} paired attempts on {evidence['tasks']} task(s)"
+    stat = f"log LR {llr:+.2f} (ship ≥ {ship_at:.2f}, reject ≤ {reject_at:.2f})"
+    if regressions:
+        return StatResult("reject", f"reject: confirmed regression on {sorted(regressions)} "
+                          f"(re-run, sign test p ≤ {alpha:g}); {counts}", evidence)
+    if llr >= ship_at - TOLERANCE:
+        return StatResult("ship", f"ship: {counts}; {stat}, sign test p {p_gain:.3f}", evidence)
+    if llr <= reject_at + TOLERANCE:
+        what = (f"evidence of harm (sign test on losses p {p_harm:.3f} ≤ {alpha:g})" if p_harm <= alpha
+                else "no effect at the designed size")
+        return StatResult("reject", f"reject: {what}; {counts}; {stat}", evidence)
+    if exhausted:
+        return StatResult("reject", f"reject: no effect found with enough evidence (the pooled cap is spent); "
+                          f"{counts}; {stat}", evidence)
+    return StatResult("undecided", f"undecided: not enough evidence yet; {counts}; {stat}", evidence)

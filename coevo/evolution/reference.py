@@ -1,7 +1,8 @@
 """Reference trajectories: passing, genuine solutions of train tasks, built with the ground truth.
 
-The Digester locates a failure at its first divergence from a reference, and the rule meta-agent
-turns references into worked demonstrations (``reference_demo``). A reference comes from:
+The Digester locates a failure at its first divergence from a reference, and AEGIS turns references
+into worked demonstrations (``reference_demo``) in the runtime's own turn structure. A reference
+comes from:
 
 - the environment's gold actions (``gold_reference``): each gold tool call written the way the
   harness's ``json_tool_parser`` reads it, run in a fresh session, then the answer; kept only if
@@ -29,11 +30,11 @@ from typing import Any
 from urllib.parse import quote
 
 from coevo.agent.policy import Policy
-from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.runtime import Job, run_episodes, tool_message
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.digest import trace_steps
-from coevo.harness.events import Message, ToolCall
+from coevo.harness.events import Message, ToolCall, ToolResult
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import InstructionTemplate
 
@@ -122,7 +123,7 @@ def gold_reference(env: Env, task: Task) -> Trace | None:
                                                    result.seconds, f"s{step}c0"))
             if result.error is not None:
                 return None
-            messages.append({"role": "tool", "name": call.name, "content": result.output})
+            messages.append(tool_message(call.name, result))
             if session.done:
                 break
         if session.done:
@@ -311,25 +312,46 @@ def build_references(
     return found
 
 
-def reference_demo(reference: Trace) -> tuple[str, str]:
-    """A (user, assistant) worked demonstration from a reference, for a ``few_shot`` edit.
+def split_reference_pool(tasks: Sequence[Task], size: int, seed: int) -> tuple[list[Task], list[Task]]:
+    """(reference pool, the rest): ``size`` train tasks split off the train split, chosen by a
+    seeded sha256 order of their ids (the same on every machine); the rest keeps its order.
 
-    The user text is the original task instruction (never the hinted one). The assistant text is
-    what the model should write, step after step: each completion whose tool calls all succeeded,
-    followed by a ``<name> returned: <output>`` line per call, then the answering completion.
-    Failed or empty steps are left out: a demonstration shows the clean path.
+    The pool's tasks are never trained, validated or tested on, so their references can give
+    worked demonstrations in a run whose epochs come back to every other train task."""
+    if size < 0:
+        raise ValueError(f"reference pool size must be >= 0, got {size}")
+    for task in tasks:
+        _require_train(task)
+    if size and size >= len(tasks):
+        raise ValueError(f"a reference pool of {size} tasks leaves none of the {len(tasks)} train tasks to train on")
+    order = sorted(tasks, key=lambda t: hashlib.sha256(f"{seed}:pool:{t.task_id}".encode()).hexdigest())
+    pool_ids = {t.task_id for t in order[:size]}
+    return [t for t in tasks if t.task_id in pool_ids], [t for t in tasks if t.task_id not in pool_ids]
+
+
+def reference_demo(reference: Trace) -> list[Message]:
+    """A worked demonstration from a reference, as the turns of a ``few_shot`` edit's ``turns``.
+
+    The turns are those an episode holds: the task (the original instruction, never the hinted
+    one) as a user turn; per clean step, the assistant turn with the completion exactly as written
+    (a ``<tool_call>`` block the parser reads) and one tool turn per call, rendered as the runtime
+    renders it (``coevo.agent.runtime.tool_message``); then the answering completion as the last
+    assistant turn (none when the environment ended the episode on a tool call: a won game). The
+    model is shown tool results where the runtime will put them, so it never learns to write one
+    itself. Failed or empty steps are left out: a demonstration shows the clean path (a reference
+    without any clean step gives the task alone, which ``few_shot`` refuses as a demonstration).
     """
     meta = reference.metrics.get("reference") or {}
     instruction = meta.get("instruction")
     if instruction is None:
         instruction = next((str(m.get("content", "")) for m in reference.messages if m.get("role") == "user"), "")
-    parts: list[str] = []
+    turns: list[Message] = [{"role": "user", "content": instruction}]
     steps = trace_steps(reference)
     for st in steps:
         kind = st.action()[0]
         if kind == "tools" and st.records and all(r.error is None for r in st.records):
-            parts.append(st.completion.strip())
-            parts.extend(f"{r.name} returned: {r.output.strip()}" for r in st.records)
+            turns.append({"role": "assistant", "content": st.completion})
+            turns.extend(tool_message(r.name, ToolResult(r.output, r.error)) for r in st.records)
         elif kind == "answer" and st is steps[-1]:
-            parts.append(st.completion.strip())
-    return instruction, "\n".join(parts)
+            turns.append({"role": "assistant", "content": st.completion})
+    return turns

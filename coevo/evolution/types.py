@@ -26,7 +26,7 @@ CAUSES = (
     "step_budget",  # ran out of steps before answering
     "premature_answer",  # answered before using the tools the task needs
     "wrong_answer",  # answered in the right format, verifier said no
-    "env_error",  # the environment or a tool's infrastructure failed (timeouts, crashes)
+    "env_error",  # the harness's machinery failed: a processor crashed, a tool timed out
     "context_overflow",  # completions cut at the token budget / context too long
 )
 """Root causes a failed trace is assigned to (first match in ``coevo.evolution.digest``)."""
@@ -105,6 +105,7 @@ class Digest:
     digest_tokens: int  # estimated tokens of ``text()``
     passed_task_ids: list[str] = field(default_factory=list)
     failed_task_ids: list[str] = field(default_factory=list)
+    n_infra: int = 0  # infrastructure failures (Trace.infra_failure): counted, in no cluster, not in n_failed
 
     @property
     def compression(self) -> float:
@@ -116,9 +117,11 @@ class Digest:
 
     def text(self) -> str:
         """The digest as the Planner reads it: one block per cluster, largest first."""
+        judged = self.n_traces - self.n_infra
         lines = [
             (f"round {self.round}, variant {self.variant} (harness {self.harness_id}): "
-            f"{self.n_traces - self.n_failed}/{self.n_traces} traces passed")
+            f"{judged - self.n_failed}/{judged} traces passed"
+            + (f"; {self.n_infra} infrastructure failures left out" if self.n_infra else ""))
         ]
         for c in self.clusters:
             lines.append(
@@ -206,12 +209,14 @@ class Verdict:
     ship: bool
     reason: str
     quality: QualityReport | None = None
-    before: dict[str, list[bool]] = field(default_factory=dict)  # task -> outcomes of k attempts
-    after: dict[str, list[bool]] = field(default_factory=dict)
-    fail_to_pass: list[str] = field(default_factory=list)
-    pass_to_fail: list[str] = field(default_factory=list)
-    gate: str = ""  # which gate decided: build | quality | seesaw | performance | seesaw+performance
+    before: dict[str, list[bool]] = field(default_factory=dict)  # task -> outcomes of k attempts (stat: the
+    after: dict[str, list[bool]] = field(default_factory=dict)  # parent's and candidate's paired attempts)
+    fail_to_pass: list[str] = field(default_factory=list)  # stat gate: tasks with more wins than losses
+    pass_to_fail: list[str] = field(default_factory=list)  # stat gate: confirmed regressions
+    gate: str = ""  # which gate decided: build | quality | stat | seesaw | performance | seesaw+performance
     round: int = 0
+    undecided: bool = False  # stat gate: not enough evidence; judged again later with its pairs pooled
+    evidence: dict[str, Any] | None = None  # stat gate: counts, statistic, thresholds, budget used
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

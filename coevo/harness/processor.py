@@ -18,8 +18,24 @@ from coevo.harness.errors import ParamError
 from coevo.harness.events import Event, ToolResult, ToolSpec
 from coevo.harness.hooks import Dimension, Hook
 
-PARAM_TYPES = ("int", "float", "bool", "str", "prompt", "str_list", "dict")
-"""``prompt`` is a string that ``diff`` shows as a text diff; ``str_list`` a list of strings."""
+PARAM_TYPES = ("int", "float", "bool", "str", "prompt", "str_list", "dict", "turns")
+"""``prompt`` is a string that ``diff`` shows as a text diff; ``str_list`` a list of strings;
+``turns`` a list of chat turns ``{"role": "user" | "assistant" | "tool", "content": str}`` (a tool
+turn also names its tool: ``"name": str``), the messages the runtime itself would send."""
+
+TURN_ROLES = ("user", "assistant", "tool")
+
+
+def _turn(value: Any) -> dict[str, str] | None:
+    """One chat turn as a plain dict with only its known keys, or None when it is not one."""
+    if not isinstance(value, Mapping) or set(value) - {"role", "content", "name"}:
+        return None
+    role, content, name = value.get("role"), value.get("content"), value.get("name")
+    if role not in TURN_ROLES or not isinstance(content, str):
+        return None
+    if role == "tool":
+        return {"role": role, "name": name, "content": content} if isinstance(name, str) and name else None
+    return {"role": role, "content": content} if name is None else None
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,10 @@ class Param:
         elif self.type == "dict":
             ok = isinstance(value, Mapping)
             value = dict(value) if ok else value
+        elif self.type == "turns":
+            turns = [_turn(v) for v in value] if isinstance(value, (list, tuple)) else [None]
+            ok = all(t is not None for t in turns)
+            value = turns if ok else value
         else:  # a typo in a processor definition, not user input
             raise TypeError(f"unknown param type {self.type!r}; use one of {PARAM_TYPES}")
         if not ok:

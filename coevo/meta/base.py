@@ -12,7 +12,26 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from coevo.evolution.types import Digest, Proposal
+from coevo.harness.events import Message
 from coevo.harness.harness import Harness
+from coevo.harness.library.context import pair_demo
+
+Demo = list[Message]
+"""A worked demonstration as chat turns: the task (user), then assistant turns and tool turns as
+the runtime sends them, ending with the assistant's answer (``coevo.evolution.reference.reference_demo``);
+the ``turns`` of a ``few_shot`` processor are a list of them, flattened."""
+
+
+def as_demo(demo: Demo | tuple[str, str] | list[str]) -> Demo:
+    """A demonstration as turns; a (question, reply) pair, the older form, becomes two turns."""
+    if len(demo) == 2 and all(isinstance(x, str) for x in demo):
+        return pair_demo(str(demo[0]), str(demo[1]))
+    return [dict(turn) for turn in demo]  # type: ignore[arg-type]
+
+
+def demo_question(demo: Demo) -> str:
+    """The task text of a demonstration (its first user turn): the only task text a proposal may quote."""
+    return next((str(t.get("content", "")) for t in demo if t.get("role") == "user"), "")
 
 
 @dataclass
@@ -21,20 +40,24 @@ class PlanContext:
 
     ``priorities``: dimension → weight (the pathology monitors raise under-explored dimensions and
     lower ones that keep failing); ``rejected``: ``Proposal.key()`` of edits already rejected for
-    this variant, not to be proposed again; ``demos``: worked (user, assistant) pairs from
-    reference trajectories of tasks outside the Critic's evaluation set, the only task text a
-    proposal may quote; ``tools``: the tool names the environment offers; ``lessons``: short
-    design lessons from earlier verdicts; ``max_proposals``: how many to return at most.
+    this variant, not to be proposed again; ``demos``: worked demonstrations (``Demo``: turns in the
+    runtime's structure; (question, reply) pairs are accepted and turned into two turns) from
+    reference trajectories of tasks no remaining round trains on and outside the Critic's evaluation
+    set, the only task text a proposal may quote; ``tools``: the tool names the environment offers;
+    ``lessons``: short design lessons from earlier verdicts; ``max_proposals``: how many to return at most.
     """
 
     round: int = 0
     variant: str = "base"
     priorities: dict[str, float] = field(default_factory=dict)
     rejected: set[str] = field(default_factory=set)
-    demos: list[tuple[str, str]] = field(default_factory=list)
+    demos: list[Demo] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
     lessons: list[str] = field(default_factory=list)
     max_proposals: int = 2
+
+    def __post_init__(self) -> None:
+        self.demos = [as_demo(d) for d in self.demos]
 
 
 @dataclass

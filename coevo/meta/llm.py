@@ -368,15 +368,21 @@ def _task_ids(digest: Digest) -> str:
     return "\n".join(lines)
 
 
+def _demo_text(turns: list[dict[str, Any]]) -> str:
+    """One demonstration, a turn a line: the JSON a ``few_shot`` ``turns`` edit may quote as it is."""
+    return "- " + "\n  ".join(json.dumps(t, ensure_ascii=False) for t in turns)
+
+
 def _context_text(context: PlanContext) -> str:
-    demos = "\n".join(f"- user: {json.dumps(q)}\n  assistant: {json.dumps(a)}" for q, a in context.demos)
+    demos = "\n".join(_demo_text(d) for d in context.demos)
     lessons = "\n".join(f"- {x}" for x in context.lessons)
     rejected = "\n".join(f"- {k}" for k in sorted(context.rejected))
     return (
         f"variant: {context.variant}, round {context.round}\n"
         f"dimension priorities (default 1.0): {json.dumps(context.priorities, sort_keys=True)}\n"
         f"environment tools: {', '.join(context.tools) or '(none)'}\n"
-        f"demonstrations you may quote (from reference trajectories):\n{demos or '(none)'}\n"
+        f"demonstrations you may quote (from reference trajectories; as few_shot turns, one turn a line):\n"
+        f"{demos or '(none)'}\n"
         f"lessons from earlier verdicts:\n{lessons or '(none)'}\n"
         f"rejected edits (do not propose again):\n{rejected or '(none)'}"
     )

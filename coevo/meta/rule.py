@@ -25,6 +25,7 @@ from typing import Any
 from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Proposal
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.errors import CompositionError
+from coevo.harness.events import Message
 from coevo.harness.harness import Harness
 from coevo.harness.library import (
     AnswerExtraction,
@@ -41,8 +42,9 @@ from coevo.harness.library import (
     ToolWhitelist,
     processor_class,
 )
+from coevo.harness.library.context import split_demos
 from coevo.harness.processor import Processor
-from coevo.meta.base import PlanContext, TokenLedger
+from coevo.meta.base import Demo, PlanContext, TokenLedger, as_demo
 
 FORMAT_PROMPT = (
     "You are a careful problem solver working on {env} tasks. Think briefly, step by step.\n"
@@ -135,12 +137,9 @@ def applies(harness: Harness, edits: list[Edit]) -> bool:
     return bool(edits) and current.id != harness.id
 
 
-def demo_pairs(flat: list[str]) -> list[tuple[str, str]]:
-    return [(flat[i], flat[i + 1]) for i in range(0, len(flat) - 1, 2)]
-
-
-def flatten(pairs: list[tuple[str, str]]) -> list[str]:
-    return [text for pair in pairs for text in pair]
+def flatten(demos: list[Demo]) -> list[Message]:
+    """Demonstrations as one ``few_shot`` ``turns`` list."""
+    return [dict(turn) for demo in demos for turn in demo]
 
 
 def _n_tasks(cluster: Cluster) -> str:
@@ -149,20 +148,23 @@ def _n_tasks(cluster: Cluster) -> str:
 
 # -------------------------------------------------------------------------------------- templates
 def _few_shot_demos(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
-    demos = [(str(q), str(a)) for q, a in context.demos]
+    """Worked demonstrations in the runtime's turn structure (task, tool call, tool result turn,
+    answer), in the ``turns`` of a ``few_shot`` processor: inserted, or appended to the present one."""
+    demos = [as_demo(d) for d in context.demos]
     if not demos:
         return None
     why = (f"{_n_tasks(cluster)}: a worked demonstration of the expected reply shows a small model the "
            "answer and tool-call format better than any instruction")
     present = find_kind(harness, "few_shot")
     if present is None:
-        edit = insert_edit(harness, FewShotDemos(name=_fresh_name(harness, "few_shot"), demos=flatten(demos)))
+        edit = insert_edit(harness, FewShotDemos(name=_fresh_name(harness, "few_shot"), turns=flatten(demos)))
         return (why, [edit]) if edit else None
-    have = demo_pairs(list(present.config["demos"]))
-    new = [d for d in demos if d not in have]
+    have = split_demos(list(present.config["turns"]))
+    shown = have + [as_demo(p) for p in zip(present.config["demos"][::2], present.config["demos"][1::2])]
+    new = [d for d in demos if d not in shown]
     if not new:
         return None
-    return why, [Edit("set_param", present.name, param="demos", value=flatten(have + new))]
+    return why, [Edit("set_param", present.name, param="turns", value=flatten(have + new))]
 
 
 def _format_system_prompt(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
@@ -417,23 +419,24 @@ def quotes(text: str, leaked: str) -> bool:
 
 
 def _is_demo_edit(e: Edit) -> bool:
+    """An edit of this agent that carries demonstrations (a ``few_shot`` insert, or its ``turns``)."""
     if e.op in ("insert", "replace"):
         return (e.spec or {}).get("kind") == "few_shot"
-    return e.op == "set_param" and e.param == "demos"
+    return e.op == "set_param" and e.param == "turns"
 
 
-def _with_demos(e: Edit, pairs: list[tuple[str, str]]) -> Edit:
-    flat = flatten(pairs)
+def _with_demos(e: Edit, demos: list[Demo]) -> Edit:
+    flat = flatten(demos)
     if e.op == "set_param":
         return replace(e, value=flat)
     spec = dict(e.spec or {})
-    spec["params"] = {**(spec.get("params") or {}), "demos": flat}
+    spec["params"] = {**(spec.get("params") or {}), "turns": flat}
     return replace(e, spec=spec)
 
 
-def _demos_of(e: Edit) -> list[tuple[str, str]]:
-    flat = e.value if e.op == "set_param" else (e.spec or {}).get("params", {}).get("demos", [])
-    return demo_pairs([str(t) for t in (flat or [])])
+def _demos_of(e: Edit) -> list[Demo]:
+    turns = e.value if e.op == "set_param" else (e.spec or {}).get("params", {}).get("turns", [])
+    return split_demos(list(turns or []))
 
 
 # ----------------------------------------------------------------------------------------- agent
@@ -546,12 +549,13 @@ class RuleMetaAgent:
             return None
         leaked = leaked_strings(reason) if re.search(r"leak", reason, re.IGNORECASE) else []
         if leaked:
-            def keep(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-                return [p for p in pairs if not any(quotes(p[0], s) or quotes(p[1], s) for s in leaked)]
+            def keep(demos: list[Demo]) -> list[Demo]:
+                return [d for d in demos
+                        if not any(quotes(str(t.get("content", "")), s) for t in d for s in leaked)]
             note = "dropped the demonstrations that quoted leaked text"
         elif re.search(r"bloat", reason, re.IGNORECASE):
-            def keep(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-                return pairs[:1]
+            def keep(demos: list[Demo]) -> list[Demo]:
+                return demos[:1]
             note = "kept one demonstration to stay within the prompt budget"
         else:
             return None

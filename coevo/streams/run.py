@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,7 +185,7 @@ def run_stream(
 def _critic_rollout(policy: Policy, env: Env, progress: Progress, batch_size: int, max_steps: int) -> Rollout:
     """The Critic's re-runs, with a progress bar per candidate."""
 
-    def run(harness: Harness, tasks: Sequence[Task], k: int) -> dict[str, list[bool]]:
+    def run(harness: Harness, tasks: Sequence[Task], k: int) -> Mapping[str, Sequence[bool | None]]:
         with progress.task(f"critic: re-run {harness.id[:8]}", len(tasks) * k) as advance:
             return rollout_fn(policy, env, batch_size=batch_size, max_steps=max_steps,
                               on_trace=lambda _t: advance())(harness, tasks, k)

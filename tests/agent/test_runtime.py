@@ -252,3 +252,76 @@ def test_no_threads_leak_from_normal_runs():
     env = ArithmeticEnv(n_tasks=10)
     run_episodes([Job(t, base_harness()) for t in env.tasks("train")], ScriptedPolicy(calculator_solver), env)
     assert threading.active_count() <= before
+
+
+def test_model_calls_record_the_sampling_parameters_that_produced_them():
+    """The harness owns sampling and may change it per call: each call keeps what it was sampled
+    with, so the trainer can score its tokens at that temperature."""
+    from coevo.harness.library import TemperatureSchedule
+
+    env = FakeEnv()
+    h = (base_harness().set_param("sampling", "temperature", 0.5).set_param("sampling", "max_new_tokens", 64)
+         .set_param("sampling", "top_p", 0.9).insert(TemperatureSchedule(increase=0.25)))
+    replies = iter(["no idea", "<answer>42</answer>"])  # a parse failure, then an answer
+    trace = run_episode(env.tasks("test")[0], h, ScriptedPolicy(lambda m: next(replies)), env)
+    assert trace.passed and len(trace.model_calls) == 2
+    first, second = trace.model_calls
+    assert (first.temperature, first.top_p, first.max_new_tokens) == (0.5, 0.9, 64)
+    assert (second.temperature, second.top_p, second.max_new_tokens) == (0.75, 0.9, 64)  # the schedule's bump
+    assert [first.logprob_temperature(), second.logprob_temperature()] == [0.5, 0.75]
+    greedy = run_episode(env.tasks("test")[0], base_harness(), ScriptedPolicy(tool_then_answer("echo")), env)
+    assert [c.temperature for c in greedy.model_calls] == [0.0, 0.0]
+    assert [c.logprob_temperature() for c in greedy.model_calls] == [1.0, 1.0]  # greedy log-probs are at T = 1
+    assert type(trace).from_dict(trace.to_dict()).model_calls == trace.model_calls
+
+
+class RaisingTool(Processor):
+    """A harness-provided tool whose implementation crashes (tool infrastructure)."""
+
+    kind = "raising_tool"
+    hook = Hook.TASK_START
+    dimension = Dimension.TOOLS
+    consumes = produces = ev.TaskStartEvent
+
+    def provided_tools(self):
+        return [ev.ToolSpec("flaky", "crashes", provider=self.name)]
+
+    def process(self, event):
+        for spec in self.provided_tools():
+            event.state.available_tools[spec.name] = spec
+        return event
+
+    def call_tool(self, call_name, arguments, timeout_s):
+        raise OSError("sandbox could not start")
+
+
+def test_infrastructure_failures_are_marked_on_the_trace():
+    """Policy, environment and tool crashes are infrastructure failures; a processor's crash is the
+    harness's own defect, and parse errors or wrong answers are the model's."""
+
+    class Broken:
+        model_version = "broken"
+
+        def generate(self, requests):
+            raise MemoryError("out of memory")
+
+    env = FakeEnv({"t1": "reset", "t2": "verify"})
+    tasks = env.tasks("test")
+    by_id = {t.task_id: t for t in run_episodes([Job(t, base_harness()) for t in tasks],
+                                                  ScriptedPolicy(tool_then_answer("echo")), env)}
+    assert (by_id["t1"].error_source, by_id["t2"].error_source) == ("env", "env")
+    policy = run_episode(tasks[0], base_harness(), Broken(), env)
+    env_tool = run_episode(tasks[0], base_harness(), ScriptedPolicy(tool_then_answer("boom")), env)
+    h = base_harness().insert(RaisingTool(), index=0)
+    tool = run_episode(tasks[0], h, ScriptedPolicy(tool_then_answer("flaky")), env)
+    processor = run_episode(tasks[0], base_harness().insert(WrongType()), ScriptedPolicy(tool_then_answer("echo")),
+                            env)
+    wrong = run_episode(tasks[0], base_harness(), ScriptedPolicy(lambda m: "<answer>41</answer>"), env)
+    silent = run_episode(tasks[0], base_harness(), ScriptedPolicy(lambda m: "hmm"), env)
+    assert [t.error_source for t in (policy, env_tool, tool, processor)] == ["policy", "env", "tool", "processor"]
+    assert tool.error == "tool 'flaky' of processor 'raising_tool': OSError: sandbox could not start"
+    assert all(t.infra_failure and not t.trainable for t in (by_id["t1"], by_id["t2"], policy, env_tool, tool))
+    assert not processor.infra_failure and not processor.trainable
+    for model_failure in (wrong, silent, by_id["t0"]):
+        assert model_failure.error is None and model_failure.error_source is None and not model_failure.infra_failure
+    assert not wrong.passed and not silent.passed

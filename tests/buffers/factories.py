@@ -10,6 +10,7 @@ import random
 from collections.abc import Sequence
 
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
+from coevo.buffers import LogprobQuery
 
 
 def make_trace(
@@ -41,6 +42,10 @@ def make_trace(
                 finish_reason="stop",
                 trainable=step < n_calls - 1 or n_calls == 1,
                 loss_weight=1.0 if step % 2 == 0 else 0.5,
+                # sampled, greedy, and a call recorded before calls kept their sampling parameters
+                temperature=(0.7, 0.0, None)[step % 3],
+                top_p=(0.95, 1.0, None)[step % 3],
+                max_new_tokens=(256, 64, None)[step % 3],
             )
         )
     return Trace(
@@ -65,9 +70,10 @@ def make_trace(
     )
 
 
-def fake_logprobs(pairs: Sequence[tuple[list[int], list[int]]]) -> list[list[float]]:
+def fake_logprobs(queries: Sequence[LogprobQuery]) -> list[list[float]]:
     """A deterministic stand-in for the model's forward pass: depends on prompt length and token."""
-    return [[-((len(p) + j + tok) % 97) / 10 - 0.01 for j, tok in enumerate(c)] for p, c in pairs]
+    return [[-((len(q.prompt_ids) + j + tok) % 97) / 10 - 0.01 for j, tok in enumerate(q.completion_ids)]
+            for q in queries]
 
 
 def batch_traces(batch: int) -> list[Trace]:

@@ -18,7 +18,8 @@ import pytest
 
 import coevo.buffers.replay as replay_module
 import coevo.buffers.segments as segments_module
-from coevo.buffers import BufferEntry, CorruptBufferError, CorruptSegmentError, ReplayBuffer, decode_trace, encode_trace
+from coevo.buffers import (BufferEntry, CorruptBufferError, CorruptSegmentError, LogprobQuery, ReplayBuffer,
+                           decode_trace, encode_trace)
 from tests.buffers.factories import batch_traces, fake_logprobs, make_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,8 @@ def test_round_trip_keeps_traces_equal_and_in_order(tmp_path):
     assert loaded == originals
     for trace, sampler in zip(loaded, sampler_before, strict=True):
         assert [c.sampler_logprobs for c in trace.model_calls] == sampler  # untouched by the buffer
-        assert trace.behaviour_logprobs == fake_logprobs([(c.prompt_ids, c.completion_ids) for c in trace.model_calls])
+        assert trace.behaviour_logprobs == fake_logprobs(
+            [LogprobQuery(c.prompt_ids, c.completion_ids, c.logprob_temperature()) for c in trace.model_calls])
     first = returned[1][0]
     assert (first.trace_id, first.round, first.model_version, first.task_id) == ("r1-0", 1, 8, "task-0")
     trainable_tokens = sum(len(c.completion_ids) for c in batches[1][0].model_calls if c.trainable)
@@ -82,7 +84,10 @@ def test_logprob_fn_called_once_per_add_with_every_pair(tmp_path):
     with ReplayBuffer(tmp_path, capacity=8) as buf:
         buf.add(traces, round=0, model_version=0, logprob_fn=spy)
         assert len(calls) == 1
-        assert calls[0] == [(c.prompt_ids, c.completion_ids) for t in traces for c in t.model_calls]
+        # each call with the temperature its log-probs refer to (1.0 for greedy, None when not recorded)
+        assert calls[0] == [(c.prompt_ids, c.completion_ids, c.logprob_temperature())
+                            for t in traces for c in t.model_calls]
+        assert {q.temperature for q in calls[0]} == {0.7, 1.0, None}
         no_calls = make_trace("empty", n_calls=0)
         buf.add([no_calls], round=1, model_version=1, logprob_fn=spy)
         assert len(calls) == 1 and no_calls.behaviour_logprobs == []

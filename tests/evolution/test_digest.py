@@ -238,18 +238,24 @@ def test_steps_and_argument_normalisation(round_: Round) -> None:
 
 def test_digest_clusters_counts_and_severities(round_: Round) -> None:
     d = digest(round_.traces, round=3, variant="base", references=round_.references, max_excerpts=3)
-    failed = [t for t in round_.traces if not t.passed]
-    assert (d.round, d.variant, d.n_traces, d.n_failed) == (3, "base", 13, 11)
-    assert d.pass_rate == 2 / 13
+    # the crashed calculator is an infrastructure failure: counted, in no cluster (the hang is a timeout)
+    (crashed,) = round_.of("crash")
+    assert crashed.infra_failure and d.n_infra == 1
+    failed = [t for t in round_.traces if not t.passed and not t.infra_failure]
+    assert (d.round, d.variant, d.n_traces, d.n_failed) == (3, "base", 13, 10)
+    assert d.pass_rate == 2 / 12
     assert d.harness_id == round_.traces[0].harness_id
-    counts = {"wrong_answer": 2, "env_error": 2, "format_error": 1, "wrong_tool": 1, "loop": 1,
+    counts = {"wrong_answer": 2, "env_error": 1, "format_error": 1, "wrong_tool": 1, "loop": 1,
               "premature_answer": 1, "context_overflow": 1, "tool_misuse": 1, "step_budget": 1}
     assert [(c.cause, c.count) for c in d.clusters] == [
-        ("env_error", 2), ("wrong_answer", 2), ("context_overflow", 1), ("format_error", 1), ("loop", 1),
+        ("wrong_answer", 2), ("context_overflow", 1), ("env_error", 1), ("format_error", 1), ("loop", 1),
         ("premature_answer", 1), ("step_budget", 1), ("tool_misuse", 1), ("wrong_tool", 1)]
-    assert sum(counts.values()) == len(failed) == 11
+    assert sum(counts.values()) == len(failed) == 10
+    assert crashed.trace_id not in {tid for c in d.clusters for tid in c.trace_ids}
+    assert crashed.task_id not in d.failed_task_ids + d.passed_task_ids
+    assert "1 infrastructure failures left out" in d.text().splitlines()[0]
     for c in d.clusters:
-        assert c.severity == counts[c.cause] / 11
+        assert c.severity == counts[c.cause] / 10
         assert c.component == IMPLICATED[c.cause]
         assert len(c.task_ids) == c.count == len(c.trace_ids) == len(c.excerpts)  # one trace per task here
     wrong = d.cluster("wrong_answer")
@@ -350,5 +356,5 @@ def test_an_env_that_fails_to_reset_is_an_env_error_with_no_step() -> None:
     failure = classify(trace)
     assert (failure.cause, failure.step) == ("env_error", None)
     assert failure.excerpt == "no model call: env reset: ConnectionError: env down"
-    d = digest([trace], round=0, variant="base")
-    assert json.loads(json.dumps(d.to_dict()))["clusters"][0]["cause"] == "env_error"
+    d = digest([trace], round=0, variant="base")  # an infrastructure failure: counted, never clustered
+    assert json.loads(json.dumps(d.to_dict()))["clusters"] == [] and (d.n_infra, d.n_failed) == (1, 0)

@@ -177,3 +177,121 @@ def test_epoch_end_selection_keeps_the_best_snapshot_on_validation(env):
     chosen = aegis.select(lambda h: 1.0 if h.id == shipped else 0.0)
     assert chosen["base"] == shipped == aegis.harness("base").id
     assert aegis.select(lambda h: 0.5)["base"] == base_harness().id  # a tie goes to the earlier snapshot
+
+
+def test_infrastructure_failures_give_the_planner_nothing(env):
+    """The policy runs out of memory on two tasks of a batch the model otherwise solves: those
+    crashes form no failure cluster, draw no proposal, and are no evidence in the variant's records
+    (no harness edit can fix the machine)."""
+    batch = env.tasks("train")[:4]
+    crash = {batch[1].task_id, batch[3].task_id}
+    expressions = {t.instruction for t in batch if t.task_id in crash}
+
+    class OutOfMemoryOn:
+        model_version = "oom"
+
+        def __init__(self) -> None:
+            self.solver = ScriptedPolicy(solve)
+
+        def generate(self, requests):
+            if any(m.get("content") in expressions for r in requests for m in r.messages):
+                raise MemoryError("CUDA out of memory")
+            return self.solver.generate(requests)
+
+    meta = ScriptedMeta([template_edit("Task: {instruction}")])
+    aegis = make_aegis(env, OutOfMemoryOn(), meta)
+    traces, report = run_round(aegis, batch, OutOfMemoryOn(), env, round=0, attempts=1, batch_size=1, max_steps=6)
+    crashed = [t for t in traces if t.task_id in crash]
+    assert all(t.infra_failure and t.error_source == "policy" for t in crashed)
+    assert all(t.passed for t in traces if t.task_id not in crash)
+    (dig,) = report.digests
+    assert dig.clusters == [] and (dig.n_infra, dig.n_failed, dig.pass_rate) == (2, 0, 1.0)
+    assert report.verdicts == [] and len(meta.proposals) == 1  # nothing was proposed or judged
+    assert all(aegis.variants.rate("base", tid) is None for tid in crash)
+    assert all(aegis.variants.rate("base", t.task_id) == 1.0 for t in batch if t.task_id not in crash)
+
+
+def candidate_passes(parent_id: str, judged_ids: list[list[str]] | None = None):
+    """A Critic rollout with a known effect: the parent fails every task, any candidate passes it."""
+
+    def run(harness, tasks, k):
+        if judged_ids is not None and harness.id == parent_id:
+            judged_ids.append([t.task_id for t in tasks])
+        return {t.task_id: [harness.id != parent_id] * k for t in tasks}
+
+    return run
+
+
+def test_an_undecided_edit_is_judged_again_next_round_with_its_evidence_pooled(env):
+    """2 wins per judgement (2 tasks, 1 paired attempt each): undecided twice, shipped on the third
+    judgement's pooled 6 wins; the meta-agent proposed it once, and it never counted as rejected.
+    A resumed AEGIS continues the same evidence."""
+    policy = ScriptedPolicy(lambda m: "no idea")
+    train = env.tasks("train")
+
+    def make(meta):
+        critic = Critic(candidate_passes(base_harness().id), k=1, n_tasks=2, budget=4, max_episodes=40)
+        return AEGIS(base_harness(), meta, critic, tasks={t.task_id: t for t in train}, tools=["calculator"])
+
+    edit = template_edit("Use the calculator tool. {instruction}")
+    meta = ScriptedMeta([edit])
+    aegis = make(meta)
+    _, first = run_round(aegis, train[:4], policy, env, round=0, attempts=1, max_steps=6)
+    (verdict,) = first.verdicts
+    assert verdict.undecided and not verdict.ship and verdict.gate == "stat" and first.shipped == []
+    assert verdict.evidence["wins"] == 2 and edit.key() not in aegis.rejected["base"]
+    assert "undecided" in aegis.design_lessons.items[-1]
+    state = json.loads(json.dumps(aegis.state_dict()))
+    resumed = make(ScriptedMeta([]))
+    resumed.load_state_dict(state)
+    for engine in (aegis, resumed):
+        _, second = run_round(engine, train[4:8], policy, env, round=1, attempts=1, max_steps=6)
+        (again,) = second.verdicts
+        assert again.proposal.key() == edit.key() and again.undecided
+        assert (again.evidence["wins"], again.evidence["judged"], again.evidence["pooled_episodes"]) == (4, 2, 8)
+    _, third = run_round(aegis, train[8:12], policy, env, round=2, attempts=1, max_steps=6)
+    (last,) = third.verdicts
+    assert last.ship and third.shipped == [aegis.harness("base").id] and aegis.undecided["base"] == []
+    assert meta.proposals == []  # proposed once, in round 0
+
+
+def test_old_states_without_undecided_edits_or_critic_evidence_load(env):
+    aegis = make_aegis(env, ScriptedPolicy(needs_demo), RuleMetaAgent())
+    state = json.loads(json.dumps(aegis.state_dict()))
+    del state["undecided"], state["critic"]
+    aegis.load_state_dict(state)
+    assert aegis.undecided == {} and aegis.critic.evidence == {}
+
+
+def test_the_critic_widens_its_sample_with_train_tasks_that_are_no_demonstration_source(env):
+    train = env.tasks("train")
+    refs = {t.task_id: gold_reference(env, t) for t in train[-4:]}
+    judged: list[list[str]] = []
+    critic = Critic(candidate_passes(base_harness().id, judged), k=1, n_tasks=12, budget=24)
+    meta = ScriptedMeta([template_edit("Use the calculator tool. {instruction}")])
+    pool = {t.task_id: t for t in train}
+    aegis = AEGIS(base_harness(), meta, critic, tasks=pool, critic_pool=pool, references=refs, tools=["calculator"])
+    batch = train[:4]
+    run_round(aegis, batch, ScriptedPolicy(lambda m: "no idea"), env, round=0, attempts=1, max_steps=6)
+    first = judged[0]
+    assert len(first) == 12 and first[:4] == sorted(t.task_id for t in batch)
+    assert not set(first) & set(refs)  # a reference may be a demonstration: never judged on
+
+
+
+def test_the_critic_rollout_reports_infrastructure_failures_as_none(env):
+    """``rollout_fn`` gives None for an episode whose policy call crashed, so the Critic's gates
+    leave it out instead of counting a failed attempt against the harness."""
+    batch = env.tasks("train")[:3]
+    crashing = batch[1].instruction
+
+    class CrashesOn:
+        model_version = "crash"
+
+        def generate(self, requests):
+            if any(m.get("content") == crashing for r in requests for m in r.messages):
+                raise MemoryError("CUDA out of memory")
+            return ScriptedPolicy(solve).generate(requests)
+
+    out = rollout_fn(CrashesOn(), env, batch_size=1, max_steps=6)(base_harness(), batch, 2)
+    assert out == {batch[0].task_id: [True, True], batch[1].task_id: [None, None], batch[2].task_id: [True, True]}

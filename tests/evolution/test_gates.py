@@ -518,3 +518,37 @@ def test_combine_modes():
     with pytest.raises(ValueError, match="needs the result of \\['performance'\\]"):
         combine("both", seesaw=s_ok)
 
+
+
+def turn_demo(question: str, expression: str, result: str) -> list[dict]:
+    """A demonstration in the runtime's turn structure: task, tool call, tool result, answer."""
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expression
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": call},
+            {"role": "tool", "name": "calculator", "content": result},
+            {"role": "assistant", "content": f"<answer>{result}</answer>"}]
+
+
+def test_demonstration_turns_are_gated_like_any_added_text():
+    """Every turn of a ``turns`` demonstration is added text (the tool's result too), with its role;
+    a ground-truth answer in any of them leaks, and each new demonstration counts as an example."""
+    demo = turn_demo("What is 1000 + 123456?", "1000 + 123456", "124456")
+    insert = Edit("insert", "few_shot", spec={"kind": "few_shot", "name": "few_shot", "params": {"turns": demo}})
+    segs = added_segments([insert], base_harness())
+    assert [(s.param, s.role, s.text) for s in segs] == [("turns", t["role"], t["content"]) for t in demo]
+    assert "124456" in edit_text([insert], base_harness())
+    leaked = quality_gate([insert], base_harness(), {"t1": 124456}, {}, eta_leak=0.2, eta_bloat=5)
+    assert not leaked.passed and leaked.leakage == 1.0 and "124456" in leaked.leaked
+    # only the tool turn quotes it: an edit whose tool result differs does not leak
+    other = [dict(t, content=t["content"].replace("124456", "7")) for t in demo]
+    clean = Edit("insert", "few_shot", spec={"kind": "few_shot", "name": "few_shot", "params": {"turns": other}})
+    assert quality_gate([clean], base_harness(), {"t1": 124456}, {}, eta_leak=0.2, eta_bloat=5).passed
+    # bloat: six new demonstrations; adding one to a harness that shows five counts one
+    six = [t for i in range(6) for t in turn_demo(f"What is {i} + {i}?", f"{i} + {i}", str(2 * i))]
+    many = Edit("insert", "few_shot", spec={"kind": "few_shot", "name": "few_shot", "params": {"turns": six}})
+    assert bloat([many], base_harness()).demos_added == 6
+    assert not quality_gate([many], base_harness(), {}, {}, eta_leak=0.2, eta_bloat=5).passed
+    five = apply_edit(base_harness(), Edit("insert", "few_shot", spec={"kind": "few_shot", "name": "few_shot",
+                                                                       "params": {"turns": six[:20]}}))
+    one_more = Edit("set_param", "few_shot", param="turns", value=six)
+    assert bloat([one_more], five).demos_added == 1
+    assert [s.text for s in added_segments([one_more], five)] == [t["content"] for t in six[20:]]

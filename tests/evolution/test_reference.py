@@ -192,17 +192,53 @@ def test_policy_reference_keeps_the_first_genuine_passing_attempt(env, tasks) ->
         policy_reference(env, task, base_harness(), ScriptedPolicy(calculator_solver), attempts=0)
 
 
-def test_reference_demo(env, tasks) -> None:
+def test_reference_demo_has_the_runtime_turn_structure(env, tasks) -> None:
+    """A demonstration is the turns of an episode: the task, the assistant's tool call, the tool's
+    result in its own turn, the assistant's answer; the model is never shown writing a tool result."""
     task = tasks[0]
-    user, assistant = reference_demo(gold_reference(env, task))
     call = tool_call_text(task.gold_actions[0])
-    assert (user, assistant) == (
-        task.instruction, f"{call}\ncalculator returned: {task.answer}\n<answer>{task.answer}</answer>")
+    gold = reference_demo(gold_reference(env, task))
+    assert gold == [
+        {"role": "user", "content": task.instruction},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "name": "calculator", "content": str(task.answer)},
+        {"role": "assistant", "content": f"<answer>{task.answer}</answer>"},
+    ]
     ref = policy_reference(env, task, base_harness(), ScriptedPolicy(calculator_solver), attempts=1)
-    user, assistant = reference_demo(ref)
-    assert user == task.instruction  # never the hinted message
-    assert assistant == (f"{call}\ncalculator returned: {task.answer}\n"
-                         f"The calculator says {task.answer}.\n<answer>{task.answer}</answer>")
+    demo = reference_demo(ref)
+    assert demo[0] == {"role": "user", "content": task.instruction}  # never the hinted message
+    assert [t["role"] for t in demo] == ["user", "assistant", "tool", "assistant"]
+    assert demo[2] == {"role": "tool", "name": "calculator", "content": str(task.answer)}
+    assert demo[3]["content"] == f"The calculator says {task.answer}.\n<answer>{task.answer}</answer>"
+    # the assistant turns are exactly what the model wrote, nothing the runtime added
+    assert [t["content"] for t in demo if t["role"] == "assistant"] == [c.text for c in ref.model_calls]
+
+
+def test_a_demo_shows_the_turns_a_real_episode_with_the_same_tool_call_produces(env, tasks) -> None:
+    """The demonstration equals, turn for turn, the history of a real episode whose model writes the
+    same replies; the few_shot processor puts exactly those turns before the next task, where the
+    policy's chat rendering shows them as it shows a real episode's."""
+    from coevo.harness.library import FewShotDemos
+    from coevo.harness.library.context import first_user_index
+    from coevo.policy.hf import to_template_messages
+
+    task, other = tasks[1], tasks[2]
+    demo = reference_demo(gold_reference(env, task))
+    replies = [t["content"] for t in demo if t["role"] == "assistant"]
+    episode = run_episodes([Job(task, base_harness())], ScriptedPolicy(replay(replies)), env)[0]
+    assert episode.passed and len(episode.tool_calls) == 1
+    real = episode.messages[first_user_index(episode.messages):]
+    assert real == demo
+    def solve_current(messages: list[dict]) -> str:  # calculator_solver, on the last task rather than a demo's
+        return calculator_solver(messages[-1:] if messages[-1]["role"] == "tool" else [messages[-1]])
+
+    shown = run_episodes([Job(other, base_harness().insert(FewShotDemos(turns=demo)))],
+                         ScriptedPolicy(solve_current), env)[0]
+    request = shown.model_calls[0].messages
+    assert shown.passed and request[0]["role"] == "system"
+    assert request[1 : 1 + len(demo)] == demo and request[1 + len(demo)]["content"] == other.instruction
+    for tool_role in (False, True):
+        assert to_template_messages(request[1 : 1 + len(demo)], tool_role) == to_template_messages(real, tool_role)
 
 
 def test_store_round_trips_and_survives_a_reopen(env, tasks, tmp_path) -> None:

@@ -83,6 +83,47 @@ def test_few_shot_needs_pairs():
         FewShotDemos(demos=["only a question"])
 
 
+TOOL_DEMO = [
+    {"role": "user", "content": "What is 4 + 5?"},
+    {"role": "assistant",
+     "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "4 + 5"}}</tool_call>'},
+    {"role": "tool", "name": "calculator", "content": "9"},
+    {"role": "assistant", "content": "<answer>9</answer>"},
+]
+
+
+def test_few_shot_turns_put_tool_turns_where_the_runtime_puts_them():
+    """A demonstration with a tool turn: the call, the tool result in its own turn, the answer;
+    after the plain pairs and before the task, and the harness spec round-trips it."""
+    from coevo.harness.defaults import base_harness
+    from coevo.harness.harness import Harness
+
+    s = state(messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "What is 2 + 3?"}])
+    FewShotDemos(demos=["What is 1+1?", "<answer>2</answer>"], turns=TOOL_DEMO).process(ev.TaskStartEvent(s))
+    assert [m["role"] for m in s.messages] == ["system", "user", "assistant", *[t["role"] for t in TOOL_DEMO], "user"]
+    assert s.messages[3:7] == TOOL_DEMO and s.messages[-1]["content"] == "What is 2 + 3?"
+    s.messages[5]["content"] = "changed"  # the processor's own value is never handed out to be mutated
+    assert FewShotDemos(turns=TOOL_DEMO).config["turns"][2]["content"] == "9"
+    h = base_harness().insert(FewShotDemos(turns=TOOL_DEMO))
+    assert Harness.from_yaml(h.to_yaml()).id == h.id
+    assert h.get("few_shot").config["turns"] == TOOL_DEMO
+
+
+@pytest.mark.parametrize("turns, match", [
+    ([{"role": "user", "content": "q"}], "no assistant turn"),
+    ([{"role": "assistant", "content": "a"}], "starts with a assistant turn"),
+    ([{"role": "user", "content": "q"}, {"role": "tool", "name": "calculator", "content": "9"}], "no assistant turn"),
+    (TOOL_DEMO[:1] + TOOL_DEMO[2:], "no assistant turn"),  # a tool result nobody asked for
+    # a tool turn names its tool
+    ([{"role": "user", "content": "q"}, {"role": "tool", "content": "9"}], "expects turns"),
+    ([{"role": "system", "content": "q"}], "expects turns"),
+    (["What is 1+1?", "<answer>2</answer>"], "expects turns"),
+])
+def test_few_shot_turns_refuse_what_no_episode_looks_like(turns, match):
+    with pytest.raises(ParamError, match=match):
+        FewShotDemos(turns=turns)
+
+
 # --- memory
 def _long_request():
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]

@@ -69,7 +69,7 @@ def make_case(
     v: int = 1031,
     *,
     dtype: torch.dtype = torch.float32,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,  # or [N]: each row's own
     with_ref: bool = False,
     on_policy: bool = False,
     seed: int = 0,
@@ -78,7 +78,8 @@ def make_case(
     hidden = torch.randn(n, h, generator=g, dtype=torch.float64).to(dtype).double()
     weight = (torch.randn(v, h, generator=g, dtype=torch.float64) * 2 / math.sqrt(h)).to(dtype).double()
     targets = torch.randint(0, v, (n,), generator=g)
-    logp = torch.log_softmax(hidden @ weight.T / temperature, -1).gather(-1, targets[:, None]).squeeze(-1)  # [N]
+    t = temperature.double()[:, None] if isinstance(temperature, torch.Tensor) else temperature  # [N, 1] or a float
+    logp = torch.log_softmax(hidden @ weight.T / t, -1).gather(-1, targets[:, None]).squeeze(-1)  # [N]
     offsets = torch.tensor([0.0 if on_policy else STALE_OFFSETS[i % len(STALE_OFFSETS)] for i in range(n)])
     signs = torch.tensor([1.0 if (i // len(STALE_OFFSETS)) % 2 == 0 else -1.0 for i in range(n)])
     advantages = signs * (0.1 + torch.rand(n, generator=g, dtype=torch.float64))  # |A| ≥ 0.1, both signs
@@ -203,6 +204,59 @@ def test_on_policy_is_the_policy_gradient(impl: str) -> None:
     assert_close(got.grad_weight, weight.grad, TOL[torch.float32]["grad"], "grad weight")
 
 
+def mixed_temperatures(n: int) -> torch.Tensor:
+    """[N] float32: the calls of one batch sampled at different temperatures (a temperature schedule)."""
+    return torch.tensor([(0.3, 0.7, 1.0, 1.3)[i % 4] for i in range(n)], dtype=torch.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_mixed_temperatures_match_float64_reference(impl: str) -> None:
+    need(impl)
+    case = make_case(with_ref=True, temperature=mixed_temperatures(37))
+    device = DEVICE if impl == "triton" else torch.device("cpu")
+    kw = {"beta": 0.1, "dual_clip": 3.0, "eps_high": 0.28}
+    got = run(case, impl, temperature=mixed_temperatures(37).to(device), **kw,
+              **({} if impl == "reference" else {"chunk_size": 10}))
+    assert_matches(got, truth(case, temperature=mixed_temperatures(37), **kw), torch.float32)
+
+
+def test_per_row_temperatures_equal_one_scalar_temperature_per_group() -> None:
+    """The float64 reference with per-row temperatures is the sum of scalar-temperature references
+    over the rows of each temperature: loss, per-token values and gradients."""
+    temps = mixed_temperatures(37)
+    case = make_case(with_ref=True, temperature=temps)
+    kw = {"beta": 0.1, "dual_clip": 3.0}
+    mixed = truth(case, temperature=temps, **kw)
+    loss = torch.zeros((), dtype=torch.float64)
+    grad_hidden = torch.zeros_like(mixed.grad_hidden)
+    grad_weight = torch.zeros_like(mixed.grad_weight)
+    for t in sorted(set(temps.tolist())):
+        rows = temps == t
+        part = Case(case.hidden[rows], case.weight, case.targets[rows], case.old_logp[rows], case.advantages[rows],
+                    case.token_weights[rows], case.ref_logp[rows], case.dtype)
+        got = truth(part, temperature=t, **kw)
+        loss += got.out.loss
+        grad_hidden[rows] = got.grad_hidden
+        grad_weight += got.grad_weight
+        for name in ("logp", "ratio", "kl"):
+            assert_close(getattr(mixed.out, name)[rows], getattr(got.out, name), 1e-12, name, floor=1.0)
+    assert_close(mixed.out.loss, loss, 1e-12, "loss", floor=1.0)
+    assert_close(mixed.grad_hidden, grad_hidden, 1e-12, "grad hidden")
+    assert_close(mixed.grad_weight, grad_weight, 1e-12, "grad weight")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_on_policy_at_mixed_temperatures_has_ratio_one(impl: str) -> None:
+    """Each token scored at the temperature that sampled it: ratio 1 on-policy, also when rows differ."""
+    need(impl)
+    temps = mixed_temperatures(37)
+    case = make_case(on_policy=True, temperature=temps)
+    device = DEVICE if impl == "triton" else torch.device("cpu")
+    got = run(case, impl, temperature=temps.to(device))
+    assert_close(got.out.ratio, torch.ones(case.n), 1e-5, "ratio")
+    assert not got.out.clipped.any()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_stale_tokens_clip_and_lose_their_gradient(impl: str) -> None:
     need(impl)
@@ -291,6 +345,10 @@ def test_dispatch_and_validation() -> None:
         grpo_loss(hidden, weight, *per_token, dual_clip=0.9)
     with pytest.raises(ValueError, match="temperature"):
         grpo_loss(hidden, weight, *per_token, temperature=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        grpo_loss(hidden, weight, *per_token, temperature=torch.tensor([0.7, 0.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="temperature"):
+        grpo_loss(hidden, weight, *per_token, temperature=torch.ones(3))
     with pytest.raises(ValueError, match="targets"):
         grpo_loss(hidden, weight, case.targets + 50, *per_token[1:])
     with pytest.raises(ValueError, match="shape"):

@@ -27,6 +27,11 @@ from coevo.meta.rule import (
 DEMOS = [("What is 2 + 3?", "<answer>5</answer>"), ("What is 10 - 4?", "<answer>6</answer>")]
 
 
+def turns(*pairs: tuple[str, str]) -> list[dict]:
+    """(question, reply) demonstrations as the few_shot ``turns`` the rule agent writes."""
+    return [t for q, a in pairs for t in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
+
+
 def cluster(cause: str, severity: float = 0.5, tasks: tuple[str, ...] = ("t1", "t2")) -> Cluster:
     return Cluster(cause=cause, component=IMPLICATED[cause], count=len(tasks), severity=severity,
                    task_ids=list(tasks), trace_ids=[f"tr-{t}" for t in tasks], excerpts=[])
@@ -137,7 +142,7 @@ def test_templates_read_the_harness():
     by_template = {template_of(p, h): p for p in proposals}
     few = by_template["few_shot_demos"].edits
     assert [(e.op, e.processor, e.param, e.value) for e in few] == [
-        ("set_param", "demos", "demos", [*DEMOS[0], *DEMOS[1]])]  # only the new pair is added
+        ("set_param", "demos", "turns", turns(DEMOS[1]))]  # only the demonstration not shown yet is added
     assert [(e.op, e.processor) for e in by_template["format_system_prompt"].edits] == [("set_param", "sys")]
     assert "self_verification" not in by_template  # present already: never inserted twice
     for p in proposals:
@@ -233,9 +238,9 @@ def test_max_proposals_validated_and_zero_gives_nothing():
     assert RuleMetaAgent().propose(digest(cluster("loop")), base_harness(), context(max_proposals=0)) == []
 
 
-def few_shot_demos_of(p: Proposal) -> list[str]:
+def few_shot_demos_of(p: Proposal) -> list[dict]:
     (e,) = p.edits
-    return list(e.spec["params"]["demos"] if e.op == "insert" else e.value)
+    return list(e.spec["params"]["turns"] if e.op == "insert" else e.value)
 
 
 def test_revise_leakage_drops_exactly_the_leaked_demo():
@@ -246,11 +251,11 @@ def test_revise_leakage_drops_exactly_the_leaked_demo():
     reason = "leakage 0.33 > 0.2\nleaked: 6"  # the engine's format: verdict.reason + "\nleaked: a | b"
     revised = agent.revise(p, reason, d, h, ctx)
     # "6" is the answer of the second demo; "56" merely contains the digit and is kept
-    assert few_shot_demos_of(revised) == [*DEMOS[0], "What is 7 * 8?", "<answer>56</answer>"]
+    assert few_shot_demos_of(revised) == turns(DEMOS[0], ("What is 7 * 8?", "<answer>56</answer>"))
     assert revised.revision == 1 and revised.cluster == "format_error" and build(h, revised).id != h.id
     # two leaked strings: both demos that quote them go, the other stays
     revised2 = RuleMetaAgent().revise(p, "leakage 0.66 > 0.2\nleaked: 6 | What is 2 + 3?", d, h, ctx)
-    assert few_shot_demos_of(revised2) == ["What is 7 * 8?", "<answer>56</answer>"]
+    assert few_shot_demos_of(revised2) == turns(("What is 7 * 8?", "<answer>56</answer>"))
 
 
 def test_revise_leakage_of_every_demo_moves_to_the_next_template():
@@ -266,7 +271,7 @@ def test_revise_bloat_keeps_one_demo():
     agent = RuleMetaAgent()
     (p,) = agent.propose(d, h, context(max_proposals=1))
     revised = agent.revise(p, "bloat 0.8 > 0.5: the edits add 900 tokens", d, h, context())
-    assert few_shot_demos_of(revised) == list(DEMOS[0])
+    assert few_shot_demos_of(revised) == turns(DEMOS[0])
     # one demo already: bloat cannot be answered by trimming, so the next template comes
     again = agent.revise(revised, "bloat 0.6 > 0.5", d, h, context())
     assert template_of(again, h) == "format_system_prompt"

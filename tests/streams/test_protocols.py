@@ -13,7 +13,7 @@ from coevo.evolution.reference import gold_reference
 from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
-from coevo.meta.base import PlanContext, TokenLedger
+from coevo.meta.base import PlanContext, TokenLedger, demo_question
 from coevo.streams.axes import exposed_tools, tools_harness
 from coevo.streams.construct import build_stream
 from coevo.streams.metrics import backward_transfer, forward_transfer, pass_matrix, reference_rates, stage_tokens
@@ -109,7 +109,8 @@ def test_self_evolving_carries_the_evolved_harness_and_gains_new_tools(env, stre
                            references=references, distractors_per_stage=1, max_steps=6)
     assert pass_matrix(result.outcomes, 3) == EVOLVED
     assert [ctx.round for ctx in meta.contexts] == [1]  # stage 0 passed everything: nothing to evolve
-    assert [q for q, _ in meta.contexts[0].demos] == ["What is add(2, 5)?"]  # add-0's; neg's are not released
+    # add-0's; neg's are not released
+    assert [demo_question(d) for d in meta.contexts[0].demos] == ["What is add(2, 5)?"]
     shipped = [r for r in result.evolve_reports if r["shipped"]]
     assert [r["stage"] for r in shipped] == [1]
     final = result.harnesses[2]["base"]

@@ -70,3 +70,25 @@ def test_token_weights_match_explicit_formulas():
     assert shard.tolist() == pytest.approx([1 / 12] * 3 + [1 / 4])
     with pytest.raises(ValueError, match="aggregation"):
         token_weights(lengths, "mean")
+
+
+def test_non_members_join_no_group_and_take_no_part_in_its_statistics():
+    """Crashed episodes (reward 0 from the machine, not the policy) are not members: a group's
+    mean and std come from its members only, and a group left with one member has no signal."""
+    rng = random.Random(1)
+    ids = [f"task-{rng.randrange(4)}" for _ in range(30)]
+    rewards = [rng.random() for _ in ids]
+    members = [rng.random() < 0.7 for _ in ids]
+    ids += ["lonely", "lonely", "lonely"]
+    rewards += [1.0, 0.0, 0.0]
+    members += [True, False, False]
+    adv, signal, stats = group_advantages(ids, rewards, members=members)
+    kept = [i for i, m in enumerate(members) if m]
+    twin = loop_twin([ids[i] for i in kept], [rewards[i] for i in kept])
+    assert [adv[i].item() for i in kept] == pytest.approx(twin, abs=1e-5)
+    assert all(adv[i] == 0 and not signal[i] for i, m in enumerate(members) if not m)
+    assert adv[-3] == 0 and not signal[-3]  # the one member left of its group: no signal
+    assert stats.excluded_traces == members.count(False)
+    assert stats.n_groups == len({ids[i] for i in kept})
+    with pytest.raises(ValueError, match="membership"):
+        group_advantages(["a", "b"], [1.0, 0.0], members=[True])

@@ -96,3 +96,111 @@ def test_checkpoint_round_trip_continues_identically(tok, tmp_path, lora):
     b.step(traces)
     for (ka, va), (kb, vb) in zip(a.unwrapped.named_parameters(), b.unwrapped.named_parameters(), strict=True):
         assert torch.allclose(va, vb, atol=1e-7), ka
+
+
+def test_a_call_sampled_at_another_temperature_than_the_run_is_scored_at_its_own(tok, tmp_path):
+    """The harness samples at T=0.3 in a run whose rollout temperature is 0.7: the buffer's
+    behaviour log-probs equal the sampler's, and the first GRPO step is on-policy (ratio 1), its
+    KL reference scored at the same temperature (0 while the LoRA adapter is the identity)."""
+    from coevo.agent.runtime import Job, run_episodes
+    from coevo.buffers import ReplayBuffer
+    from coevo.envs.arithmetic import ArithmeticEnv
+    from coevo.harness.defaults import base_harness
+    from coevo.policy.hf import TransformersPolicy
+    from coevo.trainers.logprobs import logprob_fn
+
+    model = apply_lora(tiny_model(tok, seed=0), r=4, target_modules=("q_proj", "v_proj"))
+    env = ArithmeticEnv(n_tasks=10)
+    harness = (base_harness().set_param("sampling", "temperature", 0.3).set_param("sampling", "max_new_tokens", 12)
+               .set_param("token_annotation", "exclude_truncated", False))
+    jobs = [Job(env.tasks("train")[0], harness, trace_id=f"t{k}") for k in range(4)]
+    traces = run_episodes(jobs, TransformersPolicy(model, tok, seed=0), env, max_steps=2)
+    for k, t in enumerate(traces):
+        t.reward = float(k % 2)  # a group with a signal (the random model passes nothing)
+    assert all(c.temperature == 0.3 for t in traces for c in t.model_calls)
+    with ReplayBuffer(tmp_path / "buffer", capacity=8) as buf:
+        buf.add(traces, round=0, model_version=0, logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=0.7))
+    for t in traces:
+        for call, behaviour in zip(t.model_calls, t.behaviour_logprobs, strict=True):
+            assert behaviour == pytest.approx(call.sampler_logprobs, abs=1e-4)
+    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=0.0, beta=0.1, temperature=0.7, micro_batch_size=8)
+    for t in traces:  # the policy's own log-probs as the behaviour: the trainer alone must agree with them
+        t.behaviour_logprobs = [list(c.sampler_logprobs) for c in t.model_calls]
+    m = trainer.step(traces)
+    assert m.sequences == 8
+    assert m.ratio_min == pytest.approx(1.0, abs=1e-3) and m.ratio_max == pytest.approx(1.0, abs=1e-3)
+    assert m.clip_fraction == 0.0 and m.kl == pytest.approx(0.0, abs=1e-6)
+
+
+def test_calls_recorded_without_sampling_parameters_use_the_run_temperature(tok):
+    """A buffer record made before model calls kept their sampling parameters loads with none;
+    its tokens are scored at the run's rollout temperature, the others at their own."""
+    import json
+    import struct
+
+    from coevo.buffers import decode_trace, encode_trace
+    from coevo.trainers.batch import collate, training_sequences
+
+    model = tiny_model(tok, seed=0)
+    (old, new) = synthetic_traces(model, tok, n_tasks=1, per_task=2, calls=1)
+    new.model_calls[0].temperature = 0.3
+    payload = encode_trace(old)
+    (n,) = struct.unpack_from("<I", payload)
+    meta = json.loads(payload[4 : 4 + n])
+    for call in meta["model_calls"]:  # the payload as a buffer written before this change holds it
+        for key in ("temperature", "top_p", "max_new_tokens"):
+            del call[key]
+    head = json.dumps(meta).encode()
+    loaded = decode_trace(struct.pack("<I", len(head)) + head + payload[4 + n :])
+    assert loaded.model_calls[0].temperature is None and loaded.model_calls[0].logprob_temperature() is None
+    seqs = training_sequences([loaded, new], torch.tensor([1.0, -1.0]), default_temperature=0.7)
+    assert [s.temperature for s in seqs] == [0.7, 0.3]
+    batch = collate(seqs, tok.pad_token_id)
+    lengths = [len(s.completion_ids) for s in seqs]
+    assert batch.temperatures.tolist() == pytest.approx([0.7] * lengths[0] + [0.3] * lengths[1])
+
+
+def test_infrastructure_failures_leave_the_groups(tok):
+    """A policy crash (out of memory) gives reward 0 that says nothing about the policy: it must not
+    pull a group's baseline. task-0 keeps one real trace beside two crashes (no signal left);
+    task-1 keeps two real traces with different rewards."""
+    model = tiny_model(tok, seed=0)
+    traces = synthetic_traces(model, tok, n_tasks=2, per_task=3, calls=1)
+    rewards = {"tr-0-0": 1.0, "tr-0-1": 0.0, "tr-0-2": 0.0, "tr-1-0": 1.0, "tr-1-1": 0.0, "tr-1-2": 0.0}
+    for t in traces:
+        t.reward = rewards[t.trace_id]
+        if t.trace_id in ("tr-0-1", "tr-0-2", "tr-1-2"):
+            t.error, t.error_source, t.trainable = "policy: OutOfMemoryError: CUDA out of memory", "policy", False
+    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=0.0, micro_batch_size=8)
+    m = trainer.step(traces)
+    assert m.sequences == 2  # task-1's two real traces; task-0's lone real trace has no group left
+    assert m.excluded_traces == 3 and m.infra_traces == 3
+    assert m.zero_variance_fraction == 0.5
+    assert m.advantage_mean == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_micro_batch_mixing_temperatures_is_on_policy_token_by_token(tok):
+    """Calls sampled at 0.3 and 1.3 and one recorded without a temperature (the run's 0.7) in one
+    micro-batch: the behaviour log-probs are each call's own, and the step's ratio is 1 on every token."""
+    from coevo.buffers.logprobs import behaviour_logprobs
+    from coevo.trainers.logprobs import logprob_fn
+
+    model = tiny_model(tok, seed=0)
+    traces = synthetic_traces(model, tok, n_tasks=2, per_task=2, calls=2)
+    temps = iter([0.3, 1.3, None, 0.3, 1.3, 0.3, 1.3, 1.3])
+    for t in traces:
+        for call in t.model_calls:
+            call.temperature = next(temps)
+    fn = logprob_fn(model, tok.pad_token_id, temperature=0.7)
+    for t, rows in zip(traces, behaviour_logprobs(traces, fn), strict=True):
+        t.behaviour_logprobs = rows
+        for call, row in zip(t.model_calls, rows, strict=True):
+            own = logprob_fn(model, tok.pad_token_id, temperature=call.temperature or 0.7)
+            assert row == pytest.approx(own([(call.prompt_ids, call.completion_ids)])[0], abs=1e-5)
+    call = traces[0].model_calls[0]
+    at_run = logprob_fn(model, tok.pad_token_id, temperature=0.7)([(call.prompt_ids, call.completion_ids)])[0]
+    assert max(abs(a - b) for a, b in zip(traces[0].behaviour_logprobs[0], at_run)) > 0.1
+    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=0.0, temperature=0.7, micro_batch_size=8)
+    m = trainer.step(traces)
+    assert m.sequences == 8
+    assert m.ratio_min == pytest.approx(1.0, abs=1e-4) and m.ratio_max == pytest.approx(1.0, abs=1e-4)

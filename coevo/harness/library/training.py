@@ -33,8 +33,10 @@ class TokenAnnotation(Processor):
 class InfraErrorFilter(Processor):
     kind = "infra_error_filter"
     description = (
-        "Keeps an episode out of training when tool infrastructure failed (timeouts), since its "
-        "reward then reflects the machine rather than the policy."
+        "Keeps an episode out of training, and out of its task's GRPO group, when its tools timed out "
+        "more often than tolerated, since its reward then reflects the machine rather than the policy. "
+        "(Crashes of the policy, the environment or a tool are marked by the runtime itself: "
+        "Trace.infra_failure.)"
     )
     hook = Hook.TASK_END
     dimension = Dimension.TRAINING_BRIDGE

@@ -1,0 +1,376 @@
+"""Decision quality of the Critic's gate: plant edits of known effect and count how often each ships.
+
+    python scripts/gate_quality.py                           # SmolLM2, the main job's env and harness, 20 runs per edit
+    python scripts/gate_quality.py --runs 2 --edits helpful  # a quick check of the setup
+    python scripts/gate_quality.py --preset tiny             # a scripted model with known effects: seconds
+    python scripts/gate_quality.py -- harness=lenient evolution.stat_budget=128  # overrides of configs/train.yaml
+
+Everything but the model and the env comes from the composed main-job config (``configs/train.yaml``
+plus the overrides after ``--``): the starting harness as ``coevo.build.start_harness`` builds it,
+the round batch (``batch_tasks`` tasks × ``rollout.attempts``), episode limits, and the Critic of
+``evolution.*`` (``coevo.build.make_critic``): the gate and its budget are the defaults unless
+overridden. The planted edits, each a proposal judged against the starting harness:
+
+- helpful: two multi-turn calculator demonstrations (the task, the tool call, the tool result turn,
+  the answer) from gold references of a reference pool split off the train split, as the ``turns``
+  of a ``few_shot`` processor: the edit that moves SmolLM2 (design brief §5);
+- harmful: a system prompt demanding the final answer in words, never digits, which no verifier of
+  a numeric answer accepts (and the last-number fallback of the lenient harness cannot read);
+- neutral: the default system prompt rephrased.
+
+A run is one edit's life under the gate, as AEGIS lives it: each round a fresh train batch is
+rolled out on the starting harness (its outcomes choose the tasks the edit claims), the Critic
+judges the edit, and an undecided edit is judged again next round with its evidence pooled, up to
+``--rounds`` rounds. Runs differ by seed (batches, the Critic's task sample, the sampling stream).
+
+The ``tiny`` preset swaps in the built-in arithmetic env and a scripted model whose effects are
+known by construction: it passes a task with probability 0.25, 0.6 once a demonstration with a
+tool call precedes the task, and never when the system prompt asks for words.
+
+Output: a markdown table (shipped share with its 95% Wilson interval against the targets:
+helpful ≥ 80%, harmful ≤ 5%, neutral ≤ 20%), and with ``--out`` the table and every decision as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HARMFUL_PROMPT = (
+    "You are a careful problem solver. Think step by step and use the tools when they help. Write your "
+    "final answer in words, never with digits, for example <answer>forty-two</answer>."
+)
+NEUTRAL_PROMPT = (
+    "You solve problems carefully. Reason step by step, call the tools when they are useful, and write "
+    "your final answer as <answer>...</answer>."
+)
+EDITS = ("helpful", "harmful", "neutral")
+TARGETS = {"helpful": (">=", 0.80), "harmful": ("<=", 0.05), "neutral": ("<=", 0.20)}
+"""Shipped share each planted edit should reach (issue 12)."""
+POOL = 8
+"""Train tasks split off as the reference pool the demonstrations come from (never judged on)."""
+
+
+@dataclass
+class Setup:
+    """What every run shares: the env, the policy, the starting harness, the tasks and the config."""
+
+    name: str
+    env: Any
+    policy: Any
+    start: Any
+    train: list[Any]  # tasks the batches and the Critic's sample come from
+    demos: list[list[dict[str, Any]]]
+    cfg: Any  # the composed TrainConfig (evolution.*, batch_tasks, rollout.*)
+    load_seconds: float = 0.0
+
+
+@dataclass
+class Decision:
+    decision: str  # ship | reject | undecided
+    episodes: int
+    seconds: float
+    wins: int
+    losses: int
+    pairs: int
+    parent_passes: int
+    candidate_passes: int
+    reason: str
+
+
+@dataclass
+class Run:
+    edit: str
+    seed: int
+    decisions: list[Decision] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def outcome(self) -> str:
+        return self.decisions[-1].decision
+
+
+def compose(overrides: Sequence[str]) -> Any:
+    """The main job's typed config (``configs/train.yaml``) with Hydra ``overrides``."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from coevo.build import check, to_config
+    from coevo.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        raw = hydra_compose("train", overrides=[f"run_dir={tempfile.gettempdir()}/gate-quality", *overrides])
+    cfg = to_config(raw)
+    check(cfg)
+    return cfg
+
+
+def demonstrations(env: Any, pool: Sequence[Any], n: int = 2) -> list[list[dict[str, Any]]]:
+    """``n`` multi-turn demonstrations (a tool call and its result turn) from gold references."""
+    from coevo.evolution.reference import gold_reference, reference_demo
+    from coevo.harness.library.context import demo_problem
+
+    demos = []
+    for task in pool:
+        ref = gold_reference(env, task)
+        if ref is None:
+            continue
+        demo = reference_demo(ref)
+        if demo_problem(demo) is None and any(t.get("role") == "tool" for t in demo):
+            demos.append(demo)
+        if len(demos) == n:
+            return demos
+    raise RuntimeError(f"only {len(demos)} of {n} multi-turn demonstrations in a reference pool of {len(pool)} tasks")
+
+
+def smollm2_setup(overrides: Sequence[str]) -> Setup:
+    """SmolLM2 (or ``model=...``) frozen, on the main job's env and starting harness."""
+    import torch
+
+    from coevo.build import build_policy, start_harness
+    from coevo.envs.load import make_env
+    from coevo.evolution.reference import split_reference_pool
+    from coevo.policy.load import load_model
+
+    began = time.perf_counter()
+    cfg = compose(overrides)
+    env = make_env(cfg.env.name, cfg.env.args)
+    device = cfg.model.device if cfg.model.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tok = load_model(cfg.model.name, device=device, dtype=cfg.model.dtype, seed=cfg.model.init_seed)
+    policy, _ = build_policy(cfg, model, tok)
+    pool, train = split_reference_pool(env.tasks("train"), POOL, cfg.seed)
+    return Setup(f"{cfg.model.name} on {cfg.env.name} {cfg.env.args}, harness {cfg.harness.start}", env, policy,
+                 start_harness(cfg), train, demonstrations(env, pool), cfg, time.perf_counter() - began)
+
+
+class KnownEffectPolicy:
+    """A scripted model whose response to each planted edit is known: it solves a task (calculator,
+    then the result) with probability ``base``, ``with_demo`` when a demonstration with a tool call
+    precedes the task, and answers in words (never passing) when the system prompt asks for words.
+    One seeded draw per episode, at its first model call (calls arrive in job order)."""
+
+    model_version = "known-effects"
+
+    def __init__(self, base: float = 0.25, with_demo: float = 0.6, seed: int = 0) -> None:
+        from coevo.agent.policy import ScriptedPolicy
+
+        self.base, self.with_demo = base, with_demo
+        self.rng = random.Random(seed)
+        self._scripted = ScriptedPolicy(self.respond, model_version=self.model_version)
+
+    def reseed(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def generate(self, requests: Sequence[Any]) -> list[Any]:
+        return self._scripted.generate(requests)
+
+    def respond(self, messages: list[dict[str, Any]]) -> str:
+        last = messages[-1]
+        if last.get("role") == "tool":
+            return f"<answer>{last.get('content', '').strip()}</answer>"
+        system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
+        if "in words" in system:
+            return "<answer>seven</answer>"
+        task = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        demo = any(m.get("role") == "assistant" and "<tool_call>" in (m.get("content") or "") for m in messages[:task])
+        match = re.search(r"What is ([-\d+*/() .]+)\?", messages[task].get("content") or "")
+        if match is None or self.rng.random() >= (self.with_demo if demo else self.base):
+            return "<answer>unknown</answer>"
+        return ('<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
+                % match.group(1).strip())
+
+
+def tiny_setup(overrides: Sequence[str]) -> Setup:
+    """The built-in arithmetic env and ``KnownEffectPolicy``; the rest of the main job's config."""
+    from coevo.build import start_harness
+    from coevo.envs.arithmetic import ArithmeticEnv
+    from coevo.evolution.reference import split_reference_pool
+
+    cfg = compose(overrides)
+    env = ArithmeticEnv(n_tasks=120, max_terms=2, max_operand=30, seed=0)
+    pool, train = split_reference_pool(env.tasks("train"), POOL, cfg.seed)
+    return Setup("known-effect scripted model on arithmetic", env, KnownEffectPolicy(), start_harness(cfg), train,
+                 demonstrations(env, pool), cfg)
+
+
+def planted_edits(start: Any, demos: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The three proposals, as the rule meta-agent would write them."""
+    from coevo.evolution.types import Proposal
+    from coevo.harness.library import FewShotDemos
+    from coevo.meta.rule import flatten, insert_edit, set_edit
+
+    edits = {"helpful": ("two multi-turn calculator demonstrations",
+                         insert_edit(start, FewShotDemos(turns=flatten(demos)))),
+             "harmful": ("a system prompt demanding the answer in words",
+                         set_edit(start, "system_prompt", "template", HARMFUL_PROMPT)),
+             "neutral": ("the system prompt rephrased", set_edit(start, "system_prompt", "template", NEUTRAL_PROMPT))}
+    out = {}
+    for name, (hypothesis, edit) in edits.items():
+        if edit is None:
+            raise RuntimeError(f"the {name} edit does not apply to the starting harness")
+        out[name] = Proposal(hypothesis=hypothesis, edits=[edit], dimension="context_assembly", cluster="format_error")
+    return out
+
+
+def quoted_tasks(proposal: Any, setup: Setup) -> set[str]:
+    """Train tasks whose answer the edit's text quotes (a demonstration's numbers): the quality gate
+    would refuse to judge the edit on many of them, so its runs leave them out."""
+    from coevo.evolution.gates import edit_text, leakage_detail
+
+    text = edit_text(proposal.edits, setup.start)
+    return set(leakage_detail(text, {t.task_id: t.answer for t in setup.train}, {}).answers_leaked)
+
+
+def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> Run:
+    """One edit's life under the gate (see the module docstring)."""
+    from coevo.agent.runtime import Job, run_episodes
+    from coevo.build import make_critic
+    from coevo.evolution.driver import rollout_fn
+    from coevo.meta.base import demo_question
+
+    cfg = setup.cfg
+    quoted = quoted_tasks(proposal, setup)
+    train = [t for t in setup.train if t.task_id not in quoted]
+    limits = {"batch_size": cfg.rollout.batch_size, "max_steps": cfg.rollout.max_steps,
+              "workers": cfg.rollout.workers}
+    critic = make_critic(cfg.evolution, rollout_fn(setup.policy, setup.env, **limits))
+    reseed = getattr(setup.policy, "reseed", None)
+    if reseed is not None:
+        reseed(seed)
+    rng = random.Random(seed)
+    run = Run(edit, seed)
+    began = time.perf_counter()
+    for r in range(rounds):
+        batch = rng.sample(train, cfg.batch_tasks)
+        jobs = [Job(t, setup.start, variant="base") for t in batch for _ in range(cfg.rollout.attempts)]
+        before: dict[str, list[bool]] = {t.task_id: [] for t in batch}
+        for trace in run_episodes(jobs, setup.policy, setup.env, **limits):
+            if not trace.infra_failure:
+                before[trace.task_id].append(bool(trace.passed))
+        before = {tid: outs for tid, outs in before.items() if outs}
+        batch_ids = set(before)
+        tick, episodes = time.perf_counter(), critic.reruns
+        verdict, _ = critic.judge(proposal, setup.start, before=before,
+                                  tasks={t.task_id: t for t in batch if t.task_id in batch_ids},
+                                  extra={t.task_id: t for t in train if t.task_id not in batch_ids},
+                                  allowed=[demo_question(d) for d in setup.demos], round=r)
+        if verdict.gate in ("build", "quality"):
+            raise RuntimeError(f"the planted {edit} edit did not reach the gate: {verdict.reason}")
+        decision = "ship" if verdict.ship else "undecided" if verdict.undecided else "reject"
+        ev = verdict.evidence or {}
+        run.decisions.append(Decision(
+            decision, critic.reruns - episodes, time.perf_counter() - tick, int(ev.get("wins", 0)),
+            int(ev.get("losses", 0)), int(ev.get("pairs", 0)), sum(sum(v) for v in verdict.before.values()),
+            sum(sum(v) for v in verdict.after.values()), verdict.reason))
+        d = run.decisions[-1]
+        print(f"  [{edit} seed {seed}] judgement {r + 1}: {decision}, {d.episodes} episodes, {d.wins} wins / "
+              f"{d.losses} losses in {d.pairs} pooled pairs, {d.seconds:.1f} s", flush=True)
+        if decision != "undecided":
+            break
+    run.seconds = time.perf_counter() - began
+    return run
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% at z = 1.96)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def summarise(runs: Sequence[Run]) -> dict[str, Any]:
+    """Per-edit figures of the table."""
+    n = len(runs)
+    counts = {o: sum(r.outcome == o for r in runs) for o in ("ship", "reject", "undecided")}
+    decisions = [d for r in runs for d in r.decisions]
+    last = [r.decisions[-1] for r in runs]  # pooled evidence: the last decision holds every pair
+    pairs = sum(d.pairs for d in last)
+    low, high = wilson(counts["ship"], n)
+    sign, target = TARGETS[runs[0].edit]
+    shipped = counts["ship"] / n
+    return {"edit": runs[0].edit, "runs": n, "shipped": shipped, "ci": (low, high),
+            "rejected": counts["reject"] / n, "undecided": counts["undecided"] / n,
+            "episodes_per_decision": sum(d.episodes for d in decisions) / len(decisions),
+            "decisions_per_run": len(decisions) / n,
+            "parent_pass": sum(d.parent_passes for d in last) / pairs if pairs else float("nan"),
+            "candidate_pass": sum(d.candidate_passes for d in last) / pairs if pairs else float("nan"),
+            "seconds_per_decision": sum(d.seconds for d in decisions) / len(decisions),
+            "seconds_per_run": sum(r.seconds for r in runs) / n,
+            "target": f"{sign} {100 * target:.0f}%",
+            "met": shipped >= target if sign == ">=" else shipped <= target}
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| edit | runs | shipped | 95% CI | rejected | undecided | episodes / decision | decisions / run | "
+             "parent pass | candidate pass | s / decision | s / run | target | met |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in rows:
+        lines.append(f"| {s['edit']} | {s['runs']} | {100 * s['shipped']:.0f}% | "
+                     f"{100 * s['ci'][0]:.0f}–{100 * s['ci'][1]:.0f}% | {100 * s['rejected']:.0f}% | "
+                     f"{100 * s['undecided']:.0f}% | {s['episodes_per_decision']:.1f} | {s['decisions_per_run']:.2f} | "
+                     f"{s['parent_pass']:.3f} | {s['candidate_pass']:.3f} | {s['seconds_per_decision']:.1f} | "
+                     f"{s['seconds_per_run']:.1f} | {s['target']} | {'yes' if s['met'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=("smollm2", "tiny"), default="smollm2")
+    parser.add_argument("--runs", type=int, default=20, help="runs per edit (seeds seed .. seed + runs - 1)")
+    parser.add_argument("--rounds", type=int, default=3, help="judgements per run at most (undecided edits retried)")
+    parser.add_argument("--edits", nargs="+", choices=EDITS, default=list(EDITS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="write the table (.md) and every decision (.json)")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.rounds < 1:
+        parser.error("--runs and --rounds must be >= 1")
+    setup = (tiny_setup if args.preset == "tiny" else smollm2_setup)(overrides)
+    proposals = planted_edits(setup.start, setup.demos)
+    e = setup.cfg.evolution
+    header = (f"gate {e.gate}: alpha {e.stat_alpha}, beta {e.stat_beta}, win share {e.stat_win_share}, "
+              f"{e.stat_tasks} tasks x {e.critic_attempts} paired attempt(s), budget {e.stat_budget} episodes per "
+              f"decision, pooled cap {e.stat_max_episodes}, confirmations {e.stat_confirm_attempts}; "
+              f"{setup.name}; batch {setup.cfg.batch_tasks} x {setup.cfg.rollout.attempts}; up to {args.rounds} "
+              f"judgement(s) per run; setup {setup.load_seconds:.0f} s")
+    print(header, flush=True)
+    runs: dict[str, list[Run]] = {}
+    for edit in args.edits:
+        for i in range(args.runs):
+            run = run_edit(setup, edit, proposals[edit], args.seed + i, args.rounds)
+            runs.setdefault(edit, []).append(run)
+            print(f"[{edit} {i + 1}/{args.runs}] {run.outcome} after {len(run.decisions)} judgement(s), "
+                  f"{sum(d.episodes for d in run.decisions)} episodes, {run.seconds:.1f} s", flush=True)
+    rows = [summarise(runs[edit]) for edit in args.edits]
+    text = table(rows)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(header + "\n\n" + text + "\n")
+        detail = {"header": header, "summary": rows,
+                  "runs": [{"edit": r.edit, "seed": r.seed, "seconds": r.seconds,
+                            "decisions": [vars(d) for d in r.decisions]} for rs in runs.values() for r in rs]}
+        args.out.with_suffix(".json").write_text(json.dumps(detail, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
