@@ -8,8 +8,8 @@
 Everything but the model and the env comes from the composed main-job config (``configs/train.yaml``
 plus the overrides after ``--``): the starting harness as ``coevo.build.start_harness`` builds it,
 the round batch (``batch_tasks`` tasks × ``rollout.attempts``), episode limits, and the Critic of
-``evolution.*`` (``coevo.build.make_critic``): the gate and its budget are the defaults unless
-overridden. The planted edits, each a proposal judged against the starting harness:
+``evolution.*`` (``coevo.build.make_critic``): the statistical gate (``evolution=stat``) with its
+default budget unless overridden (``-- evolution=seesaw`` measures HarnessX's gate). The planted edits, each a proposal judged against the starting harness:
 
 - helpful: two multi-turn calculator demonstrations (the task, the tool call, the tool result turn,
   the answer) from gold references of a reference pool split off the train split, as the ``turns``
@@ -112,7 +112,9 @@ def compose(overrides: Sequence[str]) -> Any:
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        raw = hydra_compose("train", overrides=[f"run_dir={tempfile.gettempdir()}/gate-quality", *overrides])
+        # the statistical gate is what this measures (the main job itself still runs seesaw)
+        gate = [] if any(o.startswith("evolution=") for o in overrides) else ["evolution=stat"]
+        raw = hydra_compose("train", overrides=[f"run_dir={tempfile.gettempdir()}/gate-quality", *gate, *overrides])
     cfg = to_config(raw)
     check(cfg)
     return cfg

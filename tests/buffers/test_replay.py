@@ -394,7 +394,8 @@ def _check_recovered(buf: ReplayBuffer, newest_batch: int) -> None:
     expected = {t.trace_id: t for b in batches for t in batch_traces(b)}
     for entry, trace in zip(entries, buf.load(entries), strict=True):
         want = expected[entry.trace_id]
-        want.behaviour_logprobs = fake_logprobs([(c.prompt_ids, c.completion_ids) for c in want.model_calls])
+        want.behaviour_logprobs = fake_logprobs(
+            [LogprobQuery(c.prompt_ids, c.completion_ids, c.logprob_temperature()) for c in want.model_calls])
         assert [len(row) for row in trace.behaviour_logprobs] == [len(c.completion_ids) for c in trace.model_calls]
         assert trace == want
         assert entry.round == entry.model_version == int(entry.trace_id[1:].split("-")[0])
