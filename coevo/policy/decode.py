@@ -27,6 +27,7 @@ than half of a decode step's time at 12 rows x 700 tokens on a CPU.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -51,7 +52,12 @@ def cache_kwarg(model: Any) -> str:
     """The forward argument that takes a cache: ``cache`` in transformers >= 5.x, before that
     ``past_key_values``."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    return _cache_kwarg(type(base))
+
+
+@functools.cache
+def _cache_kwarg(cls: type) -> str:  # once per model class, not per decode call
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -233,7 +239,9 @@ def decode(
         for step in range(max_new_tokens):
             noise = None
             if temperature > 0:  # a [B, V] block for every row of the call, whichever are still in the batch
-                noise = torch.empty(B, logits.shape[-1], device=device).exponential_(generator=generator)[rows]
+                noise = torch.empty(B, logits.shape[-1], device=device).exponential_(generator=generator)
+                if len(active) < B:  # after a compaction: the surviving rows' noise (a copy only then)
+                    noise = noise[rows]
             tokens, logp = sample(logits, temperature, top_p, noise)
             last = step == max_new_tokens - 1
             for i, (b, t, lp) in enumerate(zip(active, tokens.tolist(), logp.tolist(), strict=True)):
