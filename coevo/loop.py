@@ -83,15 +83,23 @@ def infra_failures(traces: Sequence[Trace]) -> dict[str, Any]:
     return {"count": len(bad), "by_source": dict(sorted(by_source.items())), "trace_ids": [t.trace_id for t in bad]}
 
 
+def tool_use_rate(traces: Sequence[Trace]) -> float:
+    """Share of episodes that called at least one tool themselves (a processor answering in the
+    tool's place does not count): the behaviour issue 12 expects harness demos and GRPO to raise."""
+    return sum(any(not c.blocked for c in t.tool_calls) for t in traces) / len(traces) if traces else 0.0
+
+
 @dataclass
 class Evaluation:
     pass_at_1: float
     pass_at_k: float
     k: int
     outcomes: dict[str, list[bool]]
+    tool_use_rate: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pass_at_1": self.pass_at_1, "pass_at_k": self.pass_at_k, "k": self.k, "outcomes": self.outcomes}
+        return {"pass_at_1": self.pass_at_1, "pass_at_k": self.pass_at_k, "k": self.k, "outcomes": self.outcomes,
+                "tool_use_rate": self.tool_use_rate}
 
 
 @dataclass
@@ -341,7 +349,8 @@ class Coevolution:
             outcomes[t.task_id].append(bool(t.passed))
         n = len(outcomes)
         return Evaluation(sum(sum(v) / len(v) for v in outcomes.values()) / n,
-                          sum(any(v) for v in outcomes.values()) / n, self.eval_attempts, outcomes)
+                          sum(any(v) for v in outcomes.values()) / n, self.eval_attempts, outcomes,
+                          tool_use_rate(traces))
 
     def _harness_pass_rate(self, harness: Harness, tasks: Sequence[Task], r: int) -> float:
         """pass@1 of one harness on ``tasks`` (epoch-end snapshot selection)."""
@@ -401,7 +410,7 @@ class Coevolution:
             "seconds": dict(seconds),
             "train": {"pass_rate": sum(t.passed for t in traces) / len(traces),
                       "mean_reward": sum(t.reward for t in traces) / len(traces),
-                      "n_traces": len(traces), "outcomes": dict(outcomes)},
+                      "n_traces": len(traces), "tool_use_rate": tool_use_rate(traces), "outcomes": dict(outcomes)},
             "val": val.to_dict() if val else None,
             "test": test.to_dict() if test else None,
             "infra_failures": infra_failures(traces),

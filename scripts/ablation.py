@@ -1,112 +1,228 @@
 """The co-evolution ablation: static vs harness-only vs model-only vs co-evolution, several seeds.
 
-    python scripts/ablation.py [--seeds 0 1 2] [--modes static harness_only model_only coevolve]
-                               [--out runs/ablation] [-- extra Hydra overrides]
+    python scripts/ablation.py [--preset efficacy|protocol|tiny] [--seeds 0 1 2]
+                               [--modes static harness_only model_only coevolve]
+                               [--out runs/ablation-<preset>] [-- extra Hydra overrides]
 
-Every (mode, seed) is one ``train.py`` run with ``experiment=ablation`` (same env, same
-train/val/test split; the seed changes sampling and batch order), in its own run directory
-``<out>/<mode>-s<seed>``, so an interrupted ablation resumes where it stopped: finished runs are
-read back, a killed one resumes from its last round. At the end it reads each run's final test
-evaluation and writes ``<out>/ablation.md`` (test pass@1 and pass@k, mean ± std over seeds) and
-``<out>/ablation.png``.
+Every (mode, seed) is one ``train.py`` run of the preset's experiment config (same env, same
+train/val/test split, same seed across the four arms; the seed changes sampling and batch order),
+in its own run directory ``<out>/<mode>-s<seed>``, so an interrupted ablation resumes where it
+stopped: finished runs are read back, a killed one resumes from its last round. Seeds are the outer
+loop, so a partial ablation already compares every arm.
+
+The report (``<out>/ablation.md``, ``<out>/ablation.json``, ``<out>/ablation.png``) gives each
+arm's test pass@1 and pass@k with a 95% bootstrap interval, and for each difference the issue
+asks about (harness_only - static, model_only - static, coevolve - harness_only, coevolve - static)
+a *paired* bootstrap: the arms ran on the same test tasks with the same seeds, so task-level
+differences are resampled together (tasks drawn with replacement, the same draw for every seed),
+which removes the between-task variance that unpaired intervals would carry. The figure shows the
+learning curves (train pass rate and tool-use rate per round) and the test pass rates.
+
+Presets: ``efficacy`` (issue 12: 100 sealed test tasks, 3 seeds, groups of 8, several GRPO steps
+per round; hours on 2 CPU cores), ``protocol`` (the original one-round check, ~45 min), ``tiny``
+(the tiny random model on the arithmetic env; the test suite runs it in about a minute).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("static", "harness_only", "model_only", "coevolve")
+DIFFERENCES = (("harness_only", "static"), ("model_only", "static"), ("coevolve", "harness_only"),
+               ("coevolve", "static"))
+"""(a, b) pairs reported as a - b: the three the issue sets targets on, and the total effect."""
+PRESETS: dict[str, list[str]] = {
+    "efficacy": ["experiment=efficacy"],
+    "protocol": ["experiment=ablation"],
+    "tiny": ["experiment=smoke", "rounds=2", "val_limit=0", "test=true", "test_limit=6", "eval_attempts=2",
+             "trainer.steps_per_round=2"],
+}
+"""Preset → the Hydra overrides every arm gets (before the user's own, which win)."""
+RESAMPLES = 10_000
 
 
-def run_one(mode: str, seed: int, out: Path, extra: list[str]) -> dict:
-    """Run (or resume, or just read) one arm; returns its final record."""
+# ------------------------------------------------------------------------------------ runs
+def run_one(mode: str, seed: int, out: Path, overrides: Sequence[str], threads: int | None = None) -> list[dict]:
+    """Run (or resume, or just read) one arm; returns its round records (the last holds the test).
+    With ``threads`` the run gets that many intra-op threads and writes its console to
+    ``<run_dir>.log`` (runs side by side would interleave it)."""
     run_dir = out / f"{mode}-s{seed}"
-    cmd = [sys.executable, str(ROOT / "train.py"), "experiment=ablation", f"mode={mode}", f"seed={seed}",
-           f"name=ablation-{mode}-s{seed}", f"hydra.run.dir={run_dir}", *extra]
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"mode={mode}", f"seed={seed}",
+           f"name={out.name}-{mode}-s{seed}", f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
-    done = run_dir / "report" / "summary.md"
-    if not done.is_file():
+    if not (run_dir / "report" / "summary.md").is_file():
         print(f"[ablation] {mode} seed {seed}: {' '.join(cmd[1:])}", flush=True)
-        subprocess.run(cmd, cwd=ROOT, check=True)
-    last = json.loads((run_dir / "rounds.jsonl").read_text().splitlines()[-1])
-    if not last.get("test"):
-        raise RuntimeError(f"{run_dir}: the final round has no test evaluation (experiment=ablation sets test=true)")
-    print(f"[ablation] {mode} seed {seed}: test pass@1 {last['test']['pass_at_1']:.3f} "
+        if threads is None:
+            subprocess.run(cmd, cwd=ROOT, check=True)
+        else:
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+            with open(out / f"{mode}-s{seed}.log", "a") as log:
+                subprocess.run(cmd, cwd=ROOT, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
+    records = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    if not records[-1].get("test"):
+        raise RuntimeError(f"{run_dir}: the final round has no test evaluation (the preset must set test=true)")
+    print(f"[ablation] {mode} seed {seed}: test pass@1 {records[-1]['test']['pass_at_1']:.3f} "
           f"({time.perf_counter() - start:.0f} s)", flush=True)
-    return last
+    return records
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+# ------------------------------------------------------------------------------------ statistics
+def task_matrix(runs: Sequence[list[dict]], metric: str) -> tuple[list[str], np.ndarray]:
+    """(task ids, [seeds, tasks]) of one arm's per-task test score: pass@1 is the task's share of
+    passing attempts, pass@k whether any attempt passed. Task ids are sorted so arms line up."""
+    tasks = sorted(runs[0][-1]["test"]["outcomes"])
+    rows = []
+    for records in runs:
+        outcomes = records[-1]["test"]["outcomes"]
+        if sorted(outcomes) != tasks:
+            raise ValueError("the seeds of an arm were tested on different tasks; the ablation needs one sealed test split")
+        rows.append([float(np.mean(outcomes[t])) if metric == "pass_at_1" else float(any(outcomes[t]))
+                     for t in tasks])
+    return tasks, np.asarray(rows)
 
 
-def table(results: dict[str, list[dict]]) -> str:
-    k = next(iter(results.values()))[0]["test"]["k"]
-    lines = [f"| mode | seeds | test pass@1 | test pass@{k} | train pass (last round) | minutes per run |",
-             "|---|---|---|---|---|---|"]
-    for mode, recs in results.items():
-        p1 = mean_std([100 * r["test"]["pass_at_1"] for r in recs])
-        pk = mean_std([100 * r["test"]["pass_at_k"] for r in recs])
-        tr = mean_std([100 * r["train"]["pass_rate"] for r in recs])
-        minutes = statistics.fmean(r["minutes"] for r in recs)
-        lines.append(f"| {mode} | {len(recs)} | {p1[0]:.1f} ± {p1[1]:.1f} | {pk[0]:.1f} ± {pk[1]:.1f} | "
-                     f"{tr[0]:.1f} ± {tr[1]:.1f} | {minutes:.1f} |")
-    return "\n".join(lines)
+def bootstrap(scores: np.ndarray, rng: np.random.Generator, resamples: int = RESAMPLES) -> tuple[float, float, float]:
+    """(mean, 2.5th, 97.5th percentile) of the mean of ``scores`` [seeds, tasks] over task resamples:
+    tasks are drawn with replacement and every seed keeps its own score for each drawn task (paired
+    across seeds; for a difference of two arms, paired across arms too)."""
+    n = scores.shape[1]
+    idx = rng.integers(0, n, size=(resamples, n))  # [resamples, tasks]
+    means = scores[:, idx].mean(axis=(0, 2))  # [seeds, resamples, tasks] -> [resamples]
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(scores.mean()), float(lo), float(hi)
 
 
-def figure(results: dict[str, list[dict]], path: Path) -> None:
+def summarise(results: dict[str, list[list[dict]]], seed: int = 0) -> dict:
+    """Per-arm rates and paired differences (in points), each with its 95% bootstrap interval."""
+    rng = np.random.default_rng(seed)
+    arms: dict[str, dict] = {}
+    matrices: dict[tuple[str, str], np.ndarray] = {}
+    for mode, runs in results.items():
+        arms[mode] = {"seeds": len(runs), "k": runs[0][-1]["test"]["k"],
+                      "minutes": float(np.mean([sum(r["seconds"].get("total", 0.0) for r in rec) / 60 for rec in runs]))}
+        for metric in ("pass_at_1", "pass_at_k"):
+            tasks, m = task_matrix(runs, metric)
+            matrices[(mode, metric)] = m
+            arms[mode]["tasks"] = len(tasks)
+            arms[mode][metric] = [100 * v for v in bootstrap(m, rng)]
+        arms[mode]["test_tool_use"] = 100 * float(np.mean([rec[-1]["test"].get("tool_use_rate", 0.0) for rec in runs]))
+        arms[mode]["curves"] = {key: [100 * float(np.mean([rec[r]["train"].get(key, 0.0) for rec in runs]))
+                                      for r in range(len(runs[0]))]
+                                for key in ("pass_rate", "tool_use_rate")}
+    diffs = {}
+    for a, b in DIFFERENCES:
+        if a in results and b in results:
+            n = min(len(results[a]), len(results[b]))  # seeds both arms finished
+            diffs[f"{a} - {b}"] = {
+                "seeds": n, **{metric: [100 * v for v in bootstrap(matrices[(a, metric)][:n] - matrices[(b, metric)][:n], rng)]
+                               for metric in ("pass_at_1", "pass_at_k")}}
+    return {"arms": arms, "differences": diffs}
+
+
+# ------------------------------------------------------------------------------------ report
+def _ci(v: Sequence[float]) -> str:
+    return f"{v[0]:+.1f} [{v[1]:+.1f}, {v[2]:+.1f}]"
+
+
+def _rate(v: Sequence[float]) -> str:
+    return f"{v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}]"
+
+
+def report_text(summary: dict, command: str, wall_minutes: float) -> str:
+    arms, diffs = summary["arms"], summary["differences"]
+    k = next(iter(arms.values()))["k"]
+    lines = [f"`{command}`", "",
+             f"| arm | seeds | test tasks | test pass@1 (%) | test pass@{k} (%) | test tool use (%) | train pass by round (%) "
+             f"| train tool use by round (%) | minutes per run |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for mode, a in arms.items():
+        curve = " → ".join(f"{v:.0f}" for v in a["curves"]["pass_rate"])
+        tools = " → ".join(f"{v:.0f}" for v in a["curves"]["tool_use_rate"])
+        lines.append(f"| {mode} | {a['seeds']} | {a['tasks']} | {_rate(a['pass_at_1'])} | {_rate(a['pass_at_k'])} | "
+                     f"{a['test_tool_use']:.1f} | {curve} | {tools} | {a['minutes']:.1f} |")
+    lines += ["", f"| difference (points, paired bootstrap 95% CI) | seeds | pass@1 | pass@{k} |", "|---|---|---|---|"]
+    lines += [f"| {name} | {d['seeds']} | {_ci(d['pass_at_1'])} | {_ci(d['pass_at_k'])} |" for name, d in diffs.items()]
+    lines += ["", f"wall clock: {wall_minutes:.1f} min (runs already finished are read back, not re-run)"]
+    return "\n".join(lines) + "\n"
+
+
+def figure(summary: dict, path: Path) -> None:
+    """Learning curves (train pass rate, tool-use rate per round) and test pass rates with their CIs."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.5, 3.6))
+    arms = summary["arms"]
+    fig = Figure(figsize=(12, 3.6))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    modes = list(results)
-    for offset, key, label in ((-0.18, "pass_at_1", "pass@1"), (0.18, "pass_at_k", "pass@k")):
-        stats = [mean_std([100 * r["test"][key] for r in results[m]]) for m in modes]
-        ax.bar([i + offset for i in range(len(modes))], [s[0] for s in stats], width=0.36,
-               yerr=[s[1] for s in stats], capsize=3, label=label)
-    ax.set_xticks(range(len(modes)), modes)
+    for i, (key, title) in enumerate((("pass_rate", "train pass rate"), ("tool_use_rate", "train tool use"))):
+        ax = fig.add_subplot(1, 3, i + 1)
+        for mode, a in arms.items():
+            ax.plot(range(len(a["curves"][key])), a["curves"][key], marker="o", label=mode)
+        ax.set_xlabel("round")
+        ax.set_ylabel("%")
+        ax.set_title(f"{title} (mean over seeds)")
+        if i == 0:
+            ax.legend(fontsize=8)
+    ax = fig.add_subplot(1, 3, 3)
+    modes = list(arms)
+    for offset, key in ((-0.18, "pass_at_1"), (0.18, "pass_at_k")):
+        vals = [arms[m][key] for m in modes]
+        ax.bar([j + offset for j in range(len(modes))], [v[0] for v in vals], width=0.36,
+               yerr=[[v[0] - v[1] for v in vals], [v[2] - v[0] for v in vals]], capsize=3,
+               label=key.replace("_at_", "@").replace("k", str(next(iter(arms.values()))["k"])))
+    ax.set_xticks(range(len(modes)), modes, fontsize=8)
     ax.set_ylabel("test pass rate (%)")
-    ax.set_title("coevo ablation (mean ± std over seeds)")
-    ax.legend()
+    ax.set_title("sealed test split (95% bootstrap CI)")
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="efficacy")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
+    ap.add_argument("--out", type=Path, default=None, help="default: runs/ablation-<preset>")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs side by side, each with cores/jobs threads (2 single-thread runs on 2 cores "
+                         "finish sooner than 2 two-thread runs in a row: a 135M model does not use 2 threads fully)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (after --)")
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict]] = {}
+    args = ap.parse_args(argv)
+    out = args.out or ROOT / "runs" / f"ablation-{args.preset}"
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [*PRESETS[args.preset], *args.overrides]
+    results: dict[str, list[list[dict]]] = {}
     began = time.perf_counter()
-    for seed in args.seeds:  # seeds outermost: a partial ablation already compares every mode
-        for mode in args.modes:
-            record = run_one(mode, seed, args.out, args.overrides)
-            run_dir = args.out / f"{mode}-s{seed}"
-            record["minutes"] = sum(json.loads(line)["seconds"].get("total", 0.0)
-                                    for line in (run_dir / "rounds.jsonl").read_text().splitlines()) / 60
-            results.setdefault(mode, []).append(record)
-    text = table(results)
-    command = " ".join(["python scripts/ablation.py", "--seeds", *map(str, args.seeds), *(
-        ["--", *args.overrides] if args.overrides else [])])
-    report = (f"`{command}`\n\n{text}\n\nwall clock: {(time.perf_counter() - began) / 60:.1f} min "
-              f"(runs already finished are read back, not re-run)\n")
-    (args.out / "ablation.md").write_text(report)
-    figure(results, args.out / "ablation.png")
-    print(report)
-    print(f"figure: {args.out / 'ablation.png'}")
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
+    runs = [(mode, seed) for seed in args.seeds for mode in args.modes]
+    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+    with ThreadPoolExecutor(args.jobs) as pool:
+        records = list(pool.map(lambda ms: run_one(*ms, out, overrides, threads), runs))
+    for (mode, _seed), recs in zip(runs, records):
+        results.setdefault(mode, []).append(recs)
+    summary = summarise(results)
+    command = " ".join(["python scripts/ablation.py", "--preset", args.preset, "--seeds", *map(str, args.seeds),
+                        *(["--", *args.overrides] if args.overrides else [])])
+    text = report_text(summary, command, (time.perf_counter() - began) / 60)
+    (out / "ablation.md").write_text(text)
+    (out / "ablation.json").write_text(json.dumps({"command": command, **summary}, indent=1))
+    figure(summary, out / "ablation.png")
+    print(text)
+    print(f"figure: {out / 'ablation.png'}")
+    return summary
 
 
 if __name__ == "__main__":

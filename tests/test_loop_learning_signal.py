@@ -165,3 +165,19 @@ def test_each_round_counts_its_infrastructure_failures(tmp_path):
                                             "trace_ids": expected}
         assert record["train"]["n_traces"] == 2
     assert sum(r["infra_failures"]["count"] for r in records) == 1
+
+
+def test_tool_use_rate_counts_episodes_that_called_a_tool_themselves():
+    """The learning curves' tool-use rate: an episode counts once however many calls it made, and a
+    call a processor answered in the tool's place (blocked) does not count."""
+    from coevo.agent.trace import ToolCallRecord, Trace
+    from coevo.loop import tool_use_rate
+
+    def trace(i: int, *blocked: bool) -> Trace:
+        calls = [ToolCallRecord(step=0, name="calculator", arguments={}, output="", error=None, seconds=0.0, blocked=b)
+                 for b in blocked]
+        return Trace(trace_id=f"t{i}", task_id="x", env="e", split="train", harness_id="h", variant="base",
+                     model_version="0", tool_calls=calls)
+
+    assert tool_use_rate([trace(0, False, False), trace(1), trace(2, True), trace(3, True, False)]) == 0.5
+    assert tool_use_rate([]) == 0.0

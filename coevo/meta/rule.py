@@ -147,14 +147,11 @@ def _n_tasks(cluster: Cluster) -> str:
 
 
 # -------------------------------------------------------------------------------------- templates
-def _few_shot_demos(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
-    """Worked demonstrations in the runtime's turn structure (task, tool call, tool result turn,
-    answer), in the ``turns`` of a ``few_shot`` processor: inserted, or appended to the present one."""
-    demos = [as_demo(d) for d in context.demos]
+def _demo_draft(demos: list[Demo], why: str, harness: Harness) -> Draft | None:
+    """``demos`` in the ``turns`` of a ``few_shot`` processor: inserted, or appended to the present
+    one (demonstrations it already shows are not repeated); None when nothing would be new."""
     if not demos:
         return None
-    why = (f"{_n_tasks(cluster)}: a worked demonstration of the expected reply shows a small model the "
-           "answer and tool-call format better than any instruction")
     present = find_kind(harness, "few_shot")
     if present is None:
         edit = insert_edit(harness, FewShotDemos(name=_fresh_name(harness, "few_shot"), turns=flatten(demos)))
@@ -165,6 +162,34 @@ def _few_shot_demos(cluster: Cluster, harness: Harness, context: PlanContext) ->
     if not new:
         return None
     return why, [Edit("set_param", present.name, param="turns", value=flatten(have + new))]
+
+
+def _few_shot_demos(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
+    """Worked demonstrations in the runtime's turn structure (task, tool call, tool result turn,
+    answer), in the ``turns`` of a ``few_shot`` processor: inserted, or appended to the present one."""
+    why = (f"{_n_tasks(cluster)}: a worked demonstration of the expected reply shows a small model the "
+           "answer and tool-call format better than any instruction")
+    return _demo_draft([as_demo(d) for d in context.demos], why, harness)
+
+
+def demo_tools(demo: Demo) -> set[str]:
+    """Tools whose result a demonstration shows (its ``tool`` turns)."""
+    return {str(t.get("name", "")) for t in demo if t.get("role") == "tool"}
+
+
+def _tool_demos(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
+    """Only the demonstrations that call a tool (the call, the tool's result turn, the answer).
+    The evidence: the traces answered without a tool that genuine solutions use
+    (``premature_answer``: the reference or the task's capabilities name it), and references show
+    the tool path. On the reasoning env SmolLM2 passed 12 of 15 episodes where it called the
+    calculator and ~5% where it guessed (issue 12), so showing the call is the edit that can move
+    the most tasks; an instruction to verify (the catalogue's next entry) cannot supply arithmetic
+    the model lacks."""
+    with_tools = [d for d in (as_demo(x) for x in context.demos) if demo_tools(d)]
+    tools = ", ".join(sorted(set().union(*map(demo_tools, with_tools)))) if with_tools else ""
+    why = (f"{_n_tasks(cluster)}: the traces answered without the tool genuine solutions use; worked "
+           f"demonstrations of the call ({tools}), its result turn and the answer show the model the tool path")
+    return _demo_draft(with_tools, why, harness)
 
 
 def _format_system_prompt(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
@@ -317,6 +342,7 @@ def _python_timeout_up(cluster: Cluster, harness: Harness, context: PlanContext)
 
 TEMPLATES: dict[str, Template] = {
     "few_shot_demos": Template("few_shot_demos", ("few_shot",), _few_shot_demos),
+    "tool_demos": Template("tool_demos", ("few_shot",), _tool_demos),
     "format_system_prompt": Template("format_system_prompt", ("system_prompt",), _format_system_prompt),
     "last_number_fallback": Template("last_number_fallback", ("answer_extraction",), _last_number_fallback),
     "parse_retry_up": Template("parse_retry_up", ("parse_retry",), _parse_retry_up),
@@ -346,7 +372,7 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
     "wrong_tool": ("tool_whitelist", "clear_tool_hint"),
     "loop": ("loop_warn", "temperature_schedule"),
     "step_budget": ("step_budget_up",),
-    "premature_answer": ("self_verification", "format_system_prompt"),
+    "premature_answer": ("tool_demos", "self_verification", "format_system_prompt"),
     "context_overflow": ("max_new_tokens_up", "summary_memory", "sliding_window"),
     "env_error": ("tool_timeout_up", "python_timeout_up"),
 }

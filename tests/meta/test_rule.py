@@ -25,6 +25,14 @@ from coevo.meta.rule import (
 )
 
 DEMOS = [("What is 2 + 3?", "<answer>5</answer>"), ("What is 10 - 4?", "<answer>6</answer>")]
+TOOL_DEMO = [{"role": "user", "content": "What is 17 * 23?"},
+             {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "17 * 23"}}</tool_call>'},
+             {"role": "tool", "name": "calculator", "content": "391"},
+             {"role": "assistant", "content": "<answer>391</answer>"}]
+PYTHON_DEMO = [{"role": "user", "content": "How many r in 'error'?"},
+               {"role": "assistant", "content": '<tool_call>{"name": "python", "arguments": {"code": "print(3)"}}</tool_call>'},
+               {"role": "tool", "name": "python", "content": "3"},
+               {"role": "assistant", "content": "<answer>3</answer>"}]
 
 
 def turns(*pairs: tuple[str, str]) -> list[dict]:
@@ -89,7 +97,7 @@ def test_every_template_applies_to_base_harness(name):
     if name in NOT_ON_BASE:
         assert TEMPLATES[name].build(cluster("env_error"), base, context()) is None
     cause = next(c for c, names in CATALOGUE.items() if name in names)
-    draft = TEMPLATES[name].build(cluster(cause), harness, context())
+    draft = TEMPLATES[name].build(cluster(cause), harness, context(demos=[*DEMOS, TOOL_DEMO]))
     assert draft is not None
     hypothesis, edits = draft
     assert hypothesis and edits
@@ -105,7 +113,7 @@ def test_every_template_applies_to_base_harness(name):
 def test_agent_proposals_for_each_cause_build_and_carry_scope(cause):
     harness = base_harness()
     c = cluster(cause, tasks=("a", "b", "c"))
-    proposals = RuleMetaAgent().propose(digest(c, passed=("p",)), harness, context())
+    proposals = RuleMetaAgent().propose(digest(c, passed=("p",)), harness, context(demos=[*DEMOS, TOOL_DEMO]))
     expected = [n for n in CATALOGUE[cause] if n not in NOT_ON_BASE]
     assert [template_of(p, harness) for p in proposals] == expected
     for p in proposals:
@@ -341,3 +349,24 @@ def test_determinism():
     assert runs[0] == runs[1]
     assert [p["cluster"] for p in runs[0][0]] == ["format_error", "loop", "env_error"]
     assert re.search("dropped", runs[0][1]["hypothesis"])
+
+
+def test_tool_demos_show_only_tool_paths():
+    """A cluster that answered without its tool gets only the demonstrations that call one; with no
+    tool demonstration there is nothing to propose (the catalogue's next template comes first)."""
+    c = cluster("premature_answer")
+    draft = TEMPLATES["tool_demos"].build(c, base_harness(), context(demos=[*DEMOS, PYTHON_DEMO, TOOL_DEMO]))
+    assert draft is not None and "calculator, python" in draft[0]
+    (edit,) = draft[1]
+    assert edit.op == "insert" and edit.spec["params"]["turns"] == [*PYTHON_DEMO, *TOOL_DEMO]
+    assert TEMPLATES["tool_demos"].build(c, base_harness(), context()) is None
+    proposals = RuleMetaAgent().propose(digest(c), base_harness(), context(demos=list(DEMOS)))
+    assert [template_of(p, base_harness()) for p in proposals] == ["self_verification", "format_system_prompt"]
+
+
+def test_tool_demos_append_only_what_the_harness_does_not_show():
+    h = base_harness().insert(FewShotDemos(name="demos", turns=list(TOOL_DEMO)), index=4)
+    c = cluster("premature_answer")
+    assert TEMPLATES["tool_demos"].build(c, h, context(demos=[TOOL_DEMO])) is None
+    (edit,) = TEMPLATES["tool_demos"].build(c, h, context(demos=[TOOL_DEMO, PYTHON_DEMO]))[1]
+    assert (edit.op, edit.processor, edit.param, edit.value) == ("set_param", "demos", "turns", [*TOOL_DEMO, *PYTHON_DEMO])
