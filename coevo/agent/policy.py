@@ -15,8 +15,13 @@ from coevo.harness.events import Message, SamplingParams
 
 @dataclass
 class ChatRequest:
+    """``reply_prefix``: text the assistant turn starts with. A policy renders it after the chat
+    template's generation prompt, so ``Generation.prompt_ids`` end with its tokens and the model
+    continues from it; ``completion_ids`` and ``text`` are only what the model generated."""
+
     messages: list[Message]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    reply_prefix: str = ""
 
 
 @dataclass
@@ -52,6 +57,11 @@ class ScriptedPolicy:
 
     It honours ``max_new_tokens`` (in bytes) and stop strings like a real policy, and records the
     size of every batch it was given, so tests can check that the runtime batches model calls.
+
+    A request's ``reply_prefix`` is part of the prompt (its bytes end ``prompt_ids``). The scripted
+    reply is the whole assistant turn: when it starts with the prefix, the generated text is the
+    rest of it; when it does not, the generated text is the whole reply, so ``prefix + text`` may
+    be malformed, as with a real model forced into a turn it would not have written.
     """
 
     def __init__(self, respond: Callable[[list[Message]], str], model_version: str = "scripted") -> None:
@@ -65,6 +75,9 @@ class ScriptedPolicy:
 
     def _one(self, request: ChatRequest) -> Generation:
         text = self.respond(request.messages)
+        prefix = request.reply_prefix
+        if prefix and text.startswith(prefix):
+            text = text[len(prefix):]
         finish = "stop"
         for stop in request.sampling.stop:
             if stop and stop in text:
@@ -74,4 +87,5 @@ class ScriptedPolicy:
             ids = ids[: request.sampling.max_new_tokens]
             text = bytes(ids).decode("utf-8", errors="ignore")
             finish = "length"
-        return Generation(text, byte_ids(render_plain(request.messages)), ids, [0.0] * len(ids), finish)
+        prompt = byte_ids(render_plain(request.messages) + prefix)
+        return Generation(text, prompt, ids, [0.0] * len(ids), finish)

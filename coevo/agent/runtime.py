@@ -63,7 +63,8 @@ class Job:
 def _summary(event: ev.Event) -> dict[str, Any]:
     """A few fields of an event worth keeping in the trace's event log."""
     if isinstance(event, ev.ModelRequestEvent):
-        return {"messages": len(event.messages), "temperature": event.sampling.temperature}
+        out = {"messages": len(event.messages), "temperature": event.sampling.temperature}
+        return {**out, "reply_prefix": event.reply_prefix} if event.reply_prefix else out
     if isinstance(event, ev.ParsedOutputEvent):
         return {"tool_calls": [c.name for c in event.tool_calls], "answer": event.answer, "parse_error": event.parse_error}
     if isinstance(event, ev.ToolCallEvent):
@@ -182,7 +183,11 @@ class _EpisodeRun:
                 log,
             )
             sampling = copy.deepcopy(request.sampling)  # what the policy is asked for, kept on the call
-            generation = yield ChatRequest(request.messages, request.sampling)
+            prefix = request.reply_prefix
+            if not isinstance(prefix, str):
+                err = ProcessorContractError(f"reply_prefix must be a str, got {type(prefix).__name__}")
+                raise EpisodeError(f"processors at {Hook.BEFORE_MODEL.value}", err, "processor")
+            generation = yield ChatRequest(request.messages, request.sampling, prefix)
             self._count("model_calls")
             self._count("prompt_tokens", len(generation.prompt_ids))
             self._count("completion_tokens", len(generation.completion_ids))
@@ -197,16 +202,18 @@ class _EpisodeRun:
                 temperature=float(sampling.temperature),
                 top_p=float(sampling.top_p),
                 max_new_tokens=int(sampling.max_new_tokens),
+                reply_prefix=prefix,
             )
             self.trace.model_calls.append(call)
+            reply = call.reply  # a prefilled prefix is part of the reply the parser and the history see
             out: ev.ParsedOutputEvent = fire(
                 harness,
                 Hook.AFTER_MODEL,
-                ev.ModelOutputEvent(state, generation.text, generation.finish_reason, len(self.trace.model_calls) - 1),
+                ev.ModelOutputEvent(state, reply, generation.finish_reason, len(self.trace.model_calls) - 1),
                 log,
             )
             call.trainable, call.loss_weight = out.trainable, out.loss_weight
-            state.messages.append({"role": "assistant", "content": generation.text})
+            state.messages.append({"role": "assistant", "content": reply})
             actions = self._act(out)
             fire(harness, Hook.STEP_END, ev.StepEndEvent(state, actions=actions), log)
             if self.session.done:

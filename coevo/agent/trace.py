@@ -17,7 +17,13 @@ implementation raised. ``"processor"`` (a harness processor raised) is the harne
 class ModelCall:
     """One policy call with the exact token ids the policy saw and produced, and the sampling
     parameters that produced them (the harness may change them per call, e.g. a temperature
-    schedule), so the trainer scores each token under the distribution it was drawn from."""
+    schedule), so the trainer scores each token under the distribution it was drawn from.
+
+    ``reply_prefix`` is the text the harness prefilled the assistant turn with (``tool_choice``):
+    its tokens end ``prompt_ids``, and ``text`` / ``completion_ids`` are only what the model
+    generated after it, so only generated tokens are trained on. The reply the harness parsed and
+    the history holds is ``reply`` (prefix + text).
+    """
 
     step: int
     messages: list[Message]  # the request view actually sent (after memory processors)
@@ -31,6 +37,12 @@ class ModelCall:
     temperature: float | None = None  # as requested; 0 is greedy; None: recorded before calls kept it
     top_p: float | None = None
     max_new_tokens: int | None = None
+    reply_prefix: str = ""  # "": nothing prefilled (and every call recorded before prefixes existed)
+
+    @property
+    def reply(self) -> str:
+        """The whole assistant reply: the prefilled prefix and the generated text."""
+        return self.reply_prefix + self.text
 
     def logprob_temperature(self) -> float | None:
         """The temperature this call's log-probs refer to: the sampling temperature, 1.0 for greedy

@@ -147,7 +147,7 @@ def trace_steps(trace: Trace) -> list[Step]:
             is_last = k == len(trace.model_calls) - 1
             answer = trace.final_answer if is_last and not recs else None
             parse_error = None
-        steps.append(Step(call.step, call.text, call.finish_reason, names, recs, answer, parse_error))
+        steps.append(Step(call.step, call.reply, call.finish_reason, names, recs, answer, parse_error))
     return steps
 
 
@@ -337,7 +337,7 @@ def raw_chars(trace: Trace) -> int:
     """Characters of the trace's transcript (its final message history; completions if it has none)."""
     if trace.messages:
         return sum(len(str(m.get("content") or "")) for m in trace.messages)
-    return sum(len(c.text) for c in trace.model_calls)
+    return sum(len(c.reply) for c in trace.model_calls)
 
 
 def digest(

@@ -122,10 +122,17 @@ class StepStartEvent(Event):
 
 @dataclass
 class ModelRequestEvent(Event):
-    """before_model: the exact messages and sampling parameters about to be sent to the policy."""
+    """before_model: the exact messages and sampling parameters about to be sent to the policy.
+
+    ``reply_prefix`` is text the assistant turn starts with (prefilled, not generated): the model
+    continues from it, e.g. ``<tool_call>{"name": "`` forces a tool call as an API's
+    ``tool_choice="required"`` does. The runtime parses and records ``reply_prefix + generated
+    text`` as the reply; the trainer learns only from the generated tokens.
+    """
 
     messages: list[Message] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    reply_prefix: str = ""
 
 
 @dataclass

@@ -4,7 +4,8 @@ The trainer later computes importance ratios against these numbers, so the contr
 ``completion_ids`` are the tokens the model produced (up to and including EOS, or up to the
 token that completed a stop string), ``text`` is exactly their decoding (special tokens
 skipped), and ``logprobs[i]`` is log softmax(logits / T) of token i, the sampling distribution
-before top-p truncation (T = 1 for greedy decoding).
+before top-p truncation (T = 1 for greedy decoding). A request's ``reply_prefix`` is prefilled:
+its tokens end ``prompt_ids`` (``render_prompt``) and are never part of the completion.
 
 Requests are grouped by sampling parameters and run in batches of at most ``max_batch_size``.
 Two engines produce the same ids and log-probs:
@@ -46,6 +47,18 @@ def to_template_messages(messages: Sequence[Message], tool_role: bool) -> list[d
         else:
             out.append({"role": m["role"], "content": m["content"]})
     return out
+
+
+def render_prompt(tokenizer: Any, messages: Sequence[Message], tool_role: bool, reply_prefix: str = "") -> list[int]:
+    """The ids a policy conditions on: the chat template with its generation prompt, then the
+    tokens of ``reply_prefix`` (no special tokens), the start of the assistant turn the model
+    continues from. Only the ids generated after them are the completion."""
+    rendered = to_template_messages(messages, tool_role)
+    ids = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    if reply_prefix:
+        ids += list(tokenizer.encode(reply_prefix, add_special_tokens=False))
+    return ids
 
 
 class TransformersPolicy:
@@ -92,10 +105,8 @@ class TransformersPolicy:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
-        rendered = to_template_messages(messages, self.tool_role)
-        ids = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    def prompt_ids(self, messages: Sequence[Message], reply_prefix: str = "") -> list[int]:
+        return render_prompt(self.tokenizer, messages, self.tool_role, reply_prefix)
 
     def reseed(self, seed: int) -> None:
         """Restart the sampling stream at ``seed``: the co-evolution loop reseeds at each phase of a
@@ -115,7 +126,7 @@ class TransformersPolicy:
             idx = list(group)
             for start in range(0, len(idx), self.max_batch_size):
                 chunk = idx[start : start + self.max_batch_size]
-                prompts = [self.prompt_ids(requests[i].messages) for i in chunk]
+                prompts = [self.prompt_ids(requests[i].messages, requests[i].reply_prefix) for i in chunk]
                 self.prompt_tokens += sum(map(len, prompts))
                 # one noise stream per call: a resumed run replays the same calls and so the same samples
                 generator = torch.Generator(device=self.device).manual_seed(self.seed + self._calls)

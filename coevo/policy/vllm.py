@@ -5,7 +5,8 @@ Same contract as ``TransformersPolicy``: prompts are rendered with the tokenizer
 and sent as token ids; ``completion_ids`` and per-token ``logprobs`` come back from the engine,
 which must run with ``logprobs_mode="processed_logprobs"`` so the log-probs are those of the
 temperature-scaled distribution (vLLM's default, raw log-probs, would bias importance ratios).
-``text`` is the decoding of ``completion_ids``.
+``text`` is the decoding of ``completion_ids``; a request's ``reply_prefix`` ends the prompt ids
+(``coevo.policy.hf.render_prompt``), so it is prefilled, not generated.
 
 After each trainer update, ``sync_weights(model)`` pushes the new weights into the engine (a
 LoRA adapter is merged for the copy and unmerged afterwards) and bumps ``model_version``.
@@ -22,7 +23,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.harness.events import SamplingParams
-from coevo.policy.hf import to_template_messages
+from coevo.policy.hf import render_prompt
 
 VLLM_HINT = "vLLM is a GPU-only extra: pip install 'coevo[vllm]'"
 
@@ -148,10 +149,8 @@ class VLLMPolicy:
         self.model_version = model_version
         self.tool_role = tool_role
 
-    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
-        rendered = to_template_messages(messages, self.tool_role)
-        ids = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    def prompt_ids(self, messages: Sequence[dict], reply_prefix: str = "") -> list[int]:
+        return render_prompt(self.tokenizer, messages, self.tool_role, reply_prefix)
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
         results: list[Generation | None] = [None] * len(requests)
@@ -160,7 +159,7 @@ class VLLMPolicy:
             s = r.sampling
             groups.setdefault((s.temperature, s.top_p, s.max_new_tokens, tuple(s.stop)), []).append(i)
         for idx in groups.values():
-            prompts = [self.prompt_ids(requests[i].messages) for i in idx]
+            prompts = [self.prompt_ids(requests[i].messages, requests[i].reply_prefix) for i in idx]
             outs = self.engine.generate(prompts, requests[idx[0]].sampling)
             for i, prompt, out in zip(idx, prompts, outs, strict=True):
                 results[i] = Generation(

@@ -10,6 +10,7 @@ from coevo.agent.policy import byte_ids
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
 from coevo.envs.base import Score, Task
 from coevo.harness import Dimension, Hook, Processor
+from coevo.harness.processor import Param
 from coevo.harness import events as ev
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import HOOK_INPUT
@@ -325,3 +326,109 @@ def test_infrastructure_failures_are_marked_on_the_trace():
     for model_failure in (wrong, silent, by_id["t0"]):
         assert model_failure.error is None and model_failure.error_source is None and not model_failure.infra_failure
     assert not wrong.passed and not silent.passed
+
+
+class RecordingPolicy(ScriptedPolicy):
+    """A scripted policy that keeps every request it was sent."""
+
+    def __init__(self, respond):
+        super().__init__(respond)
+        self.requests = []
+
+    def generate(self, requests):
+        self.requests.extend(requests)
+        return super().generate(requests)
+
+
+class Prefill(Processor):
+    """Prefills the first reply of an episode with ``prefix`` (what ``tool_choice`` does)."""
+
+    kind = "prefill"
+    hook = Hook.BEFORE_MODEL
+    dimension = Dimension.TOOLS
+    consumes = produces = ev.ModelRequestEvent
+    params = (Param("prefix", "str", '<tool_call>{"name": "echo", "arguments": {', "the reply's start"),)
+
+    def process(self, event):
+        if event.state.step == 0:
+            event.reply_prefix = self.config["prefix"]
+        return event
+
+
+def test_reply_prefix_is_prefilled_parsed_with_the_generation_and_kept_in_history():
+    """A before_model processor prefills the first reply: the policy gets the prefix, generates
+    only the rest, and the parser, the history and the next prompt see the whole call, which runs."""
+    prefix = '<tool_call>{"name": "echo", "arguments": {'
+
+    def respond(messages):  # what the model writes after the prefix, then the answer
+        return "<answer>42</answer>" if messages[-1]["role"] == "tool" else '"x": 7}}</tool_call>'
+
+    env = FakeEnv()
+    policy = RecordingPolicy(respond)
+    h = base_harness().insert(Prefill())
+    trace = run_episode(env.tasks("test")[0], h, policy, env)
+    assert [r.reply_prefix for r in policy.requests] == [prefix, ""]  # only the first call is forced
+    first, second = trace.model_calls
+    assert (first.reply_prefix, first.text) == (prefix, '"x": 7}}</tool_call>')
+    assert first.reply == prefix + first.text and second.reply_prefix == "" and second.reply == second.text
+    # the prompt ends with the prefix; the completion is only what was generated
+    assert first.prompt_ids[-len(byte_ids(prefix)):] == byte_ids(prefix)
+    assert first.completion_ids == byte_ids(first.text)
+    assert trace.cost["completion_tokens"] == len(first.completion_ids) + len(second.completion_ids)
+    # the parser saw prefix + text: the call ran, and the history holds the whole reply
+    assert [(c.name, c.arguments, c.output) for c in trace.tool_calls] == [("echo", {"x": 7}, "echo:7")]
+    assert trace.messages[-3] == {"role": "assistant", "content": prefix + '"x": 7}}</tool_call>'}
+    assert policy.requests[1].messages[-2] == trace.messages[-3]
+    assert trace.passed and trace.stop_reason == "answer"
+    before = [e for e in trace.events if e["hook"] == "before_model"]
+    assert before[0]["reply_prefix"] == prefix and "reply_prefix" not in before[1]
+    again = type(trace).from_dict(trace.to_dict())
+    assert again.model_calls == trace.model_calls and again.model_calls[0].reply_prefix == prefix
+
+
+def test_a_scripted_reply_that_ignores_the_prefix_is_generated_after_it_whole():
+    """A scripted whole reply that starts with the prefix loses it (the model did not generate it);
+    one that does not is generated whole after the prefix, so the reply is malformed, as a real
+    model's would be."""
+    env = FakeEnv()
+    h = base_harness().insert(Prefill())
+    full = run_episode(env.tasks("test")[0], h, ScriptedPolicy(tool_then_answer("echo")), env)
+    assert full.model_calls[0].text == '"x": 1}}</tool_call>' and full.passed
+    assert full.model_calls[0].reply == tool_then_answer("echo")([{"role": "user", "content": ""}])
+    ignoring = run_episode(env.tasks("test")[0], h, ScriptedPolicy(lambda m: "<answer>42</answer>"), env)
+    call = ignoring.model_calls[0]
+    assert call.text == "<answer>42</answer>" and call.reply == call.reply_prefix + "<answer>42</answer>"
+    (parsed,) = [e for e in ignoring.events if e["hook"] == "after_model"]
+    assert parsed["parse_error"].startswith("could not parse tool call") and ignoring.tool_calls == []
+    assert parsed["answer"] == "42"  # the broken call runs nothing; answer extraction still reads the tags
+
+
+def test_traces_recorded_before_reply_prefixes_load():
+    env = FakeEnv()
+    trace = run_episode(env.tasks("test")[0], base_harness(), ScriptedPolicy(tool_then_answer("echo")), env)
+    old = trace.to_dict()
+    for call in old["model_calls"]:
+        del call["reply_prefix"]
+    loaded = type(trace).from_dict(old)
+    assert [c.reply_prefix for c in loaded.model_calls] == ["", ""]
+    assert loaded.to_dict() == trace.to_dict()
+
+
+class BadPrefix(Processor):
+    kind = "bad_prefix"
+    hook = Hook.BEFORE_MODEL
+    dimension = Dimension.TOOLS
+    consumes = produces = ev.ModelRequestEvent
+
+    def process(self, event):
+        event.reply_prefix = None
+        return event
+
+
+def test_a_processor_setting_a_non_string_prefix_fails_only_its_episode():
+    env = FakeEnv()
+    policy = ScriptedPolicy(tool_then_answer("echo"))
+    bad, good = base_harness().insert(BadPrefix()), base_harness()
+    traces = run_episodes([Job(env.tasks("test")[0], bad), Job(env.tasks("test")[1], good)], policy, env)
+    assert traces[0].error_source == "processor" and "reply_prefix must be a str" in traces[0].error
+    assert traces[0].model_calls == [] and traces[1].passed

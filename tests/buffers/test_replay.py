@@ -70,6 +70,26 @@ def test_codec_keeps_none_logprobs_and_wide_token_ids():
     assert decode_trace(encode_trace(trace)).to_dict() == trace.to_dict()
 
 
+def test_codec_keeps_reply_prefixes_and_reads_payloads_written_before_them():
+    import json
+    import struct
+
+    trace = make_trace("forced", n_calls=2)
+    trace.model_calls[0].reply_prefix = '<tool_call>{"name": "calculator", "arguments": {'
+    back = decode_trace(encode_trace(trace))
+    assert back == trace and back.model_calls[0].reply == trace.model_calls[0].reply_prefix + "answer 0"
+    # a payload stored before model calls had a reply_prefix: the same layout without the key
+    plain = make_trace("old", n_calls=2)
+    payload = encode_trace(plain)
+    (n,) = struct.unpack_from("<I", payload)
+    meta = json.loads(payload[4 : 4 + n])
+    for call in meta["model_calls"]:
+        del call["reply_prefix"]
+    head = json.dumps(meta).encode()
+    old = decode_trace(struct.pack("<I", len(head)) + head + payload[4 + n :])
+    assert old == plain and [c.reply_prefix for c in old.model_calls] == ["", ""]
+
+
 # -- log-prob batching and validation ----------------------------------------------------------
 
 

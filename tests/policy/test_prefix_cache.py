@@ -176,3 +176,57 @@ def test_sliding_window_models_use_the_transformers_engine():
     assert TransformersPolicy(model, tok).engine == "hf"
     with pytest.raises(ValueError, match="engine='vllm'; choose one of"):
         TransformersPolicy(model, tok, engine="vllm")
+
+
+PREFIX = '<tool_call>{"name": "calculator", "arguments": {'
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0, max_new_tokens=10),
+                                      SamplingParams(temperature=0.9, top_p=0.8, max_new_tokens=10)],
+                         ids=["greedy", "sampled"])
+def test_a_reply_prefix_is_prompt_not_completion_in_every_engine(sampling):
+    """A prefilled reply start (tool_choice) ends the prompt ids and never enters the completion;
+    the cached engine (whose prefix cache matches on ids, and whose next call continues from a
+    prefilled one) gives what ``model.generate`` and the uncached engine give, and every sampler
+    log-prob is what a fresh forward over prompt + completion gives: the trainer's view."""
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=2)
+    engines = {"cached": TransformersPolicy(model, tok, seed=5),
+               "uncached": TransformersPolicy(model, tok, seed=5, prefix_cache_mb=0),
+               "hf": TransformersPolicy(model, tok, engine="hf", seed=5)}
+    prefix_ids = tok.encode(PREFIX, add_special_tokens=False)
+    assert prefix_ids and tok.decode(prefix_ids) == PREFIX
+    got = {}
+    for name, policy in engines.items():
+        histories = [[SYSTEM, *DEMO, {"role": "user", "content": q}] for q in QUESTIONS]
+        turns = []
+        for t in range(3):
+            prefix = PREFIX if t < 2 else ""  # forced twice, then free
+            requests = [ChatRequest(list(h), sampling, prefix) for h in histories]
+            gens = policy.generate(requests)
+            turns.append(gens)
+            for r, h, g in zip(requests, histories, gens, strict=True):
+                plain = policy.prompt_ids(r.messages)
+                assert g.prompt_ids == plain + (prefix_ids if prefix else [])
+                assert tok.decode(g.completion_ids, skip_special_tokens=True) == g.text
+                assert not g.text.startswith(PREFIX)
+                with torch.no_grad():
+                    logits = model(torch.tensor([g.prompt_ids + g.completion_ids])).logits[0, len(g.prompt_ids) - 1:-1]
+                temperature = sampling.temperature or 1.0
+                ref = torch.log_softmax(logits.double() / temperature, -1).gather(
+                    -1, torch.tensor(g.completion_ids)[:, None]).squeeze(-1)
+                assert g.logprobs == pytest.approx(ref.tolist(), abs=1e-4)
+                h += [{"role": "assistant", "content": prefix + g.text}, {"role": "tool", "name": "calculator",
+                                                                           "content": str(t)}]
+        got[name] = [[(g.prompt_ids, g.completion_ids, g.finish_reason) for g in gens] for gens in turns]
+        logps = [[g.logprobs for g in gens] for gens in turns]
+        if name == "cached":
+            cached_logps = logps
+        else:
+            for a, b in zip(cached_logps, logps, strict=True):
+                for x, y in zip(a, b, strict=True):
+                    assert x == pytest.approx(y, abs=1e-5)
+    assert got["cached"] == got["uncached"] == got["hf"]
+    cached = engines["cached"]
+    assert cached.prompt_tokens == engines["hf"].prompt_tokens
+    assert cached.prompt_tokens_computed < 0.5 * cached.prompt_tokens  # prefixes and earlier turns reused

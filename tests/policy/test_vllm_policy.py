@@ -61,6 +61,25 @@ def test_contract_ids_text_logprobs_and_grouping(setup):
         assert torch.allclose(torch.tensor(g.logprobs, dtype=torch.float64), ref.squeeze(-1), atol=1e-4)
 
 
+def test_reply_prefix_ends_the_prompt_ids_sent_to_the_engine(setup):
+    """The engine continues a prefilled reply start: its tokens end the prompt ids it is given and
+    the completion (ids, text, log-probs) is only what it generated."""
+    policy, model, tok = setup
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+    prefix = '<tool_call>{"name": "calculator", "arguments": {'
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=4)
+    forced, free = policy.generate([ChatRequest(msgs, sampling, prefix), ChatRequest(msgs, sampling)])
+    prefix_ids = tok.encode(prefix, add_special_tokens=False)
+    assert forced.prompt_ids == policy.prompt_ids(msgs) + prefix_ids == free.prompt_ids + prefix_ids
+    assert policy.prompt_ids(msgs, prefix) == forced.prompt_ids
+    assert len(forced.completion_ids) == 4
+    assert tok.decode(forced.completion_ids, skip_special_tokens=True) == forced.text
+    with torch.no_grad():
+        logits = model(torch.tensor([forced.prompt_ids + forced.completion_ids])).logits[0, -5:-1].double()
+    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(forced.completion_ids)[:, None]).squeeze(-1)
+    assert forced.logprobs == pytest.approx(ref.tolist(), abs=1e-5)
+
+
 def test_sync_weights_plain_and_peft(setup):
     from peft import LoraConfig, get_peft_model
 
