@@ -432,3 +432,42 @@ def test_a_processor_setting_a_non_string_prefix_fails_only_its_episode():
     traces = run_episodes([Job(env.tasks("test")[0], bad), Job(env.tasks("test")[1], good)], policy, env)
     assert traces[0].error_source == "processor" and "reply_prefix must be a str" in traces[0].error
     assert traces[0].model_calls == [] and traces[1].passed
+
+
+def test_tool_choice_makes_a_model_that_would_answer_directly_call_the_calculator():
+    """A scripted model that answers at once unless its reply was opened as a calculator call (it
+    then writes the expression): on the base harness it never calls the tool; with tool_choice
+    every episode's first call runs the calculator and the second, free call answers from it."""
+    from coevo.harness.library import ToolChoice
+    from coevo.harness.library.tools import forced_call_prefix
+
+    env = ArithmeticEnv(n_tasks=10)
+    tasks = env.tasks("train")[:4]
+    seen_prefixes = []
+
+    class Guesser(ScriptedPolicy):
+        def generate(self, requests):
+            seen_prefixes.extend(r.reply_prefix for r in requests)
+            return super().generate(requests)
+
+    def respond(messages):
+        if messages[-1]["role"] == "tool":
+            return f"<answer>{messages[-1]['content']}</answer>"
+        return "<answer>0</answer>"
+
+    def continuing(messages):  # what it writes after an opened calculator call
+        if messages[-1]["role"] == "tool":
+            return respond(messages)
+        expression = messages[-1]["content"].split("What is ")[-1].rstrip("?").strip()
+        return forced_call_prefix("calculator") + f'"expression": "{expression}"}}}}</tool_call>'
+
+    plain = run_episodes([Job(t, base_harness()) for t in tasks], Guesser(respond), env)
+    assert all(t.tool_calls == [] and not t.passed for t in plain)
+    forced_h = base_harness().insert(ToolChoice(tool="calculator"))
+    seen_prefixes.clear()
+    forced = run_episodes([Job(t, forced_h) for t in tasks], Guesser(continuing), env)
+    assert seen_prefixes.count(forced_call_prefix("calculator")) == len(tasks)
+    for t in forced:
+        assert [c.name for c in t.tool_calls] == ["calculator"] and t.tool_calls[0].error is None
+        assert [c.reply_prefix for c in t.model_calls] == [forced_call_prefix("calculator"), ""]
+        assert t.final_answer == t.tool_calls[0].output and t.passed

@@ -25,6 +25,7 @@ from coevo.harness.library import (
     SystemPrompt,
     TemperatureSchedule,
     TokenAnnotation,
+    ToolChoice,
     ToolRegistry,
     ToolSchemaHint,
     ToolTimeout,
@@ -189,6 +190,68 @@ def test_json_tool_parser_strict_and_max_calls():
     assert JsonToolCallParser(lenient=False).process(ev.ModelOutputEvent(state(), text=text)).tool_calls == []
     many = "".join(f'<tool_call>{{"name": "t{i}", "arguments": {{}}}}</tool_call>' for i in range(6))
     assert len(JsonToolCallParser(max_calls=2).process(ev.ModelOutputEvent(state(), text=many)).tool_calls) == 2
+
+
+def request(step=0, tools=("calculator", "python")):
+    s = state(step=step)
+    s.tools = {n: ev.ToolSpec(n, "") for n in tools}
+    return ev.ModelRequestEvent(s, messages=list(s.messages))
+
+
+def test_tool_choice_prefills_a_call_the_parser_completes():
+    named = ToolChoice(tool="calculator").process(request())
+    assert named.reply_prefix == '<tool_call>{"name": "calculator", "arguments": {'
+    assert ToolChoice().process(request()).reply_prefix == '<tool_call>{"name": "'
+    # the model's continuation after each prefix parses as the call a tool_call_text would write
+    from coevo.evolution.reference import tool_call_text
+
+    whole = tool_call_text(ev.ToolCall("calculator", {"expression": "2 + 3"}))
+    for prefix in (named.reply_prefix, '<tool_call>{"name": "'):
+        assert whole.startswith(prefix)
+        out = JsonToolCallParser(lenient=False).process(ev.ModelOutputEvent(state(), text=prefix + whole[len(prefix):]))
+        assert [(c.name, c.arguments) for c in out.tool_calls] == [("calculator", {"expression": "2 + 3"})]
+
+
+def test_tool_choice_forces_only_the_first_steps_and_only_enabled_tools():
+    forced = [ToolChoice(steps=2).process(request(step=k)).reply_prefix != "" for k in range(4)]
+    assert forced == [True, True, False, False]
+    assert ToolChoice().process(request(step=1)).reply_prefix == ""
+    assert ToolChoice(tool="calculator").process(request(tools=("python",))).reply_prefix == ""  # not enabled
+    assert ToolChoice().process(request(tools=())).reply_prefix == ""  # no tool to call
+    offered_only = request(tools=())
+    offered_only.state.available_tools = {"calculator": ev.ToolSpec("calculator", "")}  # offered, not enabled
+    assert ToolChoice(tool="calculator").process(offered_only).reply_prefix == ""
+
+
+@pytest.mark.parametrize(("params", "match"), [
+    ({"steps": 0}, "'steps' must be >= 1"),
+    ({"steps": -2}, "'steps' must be >= 1"),
+    ({"steps": 1.5}, "'steps' expects int"),
+    ({"tool": 'calc", "x'}, "'tool' must be a tool name"),
+    ({"tool": " calculator"}, "'tool' must be a tool name"),
+    ({"tool": None}, "'tool' expects str"),
+    ({"tools": "calculator"}, "unknown parameter"),
+])
+def test_tool_choice_params_are_validated(params, match):
+    with pytest.raises(ParamError, match=match):
+        ToolChoice(**params)
+
+
+def test_tool_choice_composes_serialises_and_admits_one_prefix():
+    from coevo.harness import Harness
+    from coevo.harness.defaults import base_harness
+    from coevo.harness.errors import SingletonConflictError
+    from coevo.harness.library import build_processor
+
+    h = base_harness().insert(ToolChoice(tool="python", steps=2))
+    assert [p.name for p in h.at("before_model")] == ["tool_choice"]
+    back = Harness.from_yaml(h.to_yaml())
+    assert back.id == h.id and back.get("tool_choice").config == {"tool": "python", "steps": 2}
+    assert build_processor({"kind": "tool_choice", "params": {"tool": "calculator"}}) == ToolChoice(tool="calculator")
+    with pytest.raises(SingletonConflictError, match="reply_prefix"):
+        h.insert(ToolChoice(name="second"))
+    m = ToolChoice().manifest()
+    assert (m.hook.value, m.dimension, m.group) == ("before_model", Dimension.TOOLS, "reply_prefix")
 
 
 def test_tool_whitelist_blocks_with_message():

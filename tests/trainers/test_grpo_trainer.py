@@ -132,6 +132,48 @@ def test_a_call_sampled_at_another_temperature_than_the_run_is_scored_at_its_own
     assert m.clip_fraction == 0.0 and m.kl == pytest.approx(0.0, abs=1e-6)
 
 
+def test_a_prefilled_reply_trains_only_on_generated_tokens(tok, tmp_path):
+    """tool_choice prefills the first reply: its tokens end the recorded prompt ids, the completion
+    is only what the model generated, the buffer's recomputed behaviour log-probs equal the
+    sampler's, and the first GRPO step on these calls is on-policy (ratio 1)."""
+    from coevo.agent.runtime import Job, run_episodes
+    from coevo.buffers import ReplayBuffer
+    from coevo.envs.arithmetic import ArithmeticEnv
+    from coevo.harness.defaults import base_harness
+    from coevo.harness.library import ToolChoice
+    from coevo.harness.library.tools import forced_call_prefix
+    from coevo.policy.hf import TransformersPolicy
+    from coevo.trainers.logprobs import logprob_fn
+
+    model = tiny_model(tok, seed=0)
+    env = ArithmeticEnv(n_tasks=10)
+    harness = (base_harness().set_param("sampling", "temperature", 0.8).set_param("sampling", "max_new_tokens", 12)
+               .set_param("token_annotation", "exclude_truncated", False).insert(ToolChoice(tool="calculator")))
+    jobs = [Job(env.tasks("train")[0], harness, trace_id=f"t{k}") for k in range(4)]
+    traces = run_episodes(jobs, TransformersPolicy(model, tok, seed=0), env, max_steps=2)
+    prefix = forced_call_prefix("calculator")
+    prefix_ids = tok.encode(prefix, add_special_tokens=False)
+    for k, t in enumerate(traces):
+        t.reward = float(k % 2)  # a group with a signal (the random model passes nothing)
+        first = t.model_calls[0]
+        assert t.error is None and first.reply_prefix == prefix
+        assert first.prompt_ids[-len(prefix_ids):] == prefix_ids
+        assert tok.decode(first.completion_ids, skip_special_tokens=True) == first.text
+        assert t.messages[[m["role"] for m in t.messages].index("assistant")]["content"] == prefix + first.text
+    with ReplayBuffer(tmp_path / "buffer", capacity=8) as buf:
+        buf.add(traces, round=0, model_version=0, logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=0.8))
+        loaded = buf.load(buf.entries())
+    assert [c.reply_prefix for t in loaded for c in t.model_calls[:1]] == [prefix] * 4
+    for t in loaded:
+        for call, behaviour in zip(t.model_calls, t.behaviour_logprobs, strict=True):
+            assert len(behaviour) == len(call.completion_ids)
+            assert behaviour == pytest.approx(call.sampler_logprobs, abs=1e-4)
+    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=0.0, temperature=0.8, micro_batch_size=8)
+    m = trainer.step(loaded)
+    assert m.ratio_min == pytest.approx(1.0, abs=1e-3) and m.ratio_max == pytest.approx(1.0, abs=1e-3)
+    assert m.clip_fraction == 0.0
+
+
 def test_calls_recorded_without_sampling_parameters_use_the_run_temperature(tok):
     """A buffer record made before model calls kept their sampling parameters loads with none;
     its tokens are scored at the run's rollout temperature, the others at their own."""

@@ -14,7 +14,7 @@ from coevo.harness.library.memory import SlidingWindowMemory, SummaryMemory
 from coevo.harness.library.model import SamplingConfig, TemperatureSchedule
 from coevo.harness.library.observability import EpisodeMetrics, Journal
 from coevo.harness.library.stages import SkillLibrary, StageTools
-from coevo.harness.library.tools import JsonToolCallParser, ToolRegistry, ToolSchemaHint, ToolWhitelist
+from coevo.harness.library.tools import JsonToolCallParser, ToolChoice, ToolRegistry, ToolSchemaHint, ToolWhitelist
 from coevo.harness.library.training import InfraErrorFilter, TokenAnnotation
 from coevo.harness.processor import Processor
 from coevo.imports import import_object, is_import_path
@@ -31,6 +31,7 @@ BUILTIN: tuple[type[Processor], ...] = (
     ToolSchemaHint,
     JsonToolCallParser,
     ToolWhitelist,
+    ToolChoice,
     PythonExecutor,
     ToolTimeout,
     AnswerExtraction,

@@ -6,9 +6,21 @@ import json
 import re
 from typing import Any
 
-from coevo.harness.events import ModelOutputEvent, ParsedOutputEvent, TaskStartEvent, ToolCall, ToolCallEvent, ToolResult
+from coevo.harness.errors import ParamError
+from coevo.harness.events import (
+    ModelOutputEvent,
+    ModelRequestEvent,
+    ParsedOutputEvent,
+    TaskStartEvent,
+    ToolCall,
+    ToolCallEvent,
+    ToolResult,
+)
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor
+
+TOOL_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+"""A tool name ``tool_choice`` may force: it is written into a JSON string unescaped."""
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
@@ -139,4 +151,48 @@ class ToolWhitelist(Processor):
         allowed = self.config["allowed"] or list(event.state.tools)
         if event.call.name not in allowed:
             event.result = ToolResult("", error=f"tool {event.call.name!r} is not allowed; use one of {allowed}")
+        return event
+
+
+def forced_call_prefix(tool: str = "") -> str:
+    """The start of a tool call in the format ``json_tool_parser`` reads (``tool_call_text`` in
+    ``coevo.evolution.reference`` writes whole ones): up to the arguments object of ``tool``, or,
+    for any tool, up to the opening quote of the name."""
+    if not tool:
+        return '<tool_call>{"name": "'
+    return '<tool_call>{"name": ' + json.dumps(tool) + ', "arguments": {'
+
+
+class ToolChoice(Processor):
+    kind = "tool_choice"
+    description = (
+        "Forces a tool call, as an API's tool_choice='required' or a named tool does: on the first "
+        "model calls of an episode it prefills the reply with the start of a <tool_call> (naming the "
+        "tool, or leaving the name to the model), so the model writes the call's arguments instead "
+        "of answering directly; later calls are free, so the model can answer from the result."
+    )
+    hook = Hook.BEFORE_MODEL
+    dimension = Dimension.TOOLS
+    consumes = produces = ModelRequestEvent
+    group = "reply_prefix"  # one processor decides how the reply starts
+    params = (
+        Param("tool", "str", "", "the tool to call; '' lets the model choose any enabled tool"),
+        Param("steps", "int", 1, "model calls of an episode that are forced (the first N)"),
+    )
+
+    def __init__(self, name: str | None = None, **params):
+        super().__init__(name, **params)
+        tool, steps = self.config["tool"], self.config["steps"]
+        if tool and TOOL_NAME_RE.fullmatch(tool) is None:
+            raise ParamError(self.name, f"parameter 'tool' must be a tool name (letters, digits, _ . -) or '' for "
+                                        f"any tool, got {tool!r}")
+        if steps < 1:
+            raise ParamError(self.name, f"parameter 'steps' must be >= 1 (model calls to force), got {steps}")
+
+    def process(self, event: ModelRequestEvent) -> ModelRequestEvent:
+        state, tool = event.state, self.config["tool"]
+        if state.step >= self.config["steps"]:
+            return event
+        if (tool and tool in state.tools) or (not tool and state.tools):
+            event.reply_prefix = forced_call_prefix(tool)
         return event
