@@ -11,7 +11,14 @@ from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import apply_edit
 from coevo.harness.harness import Harness
-from coevo.harness.library import PROCESSORS, FewShotDemos, PythonExecutor, SelfVerification, SystemPrompt
+from coevo.harness.library import (
+    PROCESSORS,
+    FewShotDemos,
+    PythonExecutor,
+    SelfVerification,
+    SystemPrompt,
+    ToolChoice,
+)
 from coevo.meta.base import PlanContext
 from coevo.meta.rule import (
     CATALOGUE,
@@ -361,7 +368,8 @@ def test_tool_demos_show_only_tool_paths():
     assert edit.op == "insert" and edit.spec["params"]["turns"] == [*PYTHON_DEMO, *TOOL_DEMO]
     assert TEMPLATES["tool_demos"].build(c, base_harness(), context()) is None
     proposals = RuleMetaAgent().propose(digest(c), base_harness(), context(demos=list(DEMOS)))
-    assert [template_of(p, base_harness()) for p in proposals] == ["self_verification", "format_system_prompt"]
+    assert [template_of(p, base_harness()) for p in proposals] == ["tool_choice", "self_verification",
+                                                                   "format_system_prompt"]
 
 
 def test_tool_demos_append_only_what_the_harness_does_not_show():
@@ -370,3 +378,48 @@ def test_tool_demos_append_only_what_the_harness_does_not_show():
     assert TEMPLATES["tool_demos"].build(c, h, context(demos=[TOOL_DEMO])) is None
     (edit,) = TEMPLATES["tool_demos"].build(c, h, context(demos=[TOOL_DEMO, PYTHON_DEMO]))[1]
     assert (edit.op, edit.processor, edit.param, edit.value) == ("set_param", "demos", "turns", [*TOOL_DEMO, *PYTHON_DEMO])
+
+
+def test_premature_answers_get_demonstrations_then_a_forced_tool_call():
+    assert CATALOGUE["premature_answer"][:2] == ("tool_demos", "tool_choice")
+    c = cluster("premature_answer")
+    h = base_harness()
+    proposals = RuleMetaAgent().propose(digest(c), h, context(demos=[*DEMOS, TOOL_DEMO], max_proposals=2))
+    assert [template_of(p, h) for p in proposals] == ["tool_demos", "tool_choice"]
+    forced = proposals[1]
+    (edit,) = forced.edits
+    assert (edit.op, edit.spec["kind"], edit.spec["params"]) == ("insert", "tool_choice", {"tool": "calculator",
+                                                                                           "steps": 1})
+    assert forced.dimension == "tools"
+    for phrase in ("answered without the tool genuine solutions use", "demonstrations alone",
+                   "the calculator tool", "tool_choice=required"):
+        assert phrase in forced.hypothesis
+    built = build(h, forced)
+    assert [p.config["tool"] for p in built.at("before_model")] == ["calculator"]
+    assert TEMPLATES["tool_choice"].build(c, built, context()) is None  # never a second prefix
+
+
+@pytest.mark.parametrize(("demos", "tools", "tool"), [
+    ([TOOL_DEMO], ["calculator", "python"], "calculator"),  # the tool the demonstrations call
+    ([PYTHON_DEMO, TOOL_DEMO], ["calculator", "python"], ""),  # several: the model chooses
+    ([PYTHON_DEMO], ["calculator"], "calculator"),  # a demonstrated tool the env does not offer is ignored
+    ([], ["calculator"], "calculator"),  # no demonstration: the env's only tool
+    (list(DEMOS), ["calculator", "python"], ""),  # no tool demonstrated, several offered: any tool
+    ([], [], ""),
+])
+def test_tool_choice_names_the_tool_the_context_points_to(demos, tools, tool):
+    draft = TEMPLATES["tool_choice"].build(cluster("premature_answer"), base_harness(),
+                                           context(demos=demos, tools=tools))
+    (edit,) = draft[1]
+    assert edit.spec["params"]["tool"] == tool
+    assert (f"the {tool} tool" if tool else "a tool") in draft[0]
+
+
+def test_tool_choice_is_not_proposed_for_a_tool_the_registry_disables():
+    c = cluster("premature_answer")
+    h = base_harness().set_param("tool_registry", "enabled", ["python"])
+    assert TEMPLATES["tool_choice"].build(c, h, context(demos=[TOOL_DEMO])) is None
+    h2 = base_harness().set_param("tool_registry", "enabled", ["calculator"])
+    assert TEMPLATES["tool_choice"].build(c, h2, context(demos=[TOOL_DEMO])) is not None
+    present = base_harness().insert(ToolChoice(name="force", tool="python"))
+    assert TEMPLATES["tool_choice"].build(c, present, context(demos=[TOOL_DEMO])) is None
