@@ -439,6 +439,7 @@ def test_tool_choice_makes_a_model_that_would_answer_directly_call_the_calculato
     then writes the expression): on the base harness it never calls the tool; with tool_choice
     every episode's first call runs the calculator and the second, free call answers from it."""
     from coevo.harness.library import ToolChoice
+    from coevo.envs.arithmetic import CALCULATOR
     from coevo.harness.library.tools import forced_call_prefix
 
     env = ArithmeticEnv(n_tasks=10)
@@ -459,15 +460,15 @@ def test_tool_choice_makes_a_model_that_would_answer_directly_call_the_calculato
         if messages[-1]["role"] == "tool":
             return respond(messages)
         expression = messages[-1]["content"].split("What is ")[-1].rstrip("?").strip()
-        return forced_call_prefix("calculator") + f'"expression": "{expression}"}}}}</tool_call>'
+        return forced_call_prefix("calculator", CALCULATOR) + f'{expression}"}}}}</tool_call>'
 
     plain = run_episodes([Job(t, base_harness()) for t in tasks], Guesser(respond), env)
     assert all(t.tool_calls == [] and not t.passed for t in plain)
     forced_h = base_harness().insert(ToolChoice(tool="calculator"))
     seen_prefixes.clear()
     forced = run_episodes([Job(t, forced_h) for t in tasks], Guesser(continuing), env)
-    assert seen_prefixes.count(forced_call_prefix("calculator")) == len(tasks)
+    assert seen_prefixes.count(forced_call_prefix("calculator", CALCULATOR)) == len(tasks)
     for t in forced:
         assert [c.name for c in t.tool_calls] == ["calculator"] and t.tool_calls[0].error is None
-        assert [c.reply_prefix for c in t.model_calls] == [forced_call_prefix("calculator"), ""]
+        assert [c.reply_prefix for c in t.model_calls] == [forced_call_prefix("calculator", CALCULATOR), ""]
         assert t.final_answer == t.tool_calls[0].output and t.passed

@@ -206,7 +206,15 @@ def test_tool_choice_prefills_a_call_the_parser_completes():
     from coevo.evolution.reference import tool_call_text
 
     whole = tool_call_text(ev.ToolCall("calculator", {"expression": "2 + 3"}))
-    for prefix in (named.reply_prefix, '<tool_call>{"name": "'):
+    one_arg = request()
+    one_arg.state.tools["calculator"] = ev.ToolSpec("calculator", "", {
+        "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]})
+    keyed = ToolChoice(tool="calculator").process(one_arg).reply_prefix
+    assert keyed == '<tool_call>{"name": "calculator", "arguments": {"expression": "'  # the only argument's key too
+    counted = request()
+    counted.state.tools["calculator"] = ev.ToolSpec("calculator", "", {"properties": {"n": {"type": "integer"}}})
+    assert ToolChoice(tool="calculator").process(counted).reply_prefix.endswith('{"n": ')  # no quote for a number
+    for prefix in (named.reply_prefix, '<tool_call>{"name": "', keyed):
         assert whole.startswith(prefix)
         out = JsonToolCallParser(lenient=False).process(ev.ModelOutputEvent(state(), text=prefix + whole[len(prefix):]))
         assert [(c.name, c.arguments) for c in out.tool_calls] == [("calculator", {"expression": "2 + 3"})]

@@ -73,7 +73,7 @@ def template_of(proposal: Proposal, harness: Harness) -> str:
     kinds = set()
     for e in proposal.edits:
         kinds.add(e.spec["kind"] if e.spec else harness.get(e.processor).kind)
-    names = [n for n in CATALOGUE[proposal.cluster] if set(TEMPLATES[n].kinds) == kinds]
+    names = [n for n in CATALOGUE[proposal.cluster] if TEMPLATES[n].made(kinds)]
     assert len(names) == 1, (kinds, names)
     return names[0]
 
@@ -380,23 +380,28 @@ def test_tool_demos_append_only_what_the_harness_does_not_show():
     assert (edit.op, edit.processor, edit.param, edit.value) == ("set_param", "demos", "turns", [*TOOL_DEMO, *PYTHON_DEMO])
 
 
-def test_premature_answers_get_demonstrations_then_a_forced_tool_call():
-    assert CATALOGUE["premature_answer"][:2] == ("tool_demos", "tool_choice")
+def test_premature_answers_get_a_forced_tool_call_with_demonstrations_first():
+    assert CATALOGUE["premature_answer"][:2] == ("tool_choice", "tool_demos")
     c = cluster("premature_answer")
     h = base_harness()
     proposals = RuleMetaAgent().propose(digest(c), h, context(demos=[*DEMOS, TOOL_DEMO], max_proposals=2))
-    assert [template_of(p, h) for p in proposals] == ["tool_demos", "tool_choice"]
-    forced = proposals[1]
-    (edit,) = forced.edits
-    assert (edit.op, edit.spec["kind"], edit.spec["params"]) == ("insert", "tool_choice", {"tool": "calculator",
-                                                                                           "steps": 1})
+    assert [template_of(p, h) for p in proposals] == ["tool_choice", "tool_demos"]
+    forced = proposals[0]
+    force, demos = forced.edits  # the forced call, then the tool-path demonstrations (only those)
+    assert (force.op, force.spec["kind"], force.spec["params"]) == ("insert", "tool_choice", {"tool": "calculator",
+                                                                                              "steps": 1})
+    assert (demos.op, demos.spec["kind"], demos.spec["params"]["turns"]) == ("insert", "few_shot", TOOL_DEMO)
     assert forced.dimension == "tools"
     for phrase in ("answered without the tool genuine solutions use", "demonstrations alone",
-                   "the calculator tool", "tool_choice=required"):
+                   "the calculator tool", "tool_choice=required", "with worked demonstrations"):
         assert phrase in forced.hypothesis
     built = build(h, forced)
     assert [p.config["tool"] for p in built.at("before_model")] == ["calculator"]
     assert TEMPLATES["tool_choice"].build(c, built, context()) is None  # never a second prefix
+    # a harness already showing the demonstrations gets the forced call alone
+    shown = build(h, proposals[1])
+    (only,) = TEMPLATES["tool_choice"].build(c, shown, context(demos=[TOOL_DEMO]))[1]
+    assert only.spec["kind"] == "tool_choice"
 
 
 @pytest.mark.parametrize(("demos", "tools", "tool"), [
@@ -410,7 +415,9 @@ def test_premature_answers_get_demonstrations_then_a_forced_tool_call():
 def test_tool_choice_names_the_tool_the_context_points_to(demos, tools, tool):
     draft = TEMPLATES["tool_choice"].build(cluster("premature_answer"), base_harness(),
                                            context(demos=demos, tools=tools))
-    (edit,) = draft[1]
+    edit = draft[1][0]
+    shows_tools = any(d in (TOOL_DEMO, PYTHON_DEMO) for d in demos)
+    assert [e.spec["kind"] for e in draft[1][1:]] == (["few_shot"] if shows_tools else [])
     assert edit.spec["params"]["tool"] == tool
     assert (f"the {tool} tool" if tool else "a tool") in draft[0]
 

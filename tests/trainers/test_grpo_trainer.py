@@ -151,7 +151,9 @@ def test_a_prefilled_reply_trains_only_on_generated_tokens(tok, tmp_path):
                .set_param("token_annotation", "exclude_truncated", False).insert(ToolChoice(tool="calculator")))
     jobs = [Job(env.tasks("train")[0], harness, trace_id=f"t{k}") for k in range(4)]
     traces = run_episodes(jobs, TransformersPolicy(model, tok, seed=0), env, max_steps=2)
-    prefix = forced_call_prefix("calculator")
+    from coevo.envs.arithmetic import CALCULATOR
+
+    prefix = forced_call_prefix("calculator", CALCULATOR)
     prefix_ids = tok.encode(prefix, add_special_tokens=False)
     for k, t in enumerate(traces):
         t.reward = float(k % 2)  # a group with a signal (the random model passes nothing)

@@ -154,13 +154,21 @@ class ToolWhitelist(Processor):
         return event
 
 
-def forced_call_prefix(tool: str = "") -> str:
+def forced_call_prefix(tool: str = "", spec: ToolSpec | None = None) -> str:
     """The start of a tool call in the format ``json_tool_parser`` reads (``tool_call_text`` in
-    ``coevo.evolution.reference`` writes whole ones): up to the arguments object of ``tool``, or,
-    for any tool, up to the opening quote of the name."""
+    ``coevo.evolution.reference`` writes whole ones): for any tool, up to the opening quote of the
+    name; for a named tool, up to its arguments object, and when ``spec`` shows a single argument,
+    up to that argument's value (its opening quote for a string). SmolLM2-135M forced only to the
+    arguments object invented argument names ({"operation": "add", ...}) in most calls; given the
+    key, it copies the expression from the task."""
     if not tool:
         return '<tool_call>{"name": "'
-    return '<tool_call>{"name": ' + json.dumps(tool) + ', "arguments": {'
+    prefix = '<tool_call>{"name": ' + json.dumps(tool) + ', "arguments": {'
+    properties = ((spec.parameters if spec is not None else {}) or {}).get("properties") or {}
+    if len(properties) == 1:
+        (key, schema), = properties.items()
+        prefix += json.dumps(key) + ": " + ('"' if (schema or {}).get("type") == "string" else "")
+    return prefix
 
 
 class ToolChoice(Processor):
@@ -194,5 +202,5 @@ class ToolChoice(Processor):
         if state.step >= self.config["steps"]:
             return event
         if (tool and tool in state.tools) or (not tool and state.tools):
-            event.reply_prefix = forced_call_prefix(tool)
+            event.reply_prefix = forced_call_prefix(tool, state.tools.get(tool))
         return event
