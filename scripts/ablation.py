@@ -45,8 +45,8 @@ DIFFERENCES = (("harness_only", "static"), ("model_only", "static"), ("coevolve"
 PRESETS: dict[str, list[str]] = {
     "efficacy": ["experiment=efficacy"],
     "protocol": ["experiment=ablation"],
-    "tiny": ["experiment=smoke", "rounds=2", "val_limit=0", "test=true", "test_limit=6", "eval_attempts=2",
-             "trainer.steps_per_round=2"],
+    "tiny": ["experiment=smoke", "env.args.n_tasks=40", "env.args.max_operand=4", "rounds=2", "val_limit=0",
+             "test=true", "test_limit=6", "eval_attempts=2", "trainer.steps_per_round=2"],
 }
 """Preset → the Hydra overrides every arm gets (before the user's own, which win)."""
 RESAMPLES = 10_000
