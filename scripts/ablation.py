@@ -196,8 +196,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--out", type=Path, default=None, help="default: runs/ablation-<preset>")
     ap.add_argument("--jobs", type=int, default=1,
-                    help="runs side by side, each with cores/jobs threads (2 single-thread runs on 2 cores "
-                         "finish sooner than 2 two-thread runs in a row: a 135M model does not use 2 threads fully)")
+                    help="runs side by side, each with cores/jobs intra-op threads and its console in "
+                         "<out>/<mode>-s<seed>.log (the efficacy preset took 52.7 min with --jobs 2 on 2 cores; "
+                         "docs/PERF.md)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = ap.parse_args(argv)
     out = args.out or ROOT / "runs" / f"ablation-{args.preset}"
