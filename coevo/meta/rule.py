@@ -176,12 +176,17 @@ def _few_shot_demos(cluster: Cluster, harness: Harness, context: PlanContext) ->
     answer), in the ``turns`` of a ``few_shot`` processor: inserted, or appended to the present one."""
     why = (f"{_n_tasks(cluster)}: a worked demonstration of the expected reply shows a small model the "
            "answer and tool-call format better than any instruction")
-    return _demo_draft([as_demo(d) for d in context.demos], why, harness)
+    return _demo_draft(list(context.demos), why, harness)
 
 
 def demo_tools(demo: Demo) -> set[str]:
     """Tools whose result a demonstration shows (its ``tool`` turns)."""
     return {str(t.get("name", "")) for t in demo if t.get("role") == "tool"}
+
+
+def tool_path_demos(context: PlanContext) -> list[Demo]:
+    """The context's demonstrations that call a tool (``PlanContext`` holds them as ``Demo`` already)."""
+    return [d for d in context.demos if demo_tools(d)]
 
 
 def _tool_demos(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
@@ -192,8 +197,8 @@ def _tool_demos(cluster: Cluster, harness: Harness, context: PlanContext) -> Dra
     calculator and ~5% where it guessed (issue 12), so showing the call is the edit that can move
     the most tasks; an instruction to verify (the catalogue's next entry) cannot supply arithmetic
     the model lacks."""
-    with_tools = [d for d in (as_demo(x) for x in context.demos) if demo_tools(d)]
-    tools = ", ".join(sorted(set().union(*map(demo_tools, with_tools)))) if with_tools else ""
+    with_tools = tool_path_demos(context)
+    tools = ", ".join(sorted(set().union(*map(demo_tools, with_tools))))
     why = (f"{_n_tasks(cluster)}: the traces answered without the tool genuine solutions use; worked "
            f"demonstrations of the call ({tools}), its result turn and the answer show the model the tool path")
     return _demo_draft(with_tools, why, harness)
@@ -203,7 +208,7 @@ def forced_tool(context: PlanContext) -> str:
     """The tool ``tool_choice`` should force: the one the demonstrations call (when they call
     exactly one offered tool), else the environment's only tool, else "" (any tool)."""
     offered = set(context.tools)
-    shown = set().union(*(demo_tools(as_demo(d)) for d in context.demos)) - {""}
+    shown = set().union(*map(demo_tools, context.demos)) - {""}
     if offered:
         shown &= offered
     if shown:
@@ -234,7 +239,7 @@ def _tool_choice(cluster: Cluster, harness: Harness, context: PlanContext) -> Dr
     why = (f"{_n_tasks(cluster)}: the traces answered without the tool genuine solutions use, and demonstrations "
            f"alone do not make a small model call it; prefill the first reply with the opening of a call to "
            f"{target} (as tool_choice=required does), so the model writes the arguments and answers from the result")
-    shown = _demo_draft([d for d in (as_demo(x) for x in context.demos) if demo_tools(d)], why,
+    shown = _demo_draft(tool_path_demos(context), why,
                         apply_edit(harness, edit))
     if shown is None:
         return why, [edit]
