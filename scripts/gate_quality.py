@@ -3,7 +3,7 @@
     python scripts/gate_quality.py                           # SmolLM2, the main job's env and harness, 20 runs per edit
     python scripts/gate_quality.py --runs 2 --edits helpful  # a quick check of the setup
     python scripts/gate_quality.py --preset tiny             # a scripted model with known effects: seconds
-    python scripts/gate_quality.py -- harness=lenient evolution.stat_budget=128  # overrides of configs/train.yaml
+    python scripts/gate_quality.py --jobs 2 -- harness=lenient  # runs side by side; overrides of configs/train.yaml
 
 Everything but the model and the env comes from the composed main-job config (``configs/train.yaml``
 plus the overrides after ``--``): the starting harness as ``coevo.build.start_harness`` builds it,
@@ -11,9 +11,11 @@ the round batch (``batch_tasks`` tasks × ``rollout.attempts``), episode limits,
 ``evolution.*`` (``coevo.build.make_critic``): the statistical gate (``evolution=stat``) with its
 default budget unless overridden (``-- evolution=seesaw`` measures HarnessX's gate). The planted edits, each a proposal judged against the starting harness:
 
-- helpful: two multi-turn calculator demonstrations (the task, the tool call, the tool result turn,
-  the answer) from gold references of a reference pool split off the train split, as the ``turns``
-  of a ``few_shot`` processor: the edit that moves SmolLM2 (design brief §5);
+- helpful: the forced calculator call (a ``tool_choice`` processor) with two multi-turn calculator
+  demonstrations (the task, the tool call, the tool result turn, the answer) from gold references of
+  a reference pool split off the train split, as the ``turns`` of a ``few_shot`` processor: the edit
+  the rule meta-agent proposes for a ``premature_answer`` cluster, +44 points on SmolLM2's validation
+  tasks (docs/RESULTS.md; demonstrations alone do not move SmolLM2);
 - harmful: a system prompt demanding the final answer in words, never digits, which no verifier of
   a numeric answer accepts (and the last-number fallback of the lenient harness cannot read);
 - neutral: the default system prompt rephrased.
@@ -26,6 +28,9 @@ judges the edit, and an undecided edit is judged again next round with its evide
 The ``tiny`` preset swaps in the built-in arithmetic env and a scripted model whose effects are
 known by construction: it passes a task with probability 0.25, 0.6 once a demonstration with a
 tool call precedes the task, and never when the system prompt asks for words.
+
+With ``--jobs N`` the runs are shared among N processes (spawned, each loading the model once with
+cores/N intra-op threads). A run's outcome depends only on its seed, not on which process ran it.
 
 Output: a markdown table (shipped share with its 95% Wilson interval against the targets:
 helpful ≥ 80%, harmful ≤ 5%, neutral ≤ 20%), and with ``--out`` the table and every decision as JSON.
@@ -211,19 +216,26 @@ def tiny_setup(overrides: Sequence[str]) -> Setup:
 def planted_edits(start: Any, demos: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """The three proposals, as the rule meta-agent would write them."""
     from coevo.evolution.types import Proposal
-    from coevo.harness.library import FewShotDemos
-    from coevo.meta.rule import flatten, insert_edit, set_edit
+    from coevo.harness.edits import apply_edit
+    from coevo.harness.library import FewShotDemos, ToolChoice
+    from coevo.meta.rule import demo_tools, flatten, insert_edit, set_edit
 
-    edits = {"helpful": ("two multi-turn calculator demonstrations",
-                         insert_edit(start, FewShotDemos(turns=flatten(demos)))),
+    tools = sorted(set().union(*map(demo_tools, demos)))
+    forced = insert_edit(start, ToolChoice(tool=tools[0] if len(tools) == 1 else ""))
+    shown = forced and insert_edit(apply_edit(start, forced), FewShotDemos(turns=flatten(demos)))
+    edits = {"helpful": ("the forced calculator call with two multi-turn calculator demonstrations",
+                         [forced, shown], "tools", "premature_answer"),
              "harmful": ("a system prompt demanding the answer in words",
-                         set_edit(start, "system_prompt", "template", HARMFUL_PROMPT)),
-             "neutral": ("the system prompt rephrased", set_edit(start, "system_prompt", "template", NEUTRAL_PROMPT))}
+                         [set_edit(start, "system_prompt", "template", HARMFUL_PROMPT)], "context_assembly",
+                         "format_error"),
+             "neutral": ("the system prompt rephrased",
+                         [set_edit(start, "system_prompt", "template", NEUTRAL_PROMPT)], "context_assembly",
+                         "format_error")}
     out = {}
-    for name, (hypothesis, edit) in edits.items():
-        if edit is None:
+    for name, (hypothesis, parts, dimension, cluster) in edits.items():
+        if not all(parts):
             raise RuntimeError(f"the {name} edit does not apply to the starting harness")
-        out[name] = Proposal(hypothesis=hypothesis, edits=[edit], dimension="context_assembly", cluster="format_error")
+        out[name] = Proposal(hypothesis=hypothesis, edits=parts, dimension=dimension, cluster=cluster)
     return out
 
 
@@ -331,6 +343,52 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+_WORKER: dict[str, Any] = {}
+"""A ``--jobs`` worker process's setup and proposals, built once by ``_init_worker``."""
+
+
+def _init_worker(preset: str, overrides: Sequence[str], threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    setup = (tiny_setup if preset == "tiny" else smollm2_setup)(overrides)
+    _WORKER.update(setup=setup, proposals=planted_edits(setup.start, setup.demos))
+
+
+def _run_in_worker(edit: str, seed: int, rounds: int) -> Run:
+    return run_edit(_WORKER["setup"], edit, _WORKER["proposals"][edit], seed, rounds)
+
+
+def run_all(setup: Setup, proposals: dict[str, Any], args: argparse.Namespace,
+            overrides: Sequence[str]) -> dict[str, list[Run]]:
+    """Every (edit, seed) run, in this process or shared among ``args.jobs`` spawned ones."""
+    plan = [(edit, args.seed + i) for edit in args.edits for i in range(args.runs)]
+    done: list[Run] = []
+
+    def report(run: Run) -> None:
+        done.append(run)
+        print(f"[{run.edit} seed {run.seed}, {len(done)}/{len(plan)}] {run.outcome} after {len(run.decisions)} "
+              f"judgement(s), {sum(d.episodes for d in run.decisions)} episodes, {run.seconds:.1f} s", flush=True)
+
+    if args.jobs == 1:
+        for edit, seed in plan:
+            report(run_edit(setup, edit, proposals[edit], seed, args.rounds))
+    else:
+        import multiprocessing
+        import os
+        from concurrent.futures import ProcessPoolExecutor
+
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_init_worker, initargs=(args.preset, list(overrides), threads)) as pool:
+            for future in [pool.submit(_run_in_worker, edit, seed, args.rounds) for edit, seed in plan]:
+                report(future.result())
+    runs: dict[str, list[Run]] = {}
+    for run in done:
+        runs.setdefault(run.edit, []).append(run)
+    return runs
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -342,9 +400,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--edits", nargs="+", choices=EDITS, default=list(EDITS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the table (.md) and every decision (.json)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes sharing the runs (each loads the model)")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.rounds < 1:
-        parser.error("--runs and --rounds must be >= 1")
+    if args.runs < 1 or args.rounds < 1 or args.jobs < 1:
+        parser.error("--runs, --rounds and --jobs must be >= 1")
     setup = (tiny_setup if args.preset == "tiny" else smollm2_setup)(overrides)
     proposals = planted_edits(setup.start, setup.demos)
     e = setup.cfg.evolution
@@ -354,15 +413,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
               f"{setup.name}; batch {setup.cfg.batch_tasks} x {setup.cfg.rollout.attempts}; up to {args.rounds} "
               f"judgement(s) per run; setup {setup.load_seconds:.0f} s")
     print(header, flush=True)
-    runs: dict[str, list[Run]] = {}
-    for edit in args.edits:
-        for i in range(args.runs):
-            run = run_edit(setup, edit, proposals[edit], args.seed + i, args.rounds)
-            runs.setdefault(edit, []).append(run)
-            print(f"[{edit} {i + 1}/{args.runs}] {run.outcome} after {len(run.decisions)} judgement(s), "
-                  f"{sum(d.episodes for d in run.decisions)} episodes, {run.seconds:.1f} s", flush=True)
+    began = time.perf_counter()
+    runs = run_all(setup, proposals, args, overrides)
+    minutes = (time.perf_counter() - began) / 60
+    header += f"; {args.jobs} job(s), {minutes:.1f} min for the runs"
     rows = [summarise(runs[edit]) for edit in args.edits]
     text = table(rows)
+    print(header)
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
