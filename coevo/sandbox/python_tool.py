@@ -1,16 +1,32 @@
 """The agent's ``python`` tool: run a code cell in a fresh, isolated, resource-limited interpreter.
 
 Unlike ``coevo.sandbox.restricted`` there is no static policy here: the agent may use the whole
-standard library. What keeps the host safe is process isolation and limits: a separate
-``python -I -S`` process (no site-packages, no PYTHON* variables, no user directories) in its
-own process group, a minimal environment, a throwaway working directory, closed stdin, and
-address-space, CPU, file-size and core-dump limits. On timeout the whole process group is
-killed, so subprocesses the code started die with it.
+standard library. What keeps the host safe is process isolation and limits. Every cell runs in a
+separate ``python -I -S`` process (no site-packages, no PYTHON* variables, no user directories)
+with a minimal environment, closed stdin, and address-space, CPU, file-size, process-count and
+core-dump limits. Two isolation modes (``isolation()`` picks the strongest the machine supports):
+
+* ``namespaces`` (Linux user namespaces through util-linux ``unshare``, no privileges needed):
+  the cell gets its own network namespace (no interfaces: no sockets reach anything), its own
+  PID namespace (it cannot see the trainer's processes or read their ``/proc/<pid>/environ``; when
+  the cell's first process ends the kernel kills every descendant, detached or not) and its own
+  mount namespace chrooted into a read-only view holding only the system's program directories
+  (``/usr``, ``/bin``, ``/lib*``), the interpreter's install prefix, ``/dev/{null,zero,random,urandom}``,
+  the cell file, and a fresh size-limited tmpfs ``/box/work`` as its working directory. No host
+  file outside those is visible, and nothing it writes reaches the host's disk.
+* ``process`` (fallback, with a loud warning): the same interpreter, limits and minimal
+  environment in its own process group, killed as a group; it shares the host's filesystem view,
+  network and process table.
+
+``COEVO_PYTHON_ISOLATION=process`` forces the fallback (e.g. where namespace setup costs too much);
+``namespaces`` makes the tool fail rather than fall back.
 """
 
 from __future__ import annotations
 
 import codecs
+import functools
+import logging
 import math
 import os
 import selectors
@@ -25,6 +41,13 @@ from dataclasses import dataclass
 
 FILE_SIZE_LIMIT_BYTES = 1 << 20
 """Largest file the code may write (RLIMIT_FSIZE): enough for scratch files, too small to fill a disk."""
+WORK_DIR_LIMIT_BYTES = 16 << 20
+"""Size of the cell's tmpfs working directory (``namespaces`` mode): many small files cannot fill a disk."""
+PROCESS_LIMIT = 64
+"""RLIMIT_NPROC of the cell: bounds fork bombs. The kernel does not apply it to the host's root user."""
+ISOLATION_MODES = ("namespaces", "process")
+
+log = logging.getLogger(__name__)
 
 _STDERR_TAIL_BYTES = 1 << 14
 _DRAIN_AFTER_EXIT_S = 0.5
@@ -35,9 +58,10 @@ _DRAIN_AFTER_EXIT_S = 0.5
 _WRAPPER = """\
 def _coevo_cell():
     import ast, resource, sys
-    cell_path, memory, cpu, fsize = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    cell_path, memory, cpu, fsize, nproc = sys.argv[1], *map(int, sys.argv[2:6])
     for kind, soft, hard in ((resource.RLIMIT_AS, memory, memory), (resource.RLIMIT_CPU, cpu, cpu + 1),
-                             (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_CORE, 0, 0)):
+                             (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_CORE, 0, 0),
+                             (resource.RLIMIT_NPROC, nproc, nproc)):
         old_hard = resource.getrlimit(kind)[1]
         if old_hard != resource.RLIM_INFINITY:
             soft, hard = min(soft, old_hard), min(hard, old_hard)
@@ -60,6 +84,98 @@ def _coevo_cell():
 _coevo_cell()
 """
 
+# Runs as the (unprivileged) root of fresh user, mount, PID and network namespaces, as PID 1.
+# $1 the new root (an empty directory), $2 the host directory holding cell.py and an empty work/,
+# $3 the work tmpfs size, $4.. read-only directories to show; after "--" the interpreter argv.
+# The shell stays PID 1 (no exec) so that when it exits the kernel kills every process left in
+# the namespace, and so that a signal death of the cell comes back as the exit status 128 + signal
+# (util-linux unshare cannot re-raise some signals itself).
+_JAIL_SETUP = """set -e
+root=$1 box=$2 work_size=$3
+shift 3
+mount -t tmpfs -o size=1m,mode=755 coevo-jail "$root"
+while [ "$1" != "--" ]; do
+  if [ -L "$1" ]; then
+    mkdir -p "$root$(dirname "$1")"; ln -s "$(readlink "$1")" "$root$1"
+  elif [ -d "$1" ]; then
+    mkdir -p "$root$1"; mount --rbind "$1" "$root$1"; mount -o remount,bind,ro "$root$1"
+  fi
+  shift
+done
+shift
+mkdir -p "$root/box" "$root/proc" "$root/dev"
+mount --bind "$box" "$root/box"; mount -o remount,bind,ro "$root/box"
+mount -t tmpfs -o size="$work_size",mode=777 coevo-work "$root/box/work"
+mount -t proc proc "$root/proc"
+for node in null zero random urandom; do touch "$root/dev/$node"; mount --bind "/dev/$node" "$root/dev/$node"; done
+mount -o remount,ro "$root"
+set +e
+"$(PATH=/usr/sbin:/sbin:/usr/bin:/bin command -v chroot)" "$root" /bin/sh -c 'cd /box/work && exec "$@"' cell "$@"
+exit $?
+"""
+_UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount",
+            "--propagation", "private", "--"]
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
+
+
+def _shown_dirs() -> list[str]:
+    """Directories the jail shows read-only: the system's programs and libraries and the
+    interpreter's install prefix (a pyenv or conda prefix may live under a home directory)."""
+    dirs = [d for d in _SYSTEM_DIRS if os.path.lexists(d)]
+    real = os.path.realpath(sys.executable)
+    for extra in (os.path.realpath(sys.base_prefix), os.path.dirname(real)):
+        if not any(extra == d or extra.startswith(d + "/") for d in dirs):
+            dirs.append(extra)
+    return dirs
+
+
+def _jailed(argv: list[str], root: str) -> list[str]:
+    """``argv`` (an interpreter command whose paths are the host's) run inside the jail of ``root``."""
+    jail = os.path.join(root, "jail")
+    os.mkdir(jail)
+    return [*_UNSHARE, "/bin/sh", "-c", _JAIL_SETUP, "jail-setup", jail, root, str(WORK_DIR_LIMIT_BYTES),
+            *_shown_dirs(), "--", *argv]
+
+
+@functools.cache
+def isolation() -> str:
+    """The isolation mode of this machine (``ISOLATION_MODES``), probed once per process by
+    running a cell in the jail; ``COEVO_PYTHON_ISOLATION`` overrides the probe."""
+    wanted = os.environ.get("COEVO_PYTHON_ISOLATION", "")
+    if wanted and wanted not in ISOLATION_MODES:
+        raise ValueError(f"COEVO_PYTHON_ISOLATION={wanted!r} is not allowed; choose one of {list(ISOLATION_MODES)}")
+    if wanted == "process":
+        return "process"
+    problem = _probe_namespaces()
+    if problem is None:
+        return "namespaces"
+    if wanted == "namespaces":
+        raise RuntimeError(f"COEVO_PYTHON_ISOLATION=namespaces, but the namespace jail does not work here: {problem}")
+    log.warning("THE PYTHON TOOL IS NOT ISOLATED: the namespace jail does not work on this machine (%s). Model-written "
+                "code runs as this user with the host's filesystem and network (process-group limits only). Use a "
+                "machine with unprivileged user namespaces (util-linux unshare) for untrusted workloads.", problem)
+    return "process"
+
+
+def _probe_namespaces() -> str | None:
+    """None when a trivial cell runs in the jail, else why not."""
+    if shutil.which("unshare") is None or shutil.which("chroot", path="/usr/sbin:/sbin:/usr/bin:/bin") is None:
+        return "util-linux unshare or chroot is not installed"
+    root = tempfile.mkdtemp(prefix="coevo-python-probe-")
+    try:
+        os.mkdir(os.path.join(root, "work"))
+        argv = _jailed([os.path.realpath(sys.executable), "-I", "-S", "-c", "print('jailed')"], root)
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
+                              env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"})
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"{type(err).__name__}: {err}"
+    finally:
+        _remove_tree(root)
+    if done.returncode != 0 or done.stdout != b"jailed\n":
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"status {done.returncode}"]
+        return tail[0]
+    return None
+
 
 @dataclass(frozen=True)
 class PythonResult:
@@ -79,7 +195,7 @@ def run_python(
     """Run ``code`` as a cell in a fresh interpreter and report its output and error.
 
     The temporary directory (cell file plus working directory) is removed afterwards, and no
-    process of the cell's group survives the call, whether it finished, failed or timed out.
+    process the cell started survives the call, whether it finished, failed or timed out.
     """
     if timeout_s <= 0 or memory_mb <= 0 or max_output_chars < 0:
         raise ValueError("timeout_s and memory_mb must be positive, max_output_chars non-negative")
@@ -91,13 +207,19 @@ def run_python(
         with open(cell, "w", encoding="utf-8") as f:
             f.write(code)
         cpu_s = math.ceil(timeout_s) + 1
-        argv = [sys.executable, "-I", "-S", "-u", "-c", _WRAPPER, cell,
-                str(memory_mb * 2**20), str(cpu_s), str(FILE_SIZE_LIMIT_BYTES)]  # fmt: skip
+        limits = [str(memory_mb * 2**20), str(cpu_s), str(FILE_SIZE_LIMIT_BYTES), str(PROCESS_LIMIT)]
+        jailed = isolation() == "namespaces"
+        if jailed:  # paths as the cell sees them inside the jail (``_JAIL_SETUP``)
+            cell, work = "/box/cell.py", "/box/work"
+            argv = _jailed([os.path.realpath(sys.executable), "-I", "-S", "-u", "-c", _WRAPPER, cell, *limits], root)
+        else:
+            argv = [sys.executable, "-I", "-S", "-u", "-c", _WRAPPER, cell, *limits]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                "HOME": work, "TMPDIR": work}  # fmt: skip
         start = time.monotonic()
         with subprocess.Popen(
-            argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            argv, cwd=root if jailed else work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,  # its own session and process group, so killpg reaches its children
         ) as proc:  # fmt: skip
             out, err = _HeadCapture(max_output_chars), _TailCapture(_STDERR_TAIL_BYTES)
@@ -110,7 +232,10 @@ def run_python(
         seconds = time.monotonic() - start
     finally:
         _remove_tree(root)
-    error, timed_out = _error(proc.returncode, err.text(), timed_out, timeout_s, cpu_s, memory_mb)
+    returncode = proc.returncode
+    if jailed and returncode > 128:  # the jail's shell reports a signal death as 128 + signal
+        returncode = 128 - returncode
+    error, timed_out = _error(returncode, err.text(), timed_out, timeout_s, cpu_s, memory_mb)
     return PythonResult(stdout=out.text(), error=error, timed_out=timed_out, seconds=seconds)
 
 

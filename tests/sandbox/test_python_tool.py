@@ -4,35 +4,67 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
+import uuid
 
-from coevo.sandbox.python_tool import PythonResult, run_python
-
-
-def _alive(pid: int) -> bool:
-    """Running (not a zombie waiting for its new parent to reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
+from coevo.sandbox.python_tool import PythonResult, isolation, run_python
 
 
-def _wait_dead(pid: int, within_s: float = 2.0) -> bool:
+def _with_marker(marker: str) -> list[int]:
+    """Host pids whose command line holds ``marker`` (seen from the host in either isolation
+    mode: a child PID namespace's processes are visible from its parent namespace)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+                with open(f"/proc/{entry}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker.encode() in cmdline and state not in ("Z", "X") and int(entry) != os.getpid():
+                found.append(int(entry))
+    return found
+
+
+def _gone(marker: str, within_s: float = 2.0) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not _with_marker(marker):
             return True
         time.sleep(0.02)
     return False
 
 
-SPAWN_SPINNER = """
-import subprocess, sys
-child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-print(child.pid, flush=True)
-"""
+def run_watched(code: str, marker: str, **kwargs) -> tuple[PythonResult, bool]:
+    """``run_python(code)`` while the host watches for a process carrying ``marker``: the result,
+    and whether one was seen alive during the call (so the test cannot pass without a spinner)."""
+    seen = threading.Event()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if _with_marker(marker):
+                seen.set()
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        res = run_python(code, **kwargs)
+    finally:
+        done.set()
+        watcher.join()
+    return res, seen.is_set()
+
+
+def spinner(marker: str) -> str:
+    """Cell code starting a busy child process whose command line carries ``marker``."""
+    return (f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'while True: pass  # {marker}'])\n"
+            "time.sleep(0.5)\n")
 
 
 def test_prints_are_captured():
@@ -66,16 +98,20 @@ def test_exit_status_without_traceback_is_reported():
 
 def test_timeout_kills_the_whole_process_group():
     start = time.monotonic()
-    res = run_python(SPAWN_SPINNER + "while True:\n    pass\n", timeout_s=1.0)
-    assert time.monotonic() - start < 3.0
-    assert res.timed_out and res.error == "timed out after 1.0 s"
-    assert _wait_dead(int(res.stdout.split()[0]))  # output before the timeout survives, and the spinner died
+    marker = f"coevo-spin-{uuid.uuid4().hex}"
+    res, seen = run_watched(spinner(marker) + "print('spinning', flush=True)\nwhile True:\n    pass\n", marker,
+                            timeout_s=2.0)
+    assert time.monotonic() - start < 4.0
+    assert res.timed_out and res.error == "timed out after 2.0 s"
+    assert res.stdout == "spinning\n"  # output before the timeout survives
+    assert seen and _gone(marker)  # the spinner ran, and died with the cell
 
 
 def test_background_process_does_not_outlive_a_finished_cell():
-    res = run_python(SPAWN_SPINNER, timeout_s=3.0)
+    marker = f"coevo-spin-{uuid.uuid4().hex}"
+    res, seen = run_watched(spinner(marker), marker, timeout_s=5.0)
     assert res.error is None and not res.timed_out
-    assert _wait_dead(int(res.stdout.split()[0]))
+    assert seen and _gone(marker)
 
 
 def test_memory_limit():
@@ -101,10 +137,16 @@ def test_stdin_is_closed():
 
 
 def test_temp_dir_is_removed():
+    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("coevo-python-")}
     res = run_python("import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nprint(os.getcwd())")
-    workdir = res.stdout.strip()
-    assert res.error is None and workdir.startswith(tempfile.gettempdir())
-    assert not os.path.exists(workdir) and not os.path.exists(os.path.dirname(workdir))
+    assert res.error is None
+    if isolation() == "process":  # the cell's working directory is a host directory
+        workdir = res.stdout.strip()
+        assert workdir.startswith(tempfile.gettempdir())
+        assert not os.path.exists(workdir) and not os.path.exists(os.path.dirname(workdir))
+    else:
+        assert res.stdout == "/box/work\n"
+    assert {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("coevo-python-")} <= before
 
 
 def test_parent_environment_is_not_visible(monkeypatch):
