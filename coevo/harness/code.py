@@ -11,6 +11,7 @@ hooks lives in ``event.state.memory``, exactly as for built-in processors.
 from __future__ import annotations
 
 import ast
+import pickle
 from typing import Any
 
 from coevo.harness import events as ev
@@ -53,21 +54,51 @@ def _exposed() -> dict[str, Any]:
 
 
 def check_structure(source: str, class_name: str) -> None:
-    """Refuse source that does not define ``class_name`` with a base and a process() calling super()."""
+    """Refuse source that does not define ``class_name`` with a base and a process() calling super().
+
+    ``process`` may be bound only by one undecorated ``def`` per class, and every class of the
+    source that defines it must call super() there: otherwise a later ``process = lambda ...``, a
+    decorator, an assignment to ``X.process`` or an intermediate class of the source whose
+    ``process`` ignores the base would replace the parent's behaviour the check is meant to keep."""
     tree = ast.parse(source)
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
     if cls is None:
         raise SandboxRefusal(f"the source defines no top-level class {class_name!r}")
     if not cls.bases:
         raise SandboxRefusal(f"class {class_name!r} must subclass a built-in processor")
-    process = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "process"), None)
-    if process is None:
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "process" for n in cls.body):
         raise SandboxRefusal(f"class {class_name!r} must define process(self, event)")
-    calls_super = any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "super" for n in ast.walk(process)
-    )
-    if not calls_super:
-        raise SandboxRefusal(f"{class_name}.process must call super() so the parent's behaviour is kept")
+    defs = [(c, n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+            for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "process"]
+    for owner, process in defs:
+        if process.decorator_list:
+            raise SandboxRefusal(f"line {process.lineno}: {owner.name}.process may not be decorated")
+        if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "super"
+                   for n in ast.walk(process)):
+            raise SandboxRefusal(f"{owner.name}.process must call super() so the parent's behaviour is kept")
+    allowed = {id(process) for _, process in defs}
+    for node in ast.walk(tree):
+        if id(node) not in allowed and _binds_process(node):
+            raise SandboxRefusal(f"line {getattr(node, 'lineno', 0)}: 'process' may only be bound by one def in a "
+                                 "class body")
+    for owner in {id(c): c for c, _ in defs}.values():
+        if sum(isinstance(n, ast.FunctionDef) and n.name == "process" for n in owner.body) > 1:
+            raise SandboxRefusal(f"class {owner.name!r} defines process more than once")
+
+
+def _binds_process(node: ast.AST) -> bool:
+    """Whether ``node`` binds the name or attribute ``process`` (outside the allowed defs)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == "process"
+    if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+        return node.id == "process"
+    if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+        return node.attr == "process"
+    if isinstance(node, ast.alias):
+        return (node.asname or node.name) == "process"
+    if isinstance(node, ast.arg) or isinstance(node, ast.ExceptHandler):
+        return False
+    return isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name == "process"
 
 
 def _describe(ns: dict[str, Any], class_name: str, name: str, init_params: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +120,15 @@ def _describe(ns: dict[str, Any], class_name: str, name: str, init_params: dict[
     }
 
 
+MAX_TIME_LIMIT_S = 5.0
+MAX_MEMORY_MB = 512
+"""Caps on a code processor's own limits: the source and its limits come from the same proposal,
+so a proposal must not be able to give itself an hour of CPU (issue 13)."""
+MAX_GROWTH_BYTES = 64 << 10
+"""How much larger (pickled) one call's returned event may be than the event it was given: what
+crosses the sandbox goes into traces and the replay buffer, so a call cannot inflate them."""
+
+
 class CodeProcessor(Processor):
     kind = "code"
     description = "A processor subclass given as source code, run in the sandbox."
@@ -96,13 +136,16 @@ class CodeProcessor(Processor):
         Param("source", "prompt", "", "Python source defining the class"),
         Param("class_name", "str", "", "the class to instantiate"),
         Param("init_params", "dict", {}, "parameters passed to the class (its base's parameters)"),
-        Param("time_limit_s", "float", 2.0, "wall-clock limit per call"),
-        Param("memory_mb", "int", 128, "memory limit per call"),
+        Param("time_limit_s", "float", 2.0, f"wall-clock limit per call (at most {MAX_TIME_LIMIT_S} s)"),
+        Param("memory_mb", "int", 128, f"memory limit per call (at most {MAX_MEMORY_MB} MB)"),
     )
 
     def __init__(self, name: str | None = None, **params: Any) -> None:
         super().__init__(name or params.get("class_name") or None, **params)
         source, class_name = self.config["source"], self.config["class_name"]
+        for param, cap in (("time_limit_s", MAX_TIME_LIMIT_S), ("memory_mb", MAX_MEMORY_MB)):
+            if not 0 < self.config[param] <= cap:
+                raise ParamError(self.name, f"parameter {param!r} must be in (0, {cap}], got {self.config[param]!r}")
         try:
             check_source(source)
             check_structure(source, class_name)
@@ -118,18 +161,20 @@ class CodeProcessor(Processor):
         self.description = meta["description"]
         self.base_kind: str = meta["base"]
 
-    def _call(self, entry: Any) -> Any:
+    def _call(self, entry: Any, max_result_bytes: int = MAX_GROWTH_BYTES) -> Any:
         return call_in_sandbox(
             self.config["source"],
             entry,
             exposed=_exposed(),
             time_limit_s=self.config["time_limit_s"],
             memory_limit_mb=self.config["memory_mb"],
+            max_result_bytes=max_result_bytes,
         )
 
     def process(self, event: ev.Event) -> ev.Event:
         class_name, init = self.config["class_name"], dict(self.config["init_params"])
-        out = self._call(lambda ns: ns[class_name](name=self.name, **init).process(event))
+        limit = len(pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)) + MAX_GROWTH_BYTES
+        out = self._call(lambda ns: ns[class_name](name=self.name, **init).process(event), limit)
         if isinstance(out, ev.Event):
             # The child worked on a copy; carry its state changes back into the live state object.
             vars(event.state).update(vars(out.state))

@@ -284,6 +284,23 @@ def _restricted_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
 # Built before any child exists, so reporting an out-of-memory error never needs to allocate.
 _MEMORY_PAYLOAD = pickle.dumps(("memory", None))
 _CHILD_FAILED_EXIT = 70
+_TOO_LARGE = b"<too large>"  # a sentinel compared by identity
+_REPORT_OVERHEAD = 64  # the ("ok", ...) tuple around the result
+
+
+def _find_prctl() -> Any:
+    """libc's prctl, looked up in the parent: a forked child of a threaded process must not
+    dlopen (the loader's lock may be held by a thread that no longer exists there)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _find_prctl()
+_PR_SET_PDEATHSIG = 1
 
 
 def call_in_sandbox(
@@ -294,12 +311,15 @@ def call_in_sandbox(
     time_limit_s: float = 2.0,
     memory_limit_mb: int = 256,
     allowed_modules: frozenset[str] = ALLOWED_MODULES,
+    max_result_bytes: int = 1 << 20,
 ) -> T:
     """Check ``source``, run it in a forked child, and return ``entry(namespace)`` from there.
 
     The namespace holds the restricted builtins, ``exposed`` (e.g. base classes the source may
     subclass) and whatever the source defines. ``entry`` is trusted parent code; since the child
-    is forked it is never pickled, only its return value is.
+    is forked it is never pickled, only its return value is, and a pickled result larger than
+    ``max_result_bytes`` is refused (``SandboxError``) without being read into memory. The child
+    dies with the parent (``PR_SET_PDEATHSIG``), so killing the trainer leaves no orphan.
     """
     if time_limit_s <= 0 or memory_limit_mb <= 0:
         raise ValueError("time_limit_s and memory_limit_mb must be positive")
@@ -309,11 +329,13 @@ def call_in_sandbox(
     namespace.update(__builtins__=_restricted_builtins(allowed_modules), __name__=SANDBOX_MODULE_NAME)
 
     read_fd, write_fd = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # child: never return into the caller's stack
         status = _CHILD_FAILED_EXIT
         try:
             os.close(read_fd)
+            _die_with(parent)
             _child_main(write_fd, code, entry, namespace, time_limit_s, memory_limit_mb)
             status = 0
         finally:
@@ -321,14 +343,25 @@ def call_in_sandbox(
     os.close(write_fd)
     payload: bytes | None = None
     try:
-        payload, wait_status = _collect(pid, read_fd, time.monotonic() + time_limit_s)
+        payload, wait_status = _collect(pid, read_fd, time.monotonic() + time_limit_s, max_result_bytes)
     finally:
         os.close(read_fd)
-        if payload is None:  # timeout, or the parent was interrupted: no orphan, no zombie
+        if payload is None or payload is _TOO_LARGE:  # timeout, too large, or interrupted: no orphan, no zombie
             _kill_and_reap(pid)
     if payload is None:
         raise SandboxTimeout(f"the call exceeded its time limit of {time_limit_s} s")
+    if payload is _TOO_LARGE:
+        raise SandboxError(f"the call's result is larger than the {max_result_bytes} bytes allowed to cross the sandbox")
     return _interpret(payload, wait_status, time_limit_s, memory_limit_mb)
+
+
+def _die_with(parent: int) -> None:
+    """Ask the kernel to SIGKILL this child when the thread that forked it exits (Linux), so a
+    kill -9 of the trainer does not leave sandboxed code running; exit at once if it already has."""
+    if _PRCTL is not None:  # elsewhere the CPU limit still ends it
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(_CHILD_FAILED_EXIT)
 
 
 def _child_main(
@@ -385,10 +418,12 @@ def _lower_limit(kind: int, soft: int, hard: int | None = None) -> None:
     resource.setrlimit(kind, (soft, hard))
 
 
-def _collect(pid: int, read_fd: int, deadline: float) -> tuple[bytes | None, int]:
+def _collect(pid: int, read_fd: int, deadline: float, max_bytes: int) -> tuple[bytes | None, int]:
     """Read the child's report until EOF, then reap it; ``(None, 0)`` if the deadline passes
-    first (the caller kills it). Reading as we go keeps a large result from blocking the child."""
+    first, ``(_TOO_LARGE, 0)`` once the report passes ``max_bytes`` (the caller kills the child
+    in both cases). Reading as we go keeps a large result from blocking the child."""
     chunks: list[bytes] = []
+    size = 0
     with selectors.DefaultSelector() as selector:  # epoll: no FD_SETSIZE limit, unlike select()
         selector.register(read_fd, selectors.EVENT_READ)
         while True:
@@ -400,6 +435,9 @@ def _collect(pid: int, read_fd: int, deadline: float) -> tuple[bytes | None, int
                 if not chunk:
                     break
                 chunks.append(chunk)
+                size += len(chunk)
+                if size > max_bytes + _REPORT_OVERHEAD:
+                    return _TOO_LARGE, 0
     # EOF: the child closed its end by exiting; give it until the deadline to finish doing so.
     delay = 0.0005
     while True:

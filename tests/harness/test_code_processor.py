@@ -87,3 +87,47 @@ def test_code_that_hangs_at_call_time_fails_the_episode_only():
     task = env.tasks("test")[0]
     trace = run_episode(task, h, ScriptedPolicy(lambda m: "<answer>1</answer>"), env)
     assert "processor 'digits_only' at after_model: SandboxTimeout" in trace.error
+
+
+BYPASSES = [
+    # (id, source): each keeps a process() that calls super() somewhere, and replaces it anyway
+    ("lambda-after-def", "class X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n"
+                         "    process = lambda self, e: e\n"),
+    ("assign-after-class", "class X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n"
+                           "X.process = lambda self, e: e\n"),
+    ("decorator", "def keep(f):\n    return lambda self, e: e\nclass X(AnswerExtraction):\n    @keep\n"
+                  "    def process(self, e):\n        return super().process(e)\n"),
+    ("two-defs", "class X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n"
+                 "    def process(self, e):\n        return e\n"),
+    ("intermediate-class", "class A(AnswerExtraction):\n    def process(self, e):\n        return e\n"
+                           "class X(A):\n    def process(self, e):\n        return super().process(e)\n"),
+    ("walrus", "class X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n"
+               "    [process := (lambda self, e: e)]\n"),
+]
+
+
+@pytest.mark.parametrize("source", [s for _, s in BYPASSES], ids=[i for i, _ in BYPASSES])
+def test_process_cannot_be_replaced_after_the_super_check(source):
+    with pytest.raises(ParamError, match="process"):
+        build_processor(code_spec(source, "X"))
+
+
+@pytest.mark.parametrize("param,value", [("time_limit_s", 100000), ("time_limit_s", 0), ("memory_mb", 10**6)])
+def test_a_proposal_cannot_give_its_code_larger_limits(param, value):
+    with pytest.raises(ParamError, match=f"parameter '{param}' must be in"):
+        build_processor(code_spec(**{param: value}))
+
+
+def test_what_crosses_the_sandbox_cannot_inflate_a_trace():
+    from coevo.harness import events as ev
+
+    bloat = STRICT_ANSWER.replace('event.state.memory["digits_only_used"] = True',
+                                  'event.state.memory["pad"] = "x" * (1 << 20)')
+    p = build_processor(code_spec(bloat))
+    state = ev.EpisodeState(task=ev.TaskView("t", "e", "q"))
+    with pytest.raises(Exception, match="larger than the .* bytes allowed to cross the sandbox"):
+        p.process(ev.ParsedOutputEvent(state, text="<answer>12</answer>"))
+    assert "pad" not in state.memory
+    small = build_processor(code_spec())  # the same processor within the allowance still works
+    out = small.process(ev.ParsedOutputEvent(state, text="<answer>x 12</answer>"))
+    assert out.answer == "12"

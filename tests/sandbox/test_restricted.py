@@ -217,7 +217,49 @@ def test_unpicklable_result_is_an_error_not_a_crash():
 
 
 def test_large_result_comes_back_whole():
-    assert run("result = 'y' * 3_000_000") == "y" * 3_000_000
+    assert run("result = 'y' * 3_000_000", max_result_bytes=4_000_000) == "y" * 3_000_000
+
+
+def test_a_result_over_the_size_limit_is_refused_unread():
+    assert run("result = 'y' * 900_000") == "y" * 900_000  # the default limit is 1 MiB
+    with pytest.raises(SandboxError, match="larger than the 1048576 bytes"):
+        run("result = 'y' * 2_000_000")
+    with pytest.raises(SandboxError, match="larger than the 1000 bytes"):
+        run("result = list(range(10_000))", max_result_bytes=1000)
+
+
+def test_the_child_dies_with_the_process_that_forked_it(tmp_path):
+    """kill -9 of the trainer must not leave sandboxed code spinning (PR_SET_PDEATHSIG)."""
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "child.pid"
+    trainer = (
+        "import os\nfrom coevo.sandbox import call_in_sandbox\n"
+        f"def entry(ns):\n    open({str(marker)!r}, 'w').write(str(os.getpid()))\n    while True:\n        pass\n"
+        "call_in_sandbox('x = 1', entry, time_limit_s=60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", trainer])
+    deadline = time.monotonic() + 20
+    while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(marker.read_text())
+    assert os.path.exists(f"/proc/{child}")
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    break
+        except OSError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the sandboxed child outlived the process that forked it")
 
 
 MUTATED_BY_CHILD = {"n": 0}
