@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from coevo.evolution.types import Proposal
-from coevo.harness.edits import apply_edit
+from coevo.harness.edits import apply_edit, check_proposed
 from coevo.harness.harness import Harness
 
 
@@ -31,6 +31,7 @@ def build_candidate(harness: Harness, proposal: Proposal) -> Harness:
     candidate = harness
     for i, edit in enumerate(proposal.edits):
         try:
+            check_proposed(candidate, edit)
             candidate = apply_edit(candidate, replace(edit, manifest=manifest))
         except Exception as err:  # the algebra's typed errors, a refused code processor, a bad spec
             raise BuildError(f"edit {i} ({edit.describe()}) does not apply: {type(err).__name__}: {err}") from err

@@ -52,6 +52,20 @@ class Edit:
         return f"{self.op} {self.processor}" + (f" ({kind})" if kind else "")
 
 
+def check_proposed(harness: "Harness", edit: Edit) -> None:
+    """Refuse, before anything is imported, a proposed edit whose new processor names its kind by
+    import path (``package.module:Class``) unless ``harness`` already holds that kind. Import-path
+    kinds are for the user's own config: building one imports and runs its module, so a kind
+    written by a meta-agent could run any module of the host at the Critic's build step."""
+    from coevo.harness.library import PROCESSORS
+
+    kind = (edit.spec or {}).get("kind") if edit.op in ("insert", "replace") else None
+    if kind is None or kind in PROCESSORS or kind in {p.kind for p in harness}:
+        return
+    raise ValueError(f"{edit.describe()}: kind {kind!r} is neither a built-in kind nor one the harness already "
+                     "uses; a proposal may not load code by import path (name it in the starting harness instead)")
+
+
 def apply_edit(harness: "Harness", edit: Edit) -> "Harness":
     """Apply ``edit`` to ``harness`` through the type-checked algebra; the result records it."""
     from coevo.harness.library import build_processor

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from coevo.evolution.types import CAUSES, Digest, Proposal
-from coevo.harness.edits import EDIT_OPS, Edit, apply_edit
+from coevo.harness.edits import EDIT_OPS, Edit, apply_edit, check_proposed
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import HOOK_ORDER, Dimension
 from coevo.harness.library import PROCESSORS
@@ -536,6 +536,7 @@ class LLMMetaAgent:
         current = harness
         for j, edit in enumerate(edits):
             try:
+                check_proposed(current, edit)
                 current = apply_edit(current, edit)
             except (ValueError, TypeError, KeyError) as err:  # the algebra's errors, a bad spec, a refused code
                 return None, f"edit {j} ({edit.describe()}) does not apply: {type(err).__name__}: {err}"

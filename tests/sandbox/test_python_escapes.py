@@ -154,3 +154,13 @@ def test_the_fallback_warns_loudly(monkeypatch, caplog):
             isolation()
     finally:
         isolation.cache_clear()
+
+
+@pytest.mark.parametrize("param,value", [("timeout_s", 100000.0), ("timeout_s", 0.0), ("memory_mb", 10**6),
+                                         ("max_output_chars", 10**9)])
+def test_a_proposal_cannot_raise_the_python_tools_limits(param, value):
+    from coevo.harness import ParamError
+    from coevo.harness.library import PythonExecutor
+
+    with pytest.raises(ParamError, match=f"parameter '{param}' must be in"):
+        PythonExecutor(**{param: value})

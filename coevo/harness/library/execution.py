@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coevo.harness.errors import ParamError
 from coevo.harness.events import TaskStartEvent, ToolCallEvent, ToolResult, ToolSpec
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor
@@ -12,7 +13,8 @@ from coevo.sandbox.python_tool import run_python
 
 class PythonExecutor(Processor):
     kind = "python_executor"
-    description = "Offers a `python` tool that runs code in an isolated subprocess with time and memory limits."
+    description = ("Offers a `python` tool that runs code in an isolated subprocess (a namespace jail where the "
+                   "machine allows: no network, no host files) with time and memory limits.")
     hook = Hook.TASK_START
     dimension = Dimension.EXECUTION
     consumes = produces = TaskStartEvent
@@ -21,6 +23,15 @@ class PythonExecutor(Processor):
         Param("memory_mb", "int", 256, "address-space limit of the subprocess"),
         Param("max_output_chars", "int", 2000, "stdout shown to the model"),
     )
+
+    LIMITS = {"timeout_s": 60.0, "memory_mb": 4096, "max_output_chars": 100_000}
+    """Upper bounds of the parameters: a proposal edits them, and must not buy itself unbounded time."""
+
+    def __init__(self, name: str | None = None, **params: Any) -> None:
+        super().__init__(name, **params)
+        for param, cap in self.LIMITS.items():
+            if not 0 < self.config[param] <= cap:
+                raise ParamError(self.name, f"parameter {param!r} must be in (0, {cap}], got {self.config[param]!r}")
 
     def provided_tools(self) -> list[ToolSpec]:
         schema = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}

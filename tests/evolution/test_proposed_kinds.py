@@ -1,0 +1,51 @@
+"""A proposal may not load code by import path (issue 13): ``package.module:Class`` kinds are for
+the user's own starting harness. Building such a kind imports its module, so a meta-agent naming
+``this:X`` used to run the ``this`` module (it printed its text) before the edit was refused."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from coevo.evolution.evolver import BuildError, build_candidate
+from coevo.evolution.types import Proposal
+from coevo.harness.defaults import base_harness
+from coevo.harness.edits import Edit, apply_edit
+from coevo.meta.base import PlanContext
+from coevo.meta.llm import LLMMetaAgent
+from tests.meta.test_llm import Scripted, make_digest, plan, proposal_json
+
+HOSTILE = {"op": "insert", "processor": "zen", "spec": {"kind": "this:X", "name": "zen"}}
+USERS_OWN = "examples.my_processor:ToolCallBudget"
+
+
+@pytest.fixture
+def this_not_imported():
+    sys.modules.pop("this", None)
+    yield
+    assert "this" not in sys.modules, "the proposal's import-path kind was imported"
+
+
+def test_the_critic_refuses_an_import_path_kind_without_importing_it(this_not_imported, capsys):
+    proposal = Proposal(hypothesis="h", edits=[Edit(**HOSTILE)], dimension="control_safety", cluster="step_budget")
+    with pytest.raises(BuildError, match="may not load code by import path"):
+        build_candidate(base_harness(), proposal)
+    assert "Beautiful is better than ugly" not in capsys.readouterr().out
+
+
+def test_the_llm_meta_agent_drops_the_proposal_without_importing_it(this_not_imported, tmp_path):
+    client = Scripted([(plan(proposal_json([HOSTILE])), 10, 10)] * 10)
+    agent = LLMMetaAgent(client, cache_dir=tmp_path, name="openai")
+    assert agent.propose(make_digest(), base_harness(), PlanContext()) == []
+    follow_up = json.dumps(client.calls[-1][0])
+    assert "may not load code by import path" in follow_up  # the model is told why
+
+
+def test_a_kind_the_starting_harness_already_uses_may_be_proposed():
+    own = apply_edit(base_harness(), Edit("insert", "budget", spec={"kind": USERS_OWN, "name": "budget",
+                                                                     "params": {"max_calls": 2}}))
+    again = Edit("replace", "budget", spec={"kind": USERS_OWN, "name": "budget", "params": {"max_calls": 3}})
+    candidate = build_candidate(own, Proposal(hypothesis="h", edits=[again], dimension="tools", cluster="step_budget"))
+    assert candidate.get("budget").config["max_calls"] == 3
