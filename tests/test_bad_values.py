@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from coevo.build import check, check_dependencies, check_triton_device, run, start_harness, write_config
 from coevo.harness import ParamError
@@ -133,3 +134,14 @@ def test_triton_kernel_without_cuda_names_the_field_the_device_and_the_other_ker
     monkeypatch.setattr(triton_grpo, "INTERPRETED", True)  # TRITON_INTERPRET=1 runs the kernels on CPU tensors
     check_triton_device(cfg)
 
+
+# ------------------------------------------------------------------------------------------- CLI
+def test_eval_with_an_unknown_split_is_a_usage_error_listing_the_splits(tmp_path):
+    from coevo.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "--env", "arithmetic", "--model", "scripted", "--split", "foo",
+                                      "--out", str(tmp_path)], terminal_width=200)
+    assert result.exit_code == 2, result.output  # click's usage error, not a traceback
+    assert isinstance(result.exception, SystemExit), result.exception
+    text = " ".join(result.output.replace("│", " ").split())  # the error box wraps lines
+    assert "--split" in text and "split must be one of ['train', 'val', 'test'], got 'foo'" in text, text
