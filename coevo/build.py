@@ -79,29 +79,48 @@ def check(cfg: TrainConfig) -> None:
         check_env_args(cfg.env.name, cfg.env.args)
     except ValueError as err:
         raise ValueError(f"config env.args: {err}") from None
+    e, t = cfg.evolution, cfg.trainer
     positive = {"rounds": cfg.rounds, "batch_tasks": cfg.batch_tasks, "rollout.attempts": cfg.rollout.attempts,
-                "eval_attempts": cfg.eval_attempts, "evolution.critic_attempts": cfg.evolution.critic_attempts,
-                "buffer.capacity": cfg.buffer.capacity, "trainer.steps_per_round": cfg.trainer.steps_per_round,
+                "eval_attempts": cfg.eval_attempts, "evolution.critic_attempts": e.critic_attempts,
+                "buffer.capacity": cfg.buffer.capacity, "trainer.steps_per_round": t.steps_per_round,
                 "rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.max_steps": cfg.rollout.max_steps,
                 "rollout.batch_size": cfg.rollout.batch_size, "rollout.workers": cfg.rollout.workers,
-                "trainer.micro_batch_size": cfg.trainer.micro_batch_size,
-                "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size}
-    for key, value in positive.items():
-        if value < 1:
-            raise ValueError(f"config {key}={value} must be >= 1")
-    if cfg.evolution.reference_pool < 0:
-        raise ValueError(f"config evolution.reference_pool={cfg.evolution.reference_pool} must be >= 0")
-    check_stat_gate(cfg.evolution)
-    ranges = {  # field: (value, low, high, the allowed range in words)
-        "rollout.temperature": (cfg.rollout.temperature, 0.0, float("inf"), ">= 0 (0 is greedy)"),
-        "rollout.vllm_gpu_memory_utilization": (cfg.rollout.vllm_gpu_memory_utilization, 1e-9, 1.0,
+                "trainer.micro_batch_size": t.micro_batch_size,
+                "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size, "model.lora_r": cfg.model.lora_r,
+                "evolution.max_variants": e.max_variants, "evolution.patience_rounds": e.patience_rounds}
+    non_negative = {"evolution.reference_pool": e.reference_pool, "evolution.max_proposals": e.max_proposals,
+                    "evolution.max_revisions": e.max_revisions, "evolution.recent_batches": e.recent_batches,
+                    "meta_agent.max_retries": cfg.meta_agent.max_retries, "trainer.warmup_steps": t.warmup_steps,
+                    "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit}
+    for low, values in ((1, positive), (0, non_negative)):
+        for key, value in values.items():
+            if value is not None and value < low:  # None: the schema's "all" (val_limit, test_limit)
+                raise ValueError(f"config {key}={value} must be >= {low}")
+    check_stat_gate(e)
+    inf, above = float("inf"), 1e-9  # ``above`` turns a closed lower bound into "> low"
+    ranges = {  # field: (value, low, high, the allowed range in words); None (where the schema allows it) is off
+        "rollout.temperature": (cfg.rollout.temperature, 0.0, inf, ">= 0 (0 is greedy)"),
+        "rollout.vllm_gpu_memory_utilization": (cfg.rollout.vllm_gpu_memory_utilization, above, 1.0,
                                                 "in (0, 1]: the share of GPU memory vLLM reserves"),
-        "meta_agent.timeout_s": (cfg.meta_agent.timeout_s, 1e-9, float("inf"), "> 0 seconds"),
-        "trainer.lr": (cfg.trainer.lr, 0.0, float("inf"), ">= 0"),
-        "rollout.prefix_cache_mb": (cfg.rollout.prefix_cache_mb, 0.0, float("inf"), ">= 0 MiB (0 turns the cache off)"),
+        "meta_agent.timeout_s": (cfg.meta_agent.timeout_s, above, inf, "> 0 seconds"),
+        "trainer.lr": (t.lr, 0.0, inf, ">= 0"),
+        "trainer.weight_decay": (t.weight_decay, 0.0, inf, ">= 0"),
+        "trainer.max_grad_norm": (t.max_grad_norm, above, inf, "> 0: gradients are clipped to this norm"),
+        "trainer.eps_low": (t.eps_low, 0.0, 1.0 - above, "in [0, 1): the clip's lower ratio bound 1 - eps_low"),
+        "trainer.eps_high": (t.eps_high, 0.0, inf, ">= 0"),
+        "trainer.dual_clip": (t.dual_clip, 1.0 + above, inf, "> 1, or null (off)"),
+        "trainer.beta": (t.beta, 0.0, inf, ">= 0"),
+        "trainer.tis_cap": (t.tis_cap, above, inf, "> 0: the cap on importance weights, or null (off)"),
+        "model.lora_dropout": (cfg.model.lora_dropout, 0.0, 1.0 - above, "in [0, 1): a dropout probability"),
+        "evolution.delta": (e.delta, 0.0, inf, ">= 0: the pass-rate gain the performance gate needs"),
+        "evolution.epsilon": (e.epsilon, 0.0, inf, ">= 0: the pass-rate loss the performance gate tolerates"),
+        "evolution.eta_leak": (e.eta_leak, 0.0, 1.0, "in [0, 1]: the leakage score's threshold"),
+        "evolution.eta_bloat": (e.eta_bloat, 0.0, inf, ">= 0"),
+        "evolution.router_threshold": (e.router_threshold, 0.0, 1.0, "in [0, 1]: the router's confidence"),
+        "rollout.prefix_cache_mb": (cfg.rollout.prefix_cache_mb, 0.0, inf, ">= 0 MiB (0 turns the cache off)"),
     }
     for key, (value, low, high, allowed) in ranges.items():
-        if not low <= value <= high:
+        if value is not None and not low <= value <= high:
             raise ValueError(f"config {key}={value} is not allowed; it must be {allowed}")
     urls = {"meta_agent.url": cfg.meta_agent.url if cfg.meta_agent.backend == "openai" else None,
             "rollout.vllm_server_url": cfg.rollout.vllm_server_url
@@ -118,10 +137,25 @@ def check(cfg: TrainConfig) -> None:
         raise ValueError(f"config trainer.beta={cfg.trainer.beta} needs model.lora=true: the KL reference is the base "
                          "model with the adapter disabled, and full fine-tuning has no reference model here; "
                          "set trainer.beta=0 or model.lora=true")
-    traces_per_round = cfg.batch_tasks * cfg.rollout.attempts
-    if cfg.mode in ("coevolve", "model_only") and cfg.buffer.capacity < traces_per_round:
-        raise ValueError(f"config buffer.capacity={cfg.buffer.capacity} is below the {traces_per_round} traces a round "
-                         "adds (batch_tasks x rollout.attempts)")
+    attempts, capacity = cfg.rollout.attempts, cfg.buffer.capacity
+    if cfg.mode in ("coevolve", "model_only") and capacity < cfg.batch_tasks * attempts:
+        # a round's traces must all fit in the buffer, whose capacity then bounds batch_tasks
+        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts}: a round adds "
+                         f"batch_tasks x rollout.attempts={attempts} = {cfg.batch_tasks * attempts} traces, which "
+                         f"must fit in buffer.capacity={capacity}; lower batch_tasks or raise buffer.capacity to >= "
+                         f"{cfg.batch_tasks * attempts}")
+
+
+def check_train_split(cfg: TrainConfig, n_train: int) -> None:
+    """``batch_tasks`` against the train tasks the env holds (known only once it is built): a larger
+    value would silently train on the whole split every round, not on the batches asked for."""
+    if not n_train:
+        raise ValueError(f"config env.name={cfg.env.name!r} with env.args={cfg.env.args} has no train tasks")
+    if cfg.batch_tasks > n_train:
+        pool = cfg.evolution.reference_pool
+        left = f" left after evolution.reference_pool={pool}" if pool else ""
+        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {n_train}, the train tasks of env "
+                         f"{cfg.env.name!r}{left}")
 
 
 def check_dependencies(cfg: TrainConfig) -> None:
@@ -136,7 +170,24 @@ def check_dependencies(cfg: TrainConfig) -> None:
     if cfg.meta_agent.backend == "openai":
         require("openai", "meta_agent.backend=openai")
     if cfg.trainer.kernel == "triton":
+        check_triton_device(cfg)
         require("triton", "trainer.kernel=triton")
+
+
+def check_triton_device(cfg: TrainConfig) -> None:
+    """The Triton loss runs on CUDA tensors only (or under TRITON_INTERPRET=1); without this check a
+    CPU run would find out in its first GRPO step, after the round's rollouts."""
+    import torch
+
+    from coevo.kernels import IMPLS
+    from coevo.kernels.triton_grpo import INTERPRETED
+
+    device = device_of(cfg.model.device)
+    if torch.device(device).type != "cuda" and not INTERPRETED:
+        others = [impl for impl in IMPLS if impl != "triton"]
+        raise ValueError(f"config trainer.kernel=triton needs a CUDA device, and model.device={cfg.model.device!r} "
+                         f"is {device} here; choose one of {others} (auto picks triton on CUDA when installed, "
+                         "chunked elsewhere)")
 
 
 def write_config(run_dir: Path, cfg: TrainConfig) -> None:
@@ -147,6 +198,10 @@ def write_config(run_dir: Path, cfg: TrainConfig) -> None:
 
     data = scrub(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
     path = run_dir / "config.yaml"
+    done = completed_rounds(run_dir)
+    if cfg.rounds < done:
+        raise ValueError(f"config rounds={cfg.rounds} must be >= {done}: {run_dir} already completed {done} rounds; "
+                         "resume it with rounds >= that, or choose another name= / run_dir=")
     if path.is_file():
         saved = yaml.safe_load(path.read_text())
         changed = sorted(k for k in set(saved) | set(data) if saved.get(k) != data.get(k) and k not in RESUMABLE_CHANGES)
@@ -156,6 +211,14 @@ def write_config(run_dir: Path, cfg: TrainConfig) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))
     tmp.replace(path)
+
+
+def completed_rounds(run_dir: Path) -> int:
+    """Rounds the run in ``run_dir`` has committed (0 for a new run)."""
+    from coevo import checkpoint
+
+    directory = checkpoint.latest(run_dir / "checkpoint")
+    return 0 if directory is None else int(checkpoint.load_state(directory)["next_round"])
 
 
 def device_of(name: str) -> str:
@@ -193,16 +256,26 @@ def run(cfg: Any) -> Path:
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed)
     is_main = accelerator.is_main_process
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    # the env and the starting harness come before the run directory and the model: a value only
+    # they can check (batch_tasks against the train split, a harness YAML's parameters) stops the
+    # run before config.yaml records it and before minutes of model loading
+    env = make_env(cfg.env.name, cfg.env.args)
+    try:
+        pool, train = split_reference_pool(env.tasks("train"), cfg.evolution.reference_pool, cfg.seed)
+    except ValueError as err:
+        raise ValueError(f"config evolution.reference_pool={cfg.evolution.reference_pool}: {err}") from None
+    check_train_split(cfg, len(train))
+    start = start_harness(cfg)
     run_dir = Path(cfg.run_dir)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_config(run_dir, cfg)
     accelerator.wait_for_everyone()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
 
     trains = cfg.mode in ("coevolve", "model_only")
-    env = make_env(cfg.env.name, cfg.env.args)
     try:
         model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype,
                                 seed=cfg.model.init_seed)
@@ -224,11 +297,6 @@ def run(cfg: Any) -> Path:
     policy, sync = build_policy(cfg, model, tok)
 
     progress = RichProgress() if is_main else NullProgress()
-    start = start_harness(cfg)
-    try:
-        pool, train = split_reference_pool(env.tasks("train"), cfg.evolution.reference_pool, cfg.seed)
-    except ValueError as err:
-        raise ValueError(f"config evolution.reference_pool={cfg.evolution.reference_pool}: {err}") from None
     tasks = {t.task_id: t for t in train}
     evolves = cfg.mode in ("coevolve", "harness_only")
     references = {}
@@ -323,7 +391,10 @@ def start_harness(cfg: TrainConfig) -> Any:
     if spec in BUILTIN_HARNESSES:
         h = BUILTIN_HARNESSES[spec]()
     elif Path(spec).is_file():
-        h = Harness.load(spec)
+        try:
+            h = Harness.load(spec)
+        except ValueError as err:  # a processor names its parameter and what it allows; the field is named here
+            raise ValueError(f"config harness.start={spec!r}: {err}") from err
     else:
         raise ValueError(f"config harness.start={spec!r} is neither a built-in harness {sorted(BUILTIN_HARNESSES)} "
                          "nor a harness YAML file")

@@ -176,8 +176,11 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
     """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
+    from coevo.envs.base import SPLITS
     from coevo.evaluate import evaluate, write_eval
 
+    if split not in SPLITS:
+        raise typer.BadParameter(f"split must be one of {list(SPLITS)}, got {split!r}", param_hint="--split")
     env_cls = resolve_env(env_name)
     h = with_sampling(load_harness(harness), temperature, None, attempts)
     try:

@@ -49,8 +49,8 @@ def test_require_names_what_needed_the_module_and_how_to_install_it(monkeypatch)
     (["rollout=vllm"], "vllm", r"rollout\.backend=vllm needs vllm.*pip install 'coevo\[vllm\]'"),
     (["logger=wandb"], "wandb", r"logger\.kind=wandb needs wandb.*pip install wandb"),
     (OPENAI_CFG, "openai", r"meta_agent\.backend=openai needs openai.*pip install openai"),
-    (["trainer.kernel=triton"], "triton", r"trainer\.kernel=triton needs triton.*pip install triton.*"
-                                          r"trainer\.kernel=chunked"),
+    (["trainer.kernel=triton", "model.device=cuda"], "triton", r"trainer\.kernel=triton needs triton.*"
+                                                               r"pip install triton.*trainer\.kernel=chunked"),
 ])
 def test_a_run_stops_before_loading_anything_when_a_chosen_option_lacks_its_package(monkeypatch, overrides, module,
                                                                                     fix):

@@ -1,0 +1,147 @@
+"""Bad values stop a run before its first rollout (issue 13, "Bad values"): each error names the field,
+the value and what is allowed. Before, these were accepted and wrong (a negative learning rate, a
+validation set one task short) or failed mid-round after the round's work was done. Configs are
+composed as train.py composes them; nothing here loads a model (a run that got that far would fail
+on ``model.name=/no/such/model`` with a different message)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from coevo.build import check, check_dependencies, check_triton_device, run, start_harness, write_config
+from coevo.harness import ParamError
+from coevo.harness.defaults import base_harness
+from coevo.harness.library.control import StepBudget
+from tests.test_config import compose_cfg
+
+NO_MODEL = "model.name=/no/such/model"  # a run that reaches model loading fails on this instead
+
+
+# ------------------------------------------------------------------------------------- check(cfg)
+@pytest.mark.parametrize(("override", "message"), [
+    ("trainer.warmup_steps=-5", "config trainer.warmup_steps=-5 must be >= 0"),
+    ("val_limit=-1", "config val_limit=-1 must be >= 0"),
+    ("test_limit=-1", "config test_limit=-1 must be >= 0"),
+    ("val_every=-1", "config val_every=-1 must be >= 0"),
+    ("evolution.delta=-0.1", "config evolution.delta=-0.1 is not allowed; it must be >= 0"),
+    ("evolution.epsilon=-0.1", "config evolution.epsilon=-0.1 is not allowed; it must be >= 0"),
+    ("evolution.max_variants=0", "config evolution.max_variants=0 must be >= 1"),
+    ("evolution.patience_rounds=0", "config evolution.patience_rounds=0 must be >= 1"),
+    ("evolution.max_proposals=-1", "config evolution.max_proposals=-1 must be >= 0"),
+    ("evolution.max_revisions=-1", "config evolution.max_revisions=-1 must be >= 0"),
+    ("evolution.recent_batches=-1", "config evolution.recent_batches=-1 must be >= 0"),
+    ("evolution.eta_leak=1.5", "config evolution.eta_leak=1.5 is not allowed; it must be in [0, 1]"),
+    ("evolution.eta_bloat=-1", "config evolution.eta_bloat=-1.0 is not allowed; it must be >= 0"),
+    ("evolution.router_threshold=1.5", "config evolution.router_threshold=1.5 is not allowed; it must be in [0, 1]"),
+    ("meta_agent.max_retries=-1", "config meta_agent.max_retries=-1 must be >= 0"),
+    ("model.lora_r=0", "config model.lora_r=0 must be >= 1"),
+    ("model.lora_dropout=1.0", "config model.lora_dropout=1.0 is not allowed; it must be in [0, 1)"),
+    ("trainer.weight_decay=-0.1", "config trainer.weight_decay=-0.1 is not allowed; it must be >= 0"),
+    ("trainer.max_grad_norm=0", "config trainer.max_grad_norm=0.0 is not allowed; it must be > 0"),
+    ("trainer.eps_low=1.0", "config trainer.eps_low=1.0 is not allowed; it must be in [0, 1)"),
+    ("trainer.eps_high=-0.1", "config trainer.eps_high=-0.1 is not allowed; it must be >= 0"),
+    ("trainer.dual_clip=1.0", "config trainer.dual_clip=1.0 is not allowed; it must be > 1, or null (off)"),
+    ("trainer.beta=-0.1", "config trainer.beta=-0.1 is not allowed; it must be >= 0"),
+    ("trainer.tis_cap=0", "config trainer.tis_cap=0.0 is not allowed; it must be > 0"),
+])
+def test_check_names_the_field_the_value_and_what_is_allowed(override, message):
+    cfg = compose_cfg([override])
+    with pytest.raises(ValueError) as info:
+        check(cfg)
+    assert message in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("override", [
+    "val_limit=0", "test_limit=0", "evolution.max_proposals=0", "evolution.recent_batches=0", "trainer.warmup_steps=0",
+    "trainer.dual_clip=3.0", "trainer.tis_cap=2.0", "evolution.eta_leak=1.0", "model.lora_dropout=0.1",
+])
+def test_the_edges_that_mean_none_or_off_pass(override):
+    check(compose_cfg([override]))
+
+
+def test_batch_tasks_beyond_the_buffer_names_batch_tasks_and_the_capacity_that_bounds_it():
+    cfg = compose_cfg(["batch_tasks=1000"])  # rollout.attempts=2, buffer.capacity=512
+    with pytest.raises(ValueError) as info:
+        check(cfg)
+    message = str(info.value)
+    assert message.startswith("config batch_tasks=1000 must be <= 256"), message
+    assert "rollout.attempts=2 = 2000 traces" in message and "buffer.capacity=512" in message, message
+
+
+# ------------------------------------------------------------------- values the run checks itself
+def test_batch_tasks_beyond_the_train_split_stops_the_run_before_the_model_and_the_run_directory(tmp_path):
+    cfg = compose_cfg(["experiment=smoke", "batch_tasks=1000", "buffer.capacity=100000", NO_MODEL,
+                       f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(ValueError, match=r"^config batch_tasks=1000 must be <= \d+, the train tasks of env "
+                                         r"'arithmetic'$"):
+        run(cfg)
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def step_budget_yaml(path: Path, max_steps: int) -> Path:
+    """The base harness with ``step_budget.max_steps`` written into its YAML (the algebra refuses it)."""
+    text = base_harness().to_yaml()
+    assert "    max_steps: 6\n" in text
+    path.write_text(text.replace("    max_steps: 6\n", f"    max_steps: {max_steps}\n"))
+    return path
+
+
+@pytest.mark.parametrize("max_steps", [-3, 0])
+def test_a_harness_yaml_with_a_step_budget_below_one_names_the_file_the_parameter_and_the_value(tmp_path, max_steps):
+    path = step_budget_yaml(tmp_path / "harness.yaml", max_steps)
+    cfg = compose_cfg(["experiment=smoke", f"harness.start={path}", NO_MODEL, f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(ValueError) as info:
+        run(cfg)
+    message = str(info.value)
+    assert message.startswith(f"config harness.start='{path}': [param_type] processor 'step_budget': parameter "
+                              f"'max_steps' must be >= 1"), message
+    assert message.endswith(f"got {max_steps}"), message
+    with pytest.raises(ParamError, match="'max_steps' must be >= 1"):
+        base_harness().set_param("step_budget", "max_steps", max_steps)
+    assert StepBudget(max_steps=1).config["max_steps"] == 1
+    ok = start_harness(compose_cfg([f"harness.start={step_budget_yaml(tmp_path / 'ok.yaml', 2)}"]))
+    assert ok.get("step_budget").config["max_steps"] == 2
+
+
+def test_resuming_with_fewer_rounds_than_completed_is_refused_and_config_yaml_kept(tmp_path):
+    from coevo import checkpoint
+
+    cfg = compose_cfg(["rounds=4", f"run_dir={tmp_path}"])
+    write_config(tmp_path, cfg)
+    saved = (tmp_path / "config.yaml").read_text()
+    checkpoint.commit(tmp_path / "checkpoint", 2, {"next_round": 3})  # rounds 0-2 done
+    with pytest.raises(ValueError, match=r"^config rounds=2 must be >= 3: .* already completed 3 rounds"):
+        write_config(tmp_path, compose_cfg(["rounds=2", f"run_dir={tmp_path}"]))
+    assert (tmp_path / "config.yaml").read_text() == saved
+    write_config(tmp_path, compose_cfg(["rounds=3", f"run_dir={tmp_path}"]))  # as many as done: a report-only resume
+    write_config(tmp_path, compose_cfg(["rounds=6", f"run_dir={tmp_path}"]))  # more: still a resumable change
+
+
+def test_triton_kernel_without_cuda_names_the_field_the_device_and_the_other_kernels(monkeypatch):
+    from coevo.kernels import triton_grpo
+
+    monkeypatch.setattr(triton_grpo, "INTERPRETED", False)
+    cfg = compose_cfg(["trainer.kernel=triton", "model.device=cpu"])
+    check(cfg)  # the values are fine; the device is not
+    with pytest.raises(ValueError, match=r"^config trainer\.kernel=triton needs a CUDA device, and "
+                                         r"model\.device='cpu' is cpu here; choose one of \['auto', 'reference', "
+                                         r"'chunked'\]"):
+        check_dependencies(cfg)
+    check_triton_device(compose_cfg(["trainer.kernel=triton", "model.device=cuda:0"]))
+    monkeypatch.setattr(triton_grpo, "INTERPRETED", True)  # TRITON_INTERPRET=1 runs the kernels on CPU tensors
+    check_triton_device(cfg)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def test_eval_with_an_unknown_split_is_a_usage_error_listing_the_splits(tmp_path):
+    from coevo.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "--env", "arithmetic", "--model", "scripted", "--split", "foo",
+                                      "--out", str(tmp_path)], terminal_width=200)
+    assert result.exit_code == 2, result.output  # click's usage error, not a traceback
+    assert isinstance(result.exception, SystemExit), result.exception
+    text = " ".join(result.output.replace("│", " ").split())  # the error box wraps lines
+    assert "--split" in text and "split must be one of ['train', 'val', 'test'], got 'foo'" in text, text
