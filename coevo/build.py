@@ -243,6 +243,7 @@ def run(cfg: Any) -> Path:
     from coevo.loop import Coevolution
     from coevo.policy.load import load_model
     from coevo.progress import NullProgress, RichProgress
+    from coevo.rundir import lock_run_dir, unlock_run_dir
     from coevo.secrets import install_log_redaction
     from coevo.tracking import NullTracker, make_tracker
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
@@ -271,7 +272,7 @@ def run(cfg: Any) -> Path:
     start = start_harness(cfg)
     run_dir = Path(cfg.run_dir)
     if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        lock_run_dir(run_dir)  # before anything is written; already held when train.py's callback took it
         write_config(run_dir, cfg)
     accelerator.wait_for_everyone()
 
@@ -348,6 +349,7 @@ def run(cfg: Any) -> Path:
 
         out = write_report(run_dir)
         progress.message(f"report: {out / 'summary.md'}")
+        unlock_run_dir(run_dir)
     accelerator.wait_for_everyone()
     return run_dir
 

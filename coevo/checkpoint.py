@@ -70,8 +70,25 @@ def latest(root: Path) -> Path | None:
     return directory
 
 
+class CheckpointError(RuntimeError):
+    """A committed checkpoint cannot be read back; the message names the file and how to recover."""
+
+
+RECOVER = ("restore the file from a backup, or start the run over in another run_dir= (the buffer and "
+           "references can stay where they are)")
+
+
 def load_state(directory: Path) -> dict[str, Any]:
-    return json.loads((directory / "state.json").read_text())
+    """The round's ``state.json``; a damaged one raises ``CheckpointError`` naming it. (Commits are
+    atomic, so this means the file changed after it was written: a disk or a copy lost bytes.)"""
+    path = directory / "state.json"
+    try:
+        state = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is damaged ({err}); the run cannot resume from it: {RECOVER}") from None
+    if not isinstance(state, dict) or "next_round" not in state:
+        raise CheckpointError(f"{path} is not a coevo checkpoint state (no 'next_round'): {RECOVER}")
+    return state
 
 
 def _fsync_tree(directory: Path) -> None:

@@ -171,8 +171,14 @@ class Coevolution:
         if directory is None:
             return 0
         state = checkpoint.load_state(directory)
+        self._check_buffer(state.get("buffer_next_seq"), state["next_round"] - 1)
         if self.trainer is not None:
-            self.trainer.load(directory / "trainer")
+            try:
+                self.trainer.load(directory / "trainer")
+            except (OSError, StopIteration, ValueError, RuntimeError, KeyError) as err:
+                raise checkpoint.CheckpointError(
+                    f"{directory / 'trainer'} cannot be loaded ({type(err).__name__}: {str(err) or 'no weights file'}); "
+                    f"the run cannot resume from it: {checkpoint.RECOVER}") from err
             self.policy.model_version = str(self.trainer.version)
             self.sync_weights()
         self.aegis.load_state_dict(state["aegis"])
@@ -182,9 +188,31 @@ class Coevolution:
         log.info("resumed %s after round %d", self.run_dir, self.state.next_round - 1)
         return self.state.next_round
 
+    def _buffer_next_seq(self) -> int:
+        """One past the newest trace's sequence number (sequence numbers only grow; eviction removes
+        the oldest), 0 when the buffer is empty."""
+        return max((e.seq for e in self.buffer.entries()), default=-1) + 1
+
+    def _check_buffer(self, committed: int | None, round: int) -> None:
+        """The traces the checkpoint counts must be in the buffer: a lost newest segment (deleted, or
+        set aside as ``.corrupt`` when it failed its checks) would otherwise silently shrink every
+        group the remaining rounds train on."""
+        if self.buffer is None or committed is None:
+            return
+        have = self._buffer_next_seq()
+        if have < committed:
+            aside = sorted(p.name for p in self.buffer.path.glob("*.corrupt"))
+            where = f"set aside as damaged: {', '.join(aside)}" if aside else "the newest segment files are missing"
+            raise checkpoint.CheckpointError(
+                f"replay buffer {self.buffer.path} holds {have} traces (by sequence number), but the checkpoint of "
+                f"round {round} counts {committed} ({where}); restore the segment files "
+                f"(rename a .corrupt file back only if it is intact), or start the run over in another run_dir=")
+
     def _commit(self) -> None:
         state = {"next_round": self.state.next_round, "records": self.state.records, "lineage": self.state.lineage,
                  "aegis": self.aegis.state_dict(), "rng": checkpoint.rng_state()}
+        if self.buffer is not None:
+            state["buffer_next_seq"] = self._buffer_next_seq()
 
         def write_trainer(directory: Path) -> None:
             if self.trainer is not None:

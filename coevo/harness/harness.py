@@ -195,7 +195,21 @@ class Harness:
 
     @classmethod
     def load(cls, path: str | Path) -> "Harness":
-        return cls.from_yaml(Path(path).read_text())
+        """The harness in the YAML file ``path``; a file that is not one (truncated, binary, another
+        document) raises ``ValueError`` naming the file and what is wrong with it."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+            data = yaml.safe_load(text)
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not a harness YAML file: not UTF-8 text ({err.reason} at byte "
+                             f"{err.start})") from None
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path} is not a harness YAML file (truncated or not YAML): "
+                             f"{str(err).splitlines()[0]}") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from err
 
 
 class _SpecDumper(yaml.SafeDumper):

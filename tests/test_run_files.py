@@ -1,0 +1,135 @@
+"""Files and runs (issue 13): a run directory is locked before anything is written, in every mode;
+traces a checkpoint counts must be in the buffer; damaged checkpoint and harness files give errors
+that name the file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import coevo
+from coevo.checkpoint import CheckpointError
+from coevo.harness.harness import Harness
+from coevo.rundir import LOCK_NAME, RunDirInUseError, lock_run_dir, unlock_run_dir
+from tests.test_loop import ROOT, _train_py, smoke
+
+
+@pytest.fixture
+def held(tmp_path):
+    """A directory another live process holds; yields (directory, holder pid)."""
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from coevo.rundir import lock_run_dir; lock_run_dir({str(run_dir)!r}); "
+                               "print('held', flush=True); import time; time.sleep(120)"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    yield run_dir, holder.pid
+    holder.kill()
+    holder.wait()
+
+
+@pytest.mark.parametrize("mode", ["coevolve", "harness_only", "model_only", "static"])
+def test_a_held_run_directory_refuses_a_second_run_before_anything_is_written(held, mode):
+    run_dir, pid = held
+    out = _train_py(["experiment=smoke", f"mode={mode}", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    assert out.returncode == 1
+    assert f"run directory {run_dir} is in use by another run (pid {pid})" in out.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_NAME]  # no .hydra/, config.yaml, references/
+
+
+def test_coevo_run_locks_too(held):
+    run_dir, pid = held
+    with pytest.raises(RunDirInUseError, match=f"pid {pid}"):
+        coevo.run(smoke(run_dir, "mode=static"))
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_NAME]
+
+
+def test_the_lock_dies_with_its_holder_and_is_reentrant_in_one_process(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", f"from coevo.rundir import lock_run_dir; "
+                               f"lock_run_dir({str(run_dir)!r}); print('held', flush=True); import time; time.sleep(120)"],
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    with pytest.raises(RunDirInUseError):
+        lock_run_dir(run_dir)
+    holder.kill()  # kill -9: the kernel drops the flock
+    holder.wait()
+    time.sleep(0.05)
+    assert lock_run_dir(run_dir) == lock_run_dir(run_dir) == run_dir.resolve() / LOCK_NAME
+    unlock_run_dir(run_dir)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished two-round smoke coevolution run (copied by each test that damages it)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    coevo.run(smoke(run_dir))
+    return run_dir
+
+
+def copy_of(finished: Path, tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    (run_dir / LOCK_NAME).unlink(missing_ok=True)
+    config = run_dir / "config.yaml"  # the copy lives elsewhere: only its run_dir differs
+    config.write_text(config.read_text().replace(str(finished), str(run_dir)))
+    return run_dir
+
+
+def newest_segment(run_dir: Path) -> Path:
+    return sorted((run_dir / "buffer").glob("*.seg"))[-1]
+
+
+def test_a_deleted_newest_segment_the_checkpoint_counts_stops_the_resume(finished, tmp_path):
+    run_dir = copy_of(finished, tmp_path)
+    newest_segment(run_dir).unlink()
+    with pytest.raises(CheckpointError, match=r"replay buffer .*buffer holds 8 traces .* the checkpoint of round 1 "
+                                              r"counts 16 \(the newest segment files are missing\); restore"):
+        coevo.run(smoke(run_dir))
+
+
+def test_a_damaged_newest_segment_the_checkpoint_counts_stops_the_resume(finished, tmp_path):
+    run_dir = copy_of(finished, tmp_path)
+    segment = newest_segment(run_dir)
+    segment.write_bytes(segment.read_bytes()[:-10])  # a copy that lost its tail
+    with pytest.warns(UserWarning, match="set aside damaged newest segment"), \
+            pytest.raises(CheckpointError, match=rf"set aside as damaged: {segment.name}.corrupt"):
+        coevo.run(smoke(run_dir))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "binary", "empty"])
+def test_a_damaged_state_json_names_the_file(finished, tmp_path, damage):
+    run_dir = copy_of(finished, tmp_path)
+    state = next((run_dir / "checkpoint").glob("round-*")) / "state.json"
+    state.write_bytes({"truncated": state.read_bytes()[:100], "binary": b"\x00\xff\xfe" * 10, "empty": b""}[damage])
+    with pytest.raises(CheckpointError, match=rf"{state} is damaged .*the run cannot resume from it"):
+        coevo.run(smoke(run_dir))
+
+
+def test_missing_checkpoint_weights_name_the_directory(finished, tmp_path):
+    run_dir = copy_of(finished, tmp_path)
+    trainer = next((run_dir / "checkpoint").glob("round-*")) / "trainer"
+    for weights in (trainer / "model").glob("*.safetensors"):
+        weights.unlink()
+    with pytest.raises(CheckpointError, match=rf"{trainer} cannot be loaded \(StopIteration: no weights file\)"):
+        coevo.run(smoke(run_dir))
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"name: h\nprocessors:\n  - kind: system_prompt\n    params: {template: 'unterminated", "truncated or not YAML"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe", "not UTF-8 text"),
+    (b"- just\n- a list\n", "a harness spec is a mapping"),
+])
+def test_a_damaged_harness_yaml_names_the_file(tmp_path, content, words):
+    path = tmp_path / "harness.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"{path}.*{words}"):
+        Harness.load(path)
+    with pytest.raises(ValueError, match=rf"config harness.start='{path}'.*{words}"):
+        coevo.run(smoke(tmp_path / "run", f"harness.start={path}"))
