@@ -1,7 +1,8 @@
 """A bad endpoint never ends a run (issue 13): a meta-agent call that fails in a round (HTTP 500s,
 a body that is no chat completion, a hung endpoint, a backend of one's own that raises) leaves the
 round without that call's proposals, records why in ``evolve.warnings`` of ``rounds.jsonl`` and in
-the round table, and the run goes on. Transient failures are first retried by the openai SDK."""
+the round table, and the run goes on. Transient failures are first retried by the openai SDK.
+A backend import path that cannot work stops the run at the config check, naming the path."""
 
 from __future__ import annotations
 
@@ -173,3 +174,23 @@ def test_coevo_evolve_goes_on_past_an_unreachable_endpoint(tmp_path):
         assert warning.startswith(META_FAILED) and "could not reach http://127.0.0.1:" in warning
         assert f"round {r['round']}: warning: {warning}" in result.output
     assert (out / "summary.json").is_file()
+
+
+# ------------------------------------------------------------------------------- at the config check
+def test_a_backend_module_whose_dependency_is_missing_is_refused_naming_the_path(tmp_path, monkeypatch):
+    from coevo.build import check
+    from coevo.cli import app
+    from tests.test_config import compose_cfg
+
+    (tmp_path / "planner_needing_a_dep.py").write_text("import coevo_no_such_dependency\n\n\ndef make():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = "planner_needing_a_dep:make"
+    with pytest.raises(ValueError) as info:
+        check(compose_cfg([f"meta_agent.backend={path}"]))
+    message = str(info.value)
+    assert message.startswith(f"config meta_agent.backend: meta-agent factory {path!r} needs module "
+                              "'coevo_no_such_dependency', which is not installed"), message
+    result = CliRunner().invoke(app, ["evolve", "--env", "arithmetic", "--model", "scripted", "--meta", path,
+                                      "--out", str(tmp_path / "evo")])
+    assert result.exit_code != 0 and "coevo_no_such_dependency" in result.output
+    assert not isinstance(result.exception, ModuleNotFoundError)
