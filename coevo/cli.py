@@ -293,7 +293,7 @@ def evolve_cmd(
 
         before = measure("starting harness")
         table = Table(title=f"AEGIS on {env_name} ({meta} meta-agent, {gate} gate, k={attempts})")
-        for col in ("round", "train pass", "clusters", "verdicts", "shipped", "harness", "seconds"):
+        for col in ("round", "train pass", "clusters", "verdicts", "shipped", "harness", "warnings", "seconds"):
             table.add_column(col)
         verdicts_all = []
         with (out / "rounds.jsonl").open("w") as log:
@@ -312,8 +312,10 @@ def evolve_cmd(
                 verdicts = ", ".join("ship" if v.ship else "undecided" if v.undecided else v.gate
                                      for v in report.verdicts) or "-"
                 table.add_row(str(r), f"{rate:.2f}", clusters, verdicts, str(len(report.shipped)),
-                              aegis.harness().id, f"{time.perf_counter() - began:.0f}")
+                              aegis.harness().id, str(len(report.warnings)), f"{time.perf_counter() - began:.0f}")
                 console.print(f"round {r}: train pass {rate:.2f}; {verdicts}")
+                for warning in report.warnings:  # e.g. a failed meta-agent call: the round went on without it
+                    console.print(f"round {r}: warning: {warning}", markup=False, style="yellow", soft_wrap=True)
         after = measure("evolved harness")
     finally:
         close = getattr(env, "close", None)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.markup import escape
 from rich.table import Table
 
 from coevo.config import MODES
@@ -205,6 +206,8 @@ def check_record(record: Any, where: str = "record") -> dict[str, Any]:
             _check_verdict(v, where, f"evolve.verdicts[{i}]")
         _field(evolve, "shipped", list, where, "evolve")
         _field(evolve, "spawned", list, where, "evolve")
+        if not all(isinstance(w, str) for w in _field(evolve, "warnings", list, where, "evolve")):
+            raise ValueError(f"{where}: field 'evolve.warnings' must be a list of strings")
     grpo = _field(record, "grpo", dict, where, "", nullable=True)
     if grpo is not None and "loss" in grpo:
         _field(grpo, "loss", _NUM, where, "grpo")
@@ -244,6 +247,12 @@ def _check_lineage(entry: Any, where: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ derived data
+def round_warnings(record: Mapping[str, Any]) -> list[str]:
+    """AEGIS's warnings of the round: failed meta-agent calls, pathology alerts, variants lost to
+    infrastructure failures (none when AEGIS did not run)."""
+    return list(record["evolve"]["warnings"]) if record.get("evolve") else []
+
+
 def verdicts(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The round's Critic verdicts (none when AEGIS did not run: model_only and static rounds)."""
     return list(record["evolve"]["verdicts"]) if record.get("evolve") else []
@@ -363,7 +372,8 @@ def _cell(text: str) -> str:
 def round_table(record: Mapping[str, Any]) -> Table:
     """The end-of-round terminal table: one row per variant (harness id, train pass on its share
     of the batch, that variant's shipped/rejected verdicts), the round's totals in the footer and
-    its val pass@1, spawned variants, GRPO loss and seconds in the caption."""
+    its val pass@1, spawned variants, GRPO loss and seconds in the caption, then AEGIS's warnings,
+    one a line (a failed meta-agent call among them: why a round judged no edit)."""
     check_record(dict(record), f"round record {record.get('round', '?')}")
     total = edit_counts(record)
     table = Table(title=f"round {record['round']} ({record['mode']})", show_footer=True)
@@ -380,7 +390,8 @@ def round_table(record: Mapping[str, Any]) -> Table:
     infra = infra_count(record)
     table.caption = (f"val pass@1 {_rate(val['pass_at_1'] if val else None)} · spawned {total['spawned']} · "
                      f"GRPO loss {_loss(record)} · {record['seconds'].get('total', 0.0):.1f} s"
-                     + (f" · infrastructure failures {infra}" if infra else ""))
+                     + (f" · infrastructure failures {infra}" if infra else "")
+                     + "".join(f"\nwarning: {escape(w)}" for w in round_warnings(record)))  # a warning may quote [...]
     return table
 
 

@@ -161,7 +161,7 @@ def test_an_unreachable_meta_agent_endpoint_names_the_url_and_the_timeout():
     from coevo.meta import LLMConnectionError, LLMMetaAgent, OpenAIClient, PlanContext
 
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    agent = LLMMetaAgent(OpenAIClient(url, "some-model", timeout_s=0.5, max_rate_limit_retries=1, backoff_s=0.001))
+    agent = LLMMetaAgent(OpenAIClient(url, "some-model", timeout_s=0.5, request_retries=0))
     cluster = Cluster("loop", IMPLICATED["loop"], 1, 1.0, ["t"], ["x"], ["step 2: loop"])
     found = Digest(0, "base", "h", 1, 1, 0.0, [cluster], 10, 5, [], ["t"])
     with pytest.raises(LLMConnectionError) as info:

@@ -479,6 +479,18 @@ def test_round_table_variant_without_traces_and_bad_record():
         round_table(rec)
 
 
+def test_round_table_shows_aegis_warnings_and_the_record_check_types_them():
+    """A failed meta-agent call is why a round judged no edit: the table says so, brackets and all."""
+    rec = fabricate_records()[1]
+    rec["evolve"]["warnings"] = ["variant base: the meta-agent's plan call failed: MetaAgentError: [/v1] HTTP 500"]
+    text = " ".join(_render(round_table(rec))[1].split())  # the caption wraps at the table's width
+    assert "warning: variant base: the meta-agent's plan call failed: MetaAgentError: [/v1] HTTP 500" in text
+    assert "warning" not in _render(round_table(fabricate_records()[1]))[1]
+    rec["evolve"]["warnings"] = [{"text": "not a string"}]
+    with pytest.raises(ValueError, match="round record 1: field 'evolve.warnings' must be a list of strings"):
+        round_table(rec)
+
+
 def test_real_verdict_dicts_validate_and_describe_like_edit():
     """Records carry ``Verdict.to_dict()`` through JSON; the reader must accept exactly that shape."""
     edits = [Edit("insert", "few_shot", spec={"kind": "few_shot", "demos": []}, after="system_prompt"),

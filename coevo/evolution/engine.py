@@ -11,6 +11,11 @@ the variant's next round while its parent is still the variant's harness (the Cr
 paired attempts); it is never added to the rejected set. At epoch end ``select`` keeps, per
 variant, the best snapshot on the validation split.
 
+The meta-agent is the one part outside the run's control (an endpoint, a model, a class of the
+user's own): when a call to it fails, the variant goes without that round's proposals (or a
+rejected proposal without its revision), the failure is one of the round's ``warnings``, and the
+run goes on.
+
 Everything a resumed run needs is in ``state_dict`` (plain JSON-able data).
 """
 
@@ -21,7 +26,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from coevo.agent.trace import Trace
 from coevo.envs.base import Task
@@ -34,9 +39,11 @@ from coevo.evolution.types import Digest, Proposal, Verdict
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import demo_problem
-from coevo.meta.base import Demo, MetaAgent, PlanContext, demo_question
+from coevo.meta.base import Demo, MetaAgent, MetaAgentError, PlanContext, demo_question
 
 log = logging.getLogger("coevo.evolution")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -194,7 +201,7 @@ class AEGIS:
         fresh: list[Proposal] = []
         if len(retry) < self.max_proposals:
             start = time.perf_counter()
-            fresh = self.meta.propose(dig, parent, context)
+            fresh = self._ask_meta("plan", variant, report, self.meta.propose, dig, parent, context) or []
             report.seconds["plan"] = report.seconds.get("plan", 0.0) + time.perf_counter() - start
         keys = {p.key() for p in retry}
         proposals = (retry + [p for p in fresh if p.key() not in keys])[: self.max_proposals]
@@ -234,15 +241,30 @@ class AEGIS:
             report.seconds["critic"] = report.seconds.get("critic", 0.0) + time.perf_counter() - start
             if verdict.gate not in ("build", "quality") or proposal.revision >= self.max_revisions:
                 return verdict, candidate
-            self._record_verdict(verdict, parent, report)
             reason = verdict.reason
             if verdict.quality is not None and verdict.quality.leaked:
                 reason += "\nleaked: " + " | ".join(verdict.quality.leaked)
-            revised = self.meta.revise(proposal, reason, dig, parent, context)
-            if revised is None:
+            revised = self._ask_meta("revise", proposal.variant, report, self.meta.revise, proposal, reason, dig,
+                                     parent, context)
+            if revised is None:  # the caller records the verdict that stands
                 return verdict, candidate
+            self._record_verdict(verdict, parent, report)
             revised.variant, revised.revision = proposal.variant, proposal.revision + 1
             proposal = revised
+
+    def _ask_meta(self, stage: str, variant: str, report: EvolveReport, call: Callable[..., T],
+                  *args: Any) -> T | None:
+        """``call(*args)``, or None when the meta-agent fails: any exception, since a backend of the user's
+        own may raise anything, and a failure in a round must not end the run. The round records
+        why; the log also has the traceback of what is not a ``MetaAgentError`` (a bug, not an outage)."""
+        try:
+            return call(*args)
+        except Exception as err:  # noqa: BLE001
+            message = (f"variant {variant}: the meta-agent's {stage} call failed, so the round goes on without "
+                       f"{'its proposals' if stage == 'plan' else 'a revision'}: {type(err).__name__}: {err}")
+            log.warning("%s", message, exc_info=not isinstance(err, MetaAgentError))
+            report.warnings.append(message)
+            return None
 
     def _record_verdict(self, verdict: Verdict, parent: Harness, report: EvolveReport) -> None:
         report.verdicts.append(verdict)

@@ -29,11 +29,23 @@ BACKENDS = {"rule": RuleMetaAgent, "openai": openai_meta_agent, "hf": hf_meta_ag
 def meta_agent_factory(path: str) -> Any:
     """The no-argument factory (or class) named by ``package.module:name``, for a meta-agent of your own,
     e.g. a ``RuleMetaAgent`` with extra templates (docs/processors.md): ``meta_agent.backend=pkg.mod:make``
-    or ``coevo evolve --meta pkg.mod:make``. Checked here, called by ``load_meta_agent``."""
-    factory = import_object(path, "meta-agent factory")
+    or ``coevo evolve --meta pkg.mod:make``. Checked here, called by ``load_meta_agent``.
+
+    Every mistake in ``path`` is a ValueError naming it, a module that the factory's module imports
+    but is not installed included: the config check (``coevo.build.check``, ``coevo evolve``)
+    reports ValueErrors as the value's fault, before the run starts."""
+    try:
+        factory = import_object(path, "meta-agent factory")
+    except ModuleNotFoundError as err:  # not the module itself (import_object says so): one that it imports
+        raise _missing_dependency(path, err) from err
     if not callable(factory):
         raise ValueError(f"meta-agent factory {path!r} is {factory!r}, not a callable that returns a meta-agent")
     return factory
+
+
+def _missing_dependency(path: str, err: ModuleNotFoundError) -> ValueError:
+    return ValueError(f"meta-agent factory {path!r} needs module {err.name!r}, which is not installed ({err}); "
+                      "install it, or fix the import in the factory's module")
 
 
 def make_meta_agent(backend: str, *, url: str | None = None, model: str | None = None,
@@ -59,6 +71,8 @@ def load_meta_agent(path: str) -> MetaAgent:
         agent = factory()
     except TypeError as err:
         raise ValueError(f"meta-agent factory {path!r} must take no arguments: {err}") from None
+    except ModuleNotFoundError as err:
+        raise _missing_dependency(path, err) from err
     needed = ("propose", "revise", "state_dict", "load_state_dict")
     missing = [m for m in needed if not callable(getattr(agent, m, None))]
     if missing or not hasattr(agent, "ledger"):

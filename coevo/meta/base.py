@@ -95,6 +95,12 @@ class TokenLedger:
         self.stages = {name: StageUsage(**u) for name, u in data.items() if name != "total_tokens"}
 
 
+class MetaAgentError(RuntimeError):
+    """A meta-agent's model could not be used (unreachable, rate limited, misconfigured, an answer
+    that is no answer). AEGIS records it as a warning of the round and goes on without the call's
+    result; a meta-agent of one's own may raise it for the same treatment, without a traceback."""
+
+
 class MetaAgent(Protocol):
     """A backend that plans and revises harness edits (see ``coevo.meta``)."""
 

@@ -10,7 +10,10 @@ An LLM's reply is never trusted: it is parsed as JSON, checked against the stage
 into typed ``Proposal``s and every edit is applied to the harness through the algebra. Any failure
 is quoted back to the model in a follow-up message (up to ``max_retries`` times) because the
 algebra's errors name the offending processor and rule, which is what a model needs to fix its
-reply; what still fails after that is dropped with a logged warning.
+reply; what still fails after that is dropped with a logged warning. A failure of the model
+itself (``MetaAgentError``: an endpoint still failing after the SDK's retries, a reply that is no
+chat completion) is not the model's to fix: ``propose`` and ``revise`` raise it, and AEGIS records
+it as a warning of the round and goes on; ``route`` falls back to no opinion.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from coevo.harness.edits import EDIT_OPS, Edit, apply_edit, check_proposed
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import HOOK_ORDER, Dimension
 from coevo.harness.library import PROCESSORS
-from coevo.meta.base import PlanContext, TokenLedger
+from coevo.meta.base import MetaAgentError, PlanContext, TokenLedger
 from coevo.meta.cache import CallCache
 
 log = logging.getLogger("coevo.meta")
@@ -182,10 +185,6 @@ class ChatClient(Protocol):
         ...
 
 
-class MetaAgentError(RuntimeError):
-    """A meta-agent's model could not be used (unreachable, rate limited, misconfigured)."""
-
-
 class LLMConnectionError(MetaAgentError, ConnectionError):
     """The endpoint could not be reached; the message names the URL and the timeout."""
 
@@ -198,6 +197,12 @@ def _unsupported_format(err: Exception) -> bool:
     return about_format and unsupported
 
 
+def _excerpt(text: str, limit: int = 300) -> str:
+    """``text`` on one line, cut at ``limit`` characters: a server's error page can be long HTML."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class OpenAIClient:
     """An OpenAI-compatible chat endpoint through the ``openai`` package.
 
@@ -205,18 +210,22 @@ class OpenAIClient:
     in a local client, so it never reaches this object's attributes, ``repr``, logs or the cache
     (unset: a placeholder, as local vLLM servers need none). Structured output is requested with a
     JSON schema and downgraded once to ``json_object`` if the server says it does not support it.
-    Rate limits, timeouts and connection errors are retried with exponential backoff
-    (``backoff_s * 2**attempt``); the SDK's own retries are off so there is one policy.
+
+    Transient failures (connection errors, timeouts, HTTP 408, 409, 429 and 5xx) are retried by
+    the SDK itself, ``request_retries`` times with its exponential backoff (or the server's
+    Retry-After); each request waits at most ``timeout_s``. Whatever still fails, and a 200 whose
+    body is not a chat completion (which the SDK does not retry), is a ``MetaAgentError`` naming
+    the URL: AEGIS then goes on without this call's proposals (``coevo.evolution.engine``).
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 60.0,
-                 max_rate_limit_retries: int = 5, *, backoff_s: float = 1.0, temperature: float = 0.0) -> None:
+                 request_retries: int = 2, *, temperature: float = 0.0) -> None:
         if not base_url:
             raise ValueError("base_url must be a URL such as http://localhost:8000/v1")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if max_rate_limit_retries < 0:
-            raise ValueError(f"max_rate_limit_retries must be >= 0, got {max_rate_limit_retries}")
+        if request_retries < 0:
+            raise ValueError(f"request_retries must be >= 0, got {request_retries}")
         from coevo.optional import require
 
         require("openai", "the openai meta-agent (meta_agent=openai)")  # fail when built, not mid-round
@@ -224,14 +233,14 @@ class OpenAIClient:
         self.model = model
         self.api_key_env = api_key_env
         self.timeout_s = float(timeout_s)
-        self.max_rate_limit_retries = max_rate_limit_retries
-        self.backoff_s = float(backoff_s)
+        self.request_retries = request_retries
         self.temperature = float(temperature)
         self.json_schema_supported = True
 
     def __repr__(self) -> str:
         return (f"OpenAIClient(base_url={self.base_url!r}, model={self.model!r}, "
-                f"api_key_env={self.api_key_env!r}, timeout_s={self.timeout_s})")
+                f"api_key_env={self.api_key_env!r}, timeout_s={self.timeout_s}, "
+                f"request_retries={self.request_retries})")
 
     def _response_format(self, schema: dict[str, Any], stage: str) -> dict[str, Any]:
         if self.json_schema_supported:
@@ -242,8 +251,8 @@ class OpenAIClient:
         import openai
 
         api_key = os.environ.get(self.api_key_env) or "unused"
-        attempt = 0
-        with openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=self.timeout_s, max_retries=0) as client:
+        with openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=self.timeout_s,
+                           max_retries=self.request_retries) as client:
             while True:
                 try:
                     response = client.chat.completions.create(
@@ -251,26 +260,29 @@ class OpenAIClient:
                         response_format=self._response_format(schema, stage),
                     )
                     break
-                except openai.BadRequestError as err:
-                    if self.json_schema_supported and _unsupported_format(err):
+                except openai.APIConnectionError as err:  # APITimeoutError included
+                    attempts = 1 + self.request_retries
+                    raise LLMConnectionError(
+                        f"could not reach {self.base_url} (timeout {self.timeout_s:g}s) after {attempts} "
+                        f"attempt{'s' if attempts > 1 else ''}: {type(err).__name__}: {err}") from err
+                except openai.APIStatusError as err:
+                    if (isinstance(err, openai.BadRequestError) and self.json_schema_supported
+                            and _unsupported_format(err)):
                         log.info("%s does not support json_schema output; using json_object", self.base_url)
                         self.json_schema_supported = False
                         continue
-                    raise
-                except (openai.RateLimitError, openai.APIConnectionError) as err:
-                    if attempt >= self.max_rate_limit_retries:
-                        if isinstance(err, openai.RateLimitError):
-                            raise MetaAgentError(
-                                f"{self.base_url} still rate limits after {attempt} retries: {err}") from err
-                        raise LLMConnectionError(
-                            f"could not reach {self.base_url} (timeout {self.timeout_s:g}s) after "
-                            f"{attempt + 1} attempts: {type(err).__name__}: {err}") from err
-                    delay = self.backoff_s * 2**attempt
-                    log.warning("%s: %s; retrying in %.3gs", self.base_url, type(err).__name__, delay)
-                    time.sleep(delay)
-                    attempt += 1
-        text = (response.choices[0].message.content or "") if response.choices else ""
-        usage = response.usage
+                    # the SDK's message reads "Error code: 500 - <the server's message>"
+                    message = _excerpt(err.message)
+                    raise MetaAgentError(f"{self.base_url} failed the {stage} request: {message}") from err
+                except json.JSONDecodeError as err:
+                    raise MetaAgentError(f"{self.base_url} answered the {stage} request with a body that is not "
+                                         f"JSON: {err}") from err
+        choices = getattr(response, "choices", None)
+        if not isinstance(choices, list):  # a JSON body of another shape, or text under another content type
+            raise MetaAgentError(f"{self.base_url} answered the {stage} request with something that is not a chat "
+                                 f"completion: {_excerpt(repr(response))}")
+        text = (choices[0].message.content or "") if choices else ""
+        usage = getattr(response, "usage", None)
         return text, int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0)
 
 
@@ -616,8 +628,9 @@ class LLMMetaAgent:
 
     def route(self, task_text: str, options: dict[str, str], lessons: list[str]) -> tuple[str, float]:
         """(variant, confidence) for a task; ``options`` maps variant name → its record. When the
-        model never gives a usable answer: the first option with confidence 0.0 (no opinion), so a
-        router can fall back on prior records."""
+        model never gives a usable answer, or its endpoint fails (``MetaAgentError``): the first
+        option with confidence 0.0 (no opinion), so a router can fall back on prior records and the
+        rollout goes on."""
         if not options:
             raise ValueError("options must name at least one variant")
 
@@ -629,10 +642,13 @@ class LLMMetaAgent:
                 return None, f"variant must be one of {list(options)}, got {data['variant']!r}"
             return (data["variant"], float(data["confidence"])), None
 
-        choice, error = self._converse("route", route_messages(task_text, options, lessons), check)
+        try:
+            choice, error = self._converse("route", route_messages(task_text, options, lessons), check)
+        except MetaAgentError as err:
+            choice, error = None, f"{type(err).__name__}: {err}"
         if choice is None:
-            log.warning("%s router: no usable answer after %d retries (%s); falling back to %r",
-                        self.name, self.max_retries, error, next(iter(options)))
+            log.warning("%s router: no usable answer (%s); falling back to %r with no confidence",
+                        self.name, error, next(iter(options)))
             return next(iter(options)), 0.0
         return choice
 

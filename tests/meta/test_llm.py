@@ -243,22 +243,32 @@ def test_backends_and_argument_checks():
 
 
 # ------------------------------------------------------------------------------------- OpenAIClient
-class FakeServer:
-    """127.0.0.1 server speaking /v1/chat/completions; replies are scripted (status, body)."""
+HANG = "hang"
+"""A FakeServer script item: the request is read and never answered (a hung endpoint)."""
 
-    def __init__(self, script: list[tuple[int, dict]]) -> None:
+
+class FakeServer:
+    """127.0.0.1 server speaking /v1/chat/completions; replies are scripted: (status, JSON body),
+    (status, raw bytes, content type) or ``HANG``."""
+
+    def __init__(self, script: list[tuple[int, dict] | tuple[int, bytes, str] | str]) -> None:
         self.script = list(script)
         self.requests: list[dict] = []
+        self.closing = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-                status, reply = outer.script.pop(0)
-                data = json.dumps(reply).encode()
+                item = outer.script.pop(0)
+                if item == HANG:
+                    outer.closing.wait()
+                    return
+                status, reply, content_type = item if len(item) == 3 else (*item, "application/json")
+                data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -278,6 +288,7 @@ class FakeServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
@@ -293,13 +304,13 @@ def completion(text: str, prompt_tokens: int, completion_tokens: int) -> dict:
 RATE_LIMITED = (429, {"error": {"message": "Rate limit reached", "type": "rate_limit_error", "code": "rate_limit"}})
 
 
-def test_openai_client_backs_off_on_429(monkeypatch):
+def test_openai_client_backs_off_on_429(monkeypatch, sdk_waits):
     monkeypatch.setenv(KEY_ENV, SECRET)
     with FakeServer([RATE_LIMITED, RATE_LIMITED, (200, completion('{"variant": "a", "confidence": 1}', 11, 7))]) as srv:
-        client = OpenAIClient(srv.url, "served", api_key_env=KEY_ENV, timeout_s=5, backoff_s=0.001)
+        client = OpenAIClient(srv.url, "served", api_key_env=KEY_ENV, timeout_s=5)
         out = client.complete([{"role": "user", "content": "hi"}], schema=ROUTE_SCHEMA, stage="route")
     assert out == ('{"variant": "a", "confidence": 1}', 11, 7)
-    assert len(srv.requests) == 3
+    assert len(srv.requests) == 3 and len(sdk_waits) == 2  # the SDK retried, waiting before each retry
     req = srv.requests[-1]
     assert req["path"] == "/v1/chat/completions" and req["auth"] == f"Bearer {SECRET}"
     assert req["body"]["model"] == "served" and req["body"]["messages"] == [{"role": "user", "content": "hi"}]
@@ -308,10 +319,10 @@ def test_openai_client_backs_off_on_429(monkeypatch):
     assert SECRET not in repr(client) and SECRET not in json.dumps(vars(client), default=str)
 
 
-def test_openai_client_gives_up_after_the_rate_limit_retries(monkeypatch):
+def test_openai_client_gives_up_after_the_request_retries(sdk_waits):
     with FakeServer([RATE_LIMITED] * 3) as srv:
-        client = OpenAIClient(srv.url, "served", api_key_env=KEY_ENV, max_rate_limit_retries=2, backoff_s=0.001)
-        with pytest.raises(MetaAgentError, match="still rate limits after 2 retries"):
+        client = OpenAIClient(srv.url, "served", api_key_env=KEY_ENV, request_retries=2)
+        with pytest.raises(MetaAgentError, match="failed the route request: Error code: 429 - .*Rate limit reached"):
             client.complete([{"role": "user", "content": "hi"}], schema=ROUTE_SCHEMA, stage="route")
     assert len(srv.requests) == 3
 
@@ -320,20 +331,19 @@ def test_openai_client_falls_back_to_json_object():
     unsupported = (400, {"error": {"message": "response_format json_schema is not supported by this model",
                                    "type": "invalid_request_error"}})
     with FakeServer([unsupported, (200, completion("{}", 2, 1)), (200, completion("{}", 2, 1))]) as srv:
-        client = OpenAIClient(srv.url, "served", api_key_env=KEY_ENV, backoff_s=0.001)
+        client = OpenAIClient(srv.url, "served", api_key_env=KEY_ENV)
         client.complete([{"role": "user", "content": "a"}], schema=ROUTE_SCHEMA, stage="route")
         client.complete([{"role": "user", "content": "b"}], schema=ROUTE_SCHEMA, stage="route")
     assert [r["body"]["response_format"]["type"] for r in srv.requests] == ["json_schema", "json_object", "json_object"]
 
 
-def test_openai_client_other_400_errors_propagate():
-    import openai
-
+def test_openai_client_other_400_errors_quote_the_server():
     bad_request = (400, {"error": {"message": "messages must not be empty", "type": "invalid_request_error"}})
     with FakeServer([bad_request]) as srv:
         client = OpenAIClient(srv.url, "served", api_key_env=KEY_ENV)
-        with pytest.raises(openai.BadRequestError):
+        with pytest.raises(MetaAgentError, match="failed the route request: Error code: 400 - .*must not be empty"):
             client.complete([], schema=ROUTE_SCHEMA, stage="route")
+    assert len(srv.requests) == 1  # a 400 is not retried
 
 
 def free_port() -> int:
@@ -342,20 +352,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_openai_client_unreachable_names_url_and_timeout():
+def test_openai_client_unreachable_names_url_and_timeout(sdk_waits):
     url = f"http://127.0.0.1:{free_port()}/v1"
-    client = OpenAIClient(url, "served", api_key_env=KEY_ENV, timeout_s=0.5, max_rate_limit_retries=1,
-                          backoff_s=0.001)
+    client = OpenAIClient(url, "served", api_key_env=KEY_ENV, timeout_s=0.5, request_retries=1)
     with pytest.raises(LLMConnectionError) as info:
         client.complete([{"role": "user", "content": "hi"}], schema=ROUTE_SCHEMA, stage="route")
     assert url in str(info.value) and "timeout 0.5s" in str(info.value) and "after 2 attempts" in str(info.value)
 
 
-def test_api_key_stays_out_of_repr_logs_and_cache(monkeypatch, tmp_path, caplog):
+def test_api_key_stays_out_of_repr_logs_and_cache(monkeypatch, tmp_path, caplog, sdk_waits):
     monkeypatch.setenv(KEY_ENV, SECRET)
     reply = plan(proposal_json([GOOD_EDIT]))
     with FakeServer([RATE_LIMITED, (200, completion(reply, 30, 9))]) as srv:
-        agent = LLMMetaAgent(OpenAIClient(srv.url, "served", api_key_env=KEY_ENV, backoff_s=0.001),
+        agent = LLMMetaAgent(OpenAIClient(srv.url, "served", api_key_env=KEY_ENV),
                              cache_dir=tmp_path, name="openai")
         with caplog.at_level(logging.DEBUG):
             (p,) = agent.propose(make_digest(), base_harness(), PlanContext())

@@ -1,0 +1,196 @@
+"""A bad endpoint never ends a run (issue 13): a meta-agent call that fails in a round (HTTP 500s,
+a body that is no chat completion, a hung endpoint, a backend of one's own that raises) leaves the
+round without that call's proposals, records why in ``evolve.warnings`` of ``rounds.jsonl`` and in
+the round table, and the run goes on. Transient failures are first retried by the openai SDK.
+A backend import path that cannot work stops the run at the config check, naming the path."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from coevo.agent.policy import ScriptedPolicy
+from coevo.envs.arithmetic import ArithmeticEnv
+from coevo.evolution.critic import Critic
+from coevo.evolution.driver import rollout_fn
+from coevo.evolution.engine import AEGIS
+from coevo.evolution.types import Proposal
+from coevo.harness.defaults import base_harness
+from coevo.harness.edits import Edit
+from coevo.loop import Coevolution
+from coevo.meta import LLMMetaAgent, MetaAgentError, OpenAIClient, TokenLedger
+from coevo.progress import NullProgress
+from coevo.report import load_run, round_table
+from coevo.tracking import NullTracker
+from tests.meta.test_llm import GOOD_EDIT, HANG, KEY_ENV, FakeServer, completion, free_port, plan, proposal_json
+
+SERVER_ERROR = (500, {"error": {"message": "the model worker crashed", "type": "server_error"}})
+PLAN_REPLY = (200, completion(plan(proposal_json([GOOD_EDIT])), 30, 9))
+META_FAILED = "variant base: the meta-agent's plan call failed, so the round goes on without its proposals"
+
+
+def prose(messages) -> str:
+    """A policy that never uses the answer format: every task fails, so AEGIS asks for proposals."""
+    return "I think the answer is 7."
+
+
+def one_round(run_dir: Path, meta) -> dict:
+    """Round 0 of a harness-only loop on two arithmetic tasks that fail; returns its record."""
+    env = ArithmeticEnv(n_tasks=10, max_terms=2, seed=3)
+    policy = ScriptedPolicy(prose)
+    train = env.tasks("train")
+    aegis = AEGIS(base_harness(), meta, Critic(rollout_fn(policy, env, max_steps=2), k=1, gate="seesaw"),
+                  tasks={t.task_id: t for t in train}, max_proposals=1)
+    loop = Coevolution(mode="harness_only", env=env, policy=policy, aegis=aegis, run_dir=run_dir, train_tasks=train,
+                       val_tasks=[], rounds=1, batch_tasks=2, attempts=1, seed=0, max_steps=2, tracker=NullTracker(),
+                       progress=NullProgress())
+    return loop.run_round(0)
+
+
+def openai_agent(url: str, timeout_s: float = 5.0) -> LLMMetaAgent:
+    return LLMMetaAgent(OpenAIClient(url, "served", api_key_env=KEY_ENV, timeout_s=timeout_s, request_retries=1),
+                        name="openai")
+
+
+def table_text(record: dict) -> str:
+    console = Console(file=io.StringIO(), width=400, record=True, color_system=None)
+    console.print(round_table(record))
+    return " ".join(console.export_text().split())  # the caption wraps at the table's width
+
+
+def meta_warnings(record: dict) -> list[str]:
+    return [w for w in record["evolve"]["warnings"] if "meta-agent" in w]
+
+
+# ------------------------------------------------------------------------------- the openai backend
+def test_a_500_is_retried_and_the_proposal_it_then_gets_is_judged(tmp_path, sdk_waits):
+    with FakeServer([SERVER_ERROR, PLAN_REPLY]) as srv:
+        record = one_round(tmp_path, openai_agent(srv.url))
+    assert len(srv.requests) == 2 and len(sdk_waits) == 1  # the SDK waited once, then asked again
+    (verdict,) = record["evolve"]["verdicts"]
+    assert verdict["proposal"]["edits"] == [Edit.from_dict(GOOD_EDIT).to_dict()]
+    assert meta_warnings(record) == []
+    assert record["meta_tokens"]["plan"]["prompt_tokens"] == 30
+
+
+@pytest.mark.parametrize(("script", "requests", "why"), [
+    ([SERVER_ERROR, SERVER_ERROR], 2, "failed the plan request: Error code: 500 - the model worker crashed"),
+    ([(200, b'{"id": "cmpl-1", "choices": [', "application/json")], 1, "a body that is not JSON"),
+    ([(200, b"<html>502 Bad Gateway</html>", "text/html")], 1, "not a chat completion: '<html>502 Bad Gateway"),
+    ([HANG, HANG], 2, r"\(timeout 0.3s\) after 2 attempts: APITimeoutError"),
+], ids=["persistent 500", "invalid JSON body", "HTML page", "hung endpoint"])
+def test_a_failing_endpoint_leaves_the_round_without_a_proposal_and_says_why(tmp_path, sdk_waits, script, requests,
+                                                                             why):
+    with FakeServer(script) as srv:
+        record = one_round(tmp_path, openai_agent(srv.url, timeout_s=0.3))
+    assert len(srv.requests) == requests and len(sdk_waits) == requests - 1  # what may pass was retried
+    assert record["evolve"]["verdicts"] == [] and record["round"] == 0
+    (warning,) = meta_warnings(record)
+    assert warning.startswith(META_FAILED) and srv.url in warning
+    assert re.search(why, warning), warning
+    # written to rounds.jsonl, valid for the report, shown under the round table
+    (written,) = load_run(tmp_path).records
+    assert written["evolve"]["warnings"] == record["evolve"]["warnings"]
+    assert f"warning: {META_FAILED}" in table_text(written)
+
+
+def test_a_failing_router_call_is_no_opinion(caplog):
+    with caplog.at_level(logging.WARNING, logger="coevo.meta"):
+        choice = unreachable_agent().route("What is 2 + 3?", {"base": "passed 3/4", "v1": "passed 1/4"}, [])
+    assert choice == ("base", 0.0)
+    assert any("LLMConnectionError: could not reach" in r.getMessage() for r in caplog.records)
+
+
+# -------------------------------------------------------------------------------- backends of one's own
+class RaisingMeta:
+    """A meta-agent of one's own whose propose or revise raises ``error``."""
+
+    name = "mine"
+
+    def __init__(self, error: Exception, proposals: list[Proposal] = ()) -> None:
+        self.error, self.proposals, self.ledger = error, list(proposals), TokenLedger()
+
+    def propose(self, digest, harness, context):
+        if not self.proposals:
+            raise self.error
+        return self.proposals
+
+    def revise(self, proposal, reason, digest, harness, context):
+        raise self.error
+
+    def state_dict(self):
+        return {"ledger": self.ledger.as_dict()}
+
+    def load_state_dict(self, state):
+        self.ledger.load(state["ledger"])
+
+
+def test_a_module_missing_in_the_middle_of_a_round_is_a_warning_with_its_traceback_in_the_log(tmp_path, caplog):
+    error = ModuleNotFoundError("No module named 'my_planner_extras'", name="my_planner_extras")
+    with caplog.at_level(logging.WARNING, logger="coevo.evolution"):
+        record = one_round(tmp_path, RaisingMeta(error))
+    (warning,) = meta_warnings(record)
+    assert warning == f"{META_FAILED}: ModuleNotFoundError: No module named 'my_planner_extras'"
+    (logged,) = [r for r in caplog.records if META_FAILED in r.getMessage()]
+    assert logged.exc_info is not None  # not a MetaAgentError: maybe a bug, so the log keeps the traceback
+
+
+def test_a_failed_revision_keeps_the_rejection_and_says_why(tmp_path):
+    broken = Proposal(hypothesis="h", edits=[Edit("set_param", "no_such", param="x", value=1)],
+                      dimension="control_safety", cluster="format_error")
+    record = one_round(tmp_path, RaisingMeta(MetaAgentError("http://x/v1 answered HTTP 503"), [broken]))
+    (verdict,) = record["evolve"]["verdicts"]
+    assert verdict["gate"] == "build" and not verdict["ship"]
+    assert meta_warnings(record) == ["variant base: the meta-agent's revise call failed, so the round goes on without "
+                                     "a revision: MetaAgentError: http://x/v1 answered HTTP 503"]
+
+
+# ----------------------------------------------------------------------------------- coevo evolve
+def unreachable_agent() -> LLMMetaAgent:
+    """``--meta`` factory: the openai backend at a port where nothing listens."""
+    return LLMMetaAgent(OpenAIClient(f"http://127.0.0.1:{free_port()}/v1", "served", timeout_s=2, request_retries=0))
+
+
+def test_coevo_evolve_goes_on_past_an_unreachable_endpoint(tmp_path):
+    from coevo.cli import app
+
+    out = tmp_path / "evo"
+    result = CliRunner().invoke(app, [
+        "evolve", "--env", "arithmetic", "--env-arg", "n_tasks=10", "--model", "scripted", "--max-steps", "1",
+        "--meta", "tests.meta.test_endpoint_failures:unreachable_agent", "--rounds", "2", "--batch-tasks", "2",
+        "--k", "1", "--val-limit", "1", "--test-limit", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [0, 1]
+    for r in rounds:
+        (warning,) = [w for w in r["warnings"] if "meta-agent" in w]
+        assert warning.startswith(META_FAILED) and "could not reach http://127.0.0.1:" in warning
+        assert f"round {r['round']}: warning: {warning}" in result.output
+    assert (out / "summary.json").is_file()
+
+
+# ------------------------------------------------------------------------------- at the config check
+def test_a_backend_module_whose_dependency_is_missing_is_refused_naming_the_path(tmp_path, monkeypatch):
+    from coevo.build import check
+    from coevo.cli import app
+    from tests.test_config import compose_cfg
+
+    (tmp_path / "planner_needing_a_dep.py").write_text("import coevo_no_such_dependency\n\n\ndef make():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = "planner_needing_a_dep:make"
+    with pytest.raises(ValueError) as info:
+        check(compose_cfg([f"meta_agent.backend={path}"]))
+    message = str(info.value)
+    assert message.startswith(f"config meta_agent.backend: meta-agent factory {path!r} needs module "
+                              "'coevo_no_such_dependency', which is not installed"), message
+    result = CliRunner().invoke(app, ["evolve", "--env", "arithmetic", "--model", "scripted", "--meta", path,
+                                      "--out", str(tmp_path / "evo")])
+    assert result.exit_code != 0 and "coevo_no_such_dependency" in result.output
+    assert not isinstance(result.exception, ModuleNotFoundError)
