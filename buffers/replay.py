@@ -44,21 +44,22 @@ class ReplayBuffer:
     Opening an existing directory recovers it after a crash (an uncommitted add is discarded).
     Reopening with a smaller capacity evicts the oldest traces at once (committed atomically);
     with a larger one, traces evicted earlier stay evicted. One process (and one object) may
-    hold a directory at a time.
+    hold a directory at a time. ``read_only`` opens it for reading without changing any file
+    (exports; see ``SegmentStore``); ``add`` then raises.
     """
 
-    def __init__(self, path: str | Path, capacity: int) -> None:
+    def __init__(self, path: str | Path, capacity: int, *, read_only: bool = False) -> None:
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self.capacity = capacity
         self.path = Path(path)
-        self._store: SegmentStore | None = SegmentStore(self.path)
+        self._store: SegmentStore | None = SegmentStore(self.path, read_only=read_only)
         self._entries: deque[BufferEntry] = deque()  # seq order
         self._records: dict[int, tuple[BufferEntry, RecordRef]] = {}  # seq -> (entry, payload location)
         self._seq_of: dict[str, int] = {}  # trace id -> seq
         for entry, ref in self._store.live_records():
             self._index(entry, ref)
-        if len(self._entries) > capacity:
+        if len(self._entries) > capacity and not read_only:
             watermark = self._entries[len(self._entries) - capacity].seq
             try:
                 self._store.commit([], [], live_from_seq=watermark, capacity=capacity)

@@ -38,14 +38,23 @@ class CorruptBufferError(RuntimeError):
 
 
 class SegmentStore:
-    """Append-only segments in one directory, opened by one process at a time."""
+    """Append-only segments in one directory, opened by one process at a time.
 
-    def __init__(self, directory: Path) -> None:
+    ``read_only`` opens an existing directory without changing a byte of it (what exports need): no
+    lock file is created (a shared lock on an existing one keeps a writer out while reading), an
+    interrupted add's temporary file is left alone, a damaged newest segment is skipped with a
+    warning instead of set aside, and nothing is evicted or deleted."""
+
+    def __init__(self, directory: Path, *, read_only: bool = False) -> None:
         if directory.exists() and not directory.is_dir():
             raise NotADirectoryError(f"replay buffer path {directory} is not a directory")
-        directory.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
+        if read_only and not directory.is_dir():
+            raise FileNotFoundError(f"replay buffer {directory} does not exist")
+        if not read_only:
+            directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
-        self._lock_fd: int | None = _lock(directory)
+        self._lock_fd: int | None = _lock(directory, shared=read_only)
         self._fds: dict[int, int] = {}
         self._segments: dict[int, SegmentHeader] = {}  # by number, oldest first
         try:
@@ -88,6 +97,8 @@ class SegmentStore:
         An empty ``entries`` commits an eviction alone (used when a buffer is reopened with a
         smaller capacity). Fully evicted segments are deleted afterwards.
         """
+        if self.read_only:
+            raise PermissionError(f"replay buffer {self.directory} is open read-only")
         next_seq = self.next_seq
         if not self.live_from_seq <= live_from_seq <= next_seq + len(entries):
             raise ValueError(f"watermark {live_from_seq} outside [{self.live_from_seq}, {next_seq + len(entries)}]")
@@ -155,7 +166,8 @@ class SegmentStore:
     def _recover(self) -> None:
         """Drop what an interrupted add left behind, load the headers and check the chain of seqs."""
         for tmp in self.directory.glob(f"*{SUFFIX}{TMP_SUFFIX}"):
-            tmp.unlink()  # an add that never committed
+            if not self.read_only:
+                tmp.unlink()  # an add that never committed
         paths = sorted((n, p) for p in self.directory.glob(f"*{SUFFIX}") if (n := segment_number(p)) is not None)
         for i, (number, path) in enumerate(paths):
             try:
@@ -165,6 +177,10 @@ class SegmentStore:
                     raise CorruptBufferError(f"segment {path.name} is damaged and is not the newest: {exc}") from exc
                 # Only a filesystem that broke fsync/rename ordering can leave this; the commit it
                 # held never completed, so it is set aside (not deleted) and the buffer goes on.
+                if self.read_only:
+                    warnings.warn(f"replay buffer: skipped damaged newest segment {path.name} (left as it is): {exc}",
+                                  stacklevel=3)
+                    continue
                 path.rename(path.with_name(path.name + ".corrupt"))
                 warnings.warn(f"replay buffer: set aside damaged newest segment {path.name}: {exc}", stacklevel=3)
         headers = list(self._segments.values())
@@ -184,14 +200,19 @@ class SegmentStore:
                     f"segments {older.number} and {newer.number} leave a gap: "
                     f"seq {older.next_seq} then {newer.first_seq}"
                 )
-        self._collect()
+        if not self.read_only:
+            self._collect()
 
 
-def _lock(directory: Path) -> int:
-    """Hold an exclusive flock for the life of the store; the kernel drops it if the process dies."""
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+def _lock(directory: Path, *, shared: bool = False) -> int | None:
+    """Hold an flock for the life of the store (exclusive for a writer, shared for a reader); the
+    kernel drops it if the process dies. A reader never creates the lock file: without one no
+    writer has ever opened the directory, and there is nothing to wait for."""
+    if shared and not (directory / LOCK_NAME).exists():
+        return None
+    fd = os.open(directory / LOCK_NAME, os.O_RDONLY if shared else os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise RuntimeError(f"replay buffer {directory} is already open in another process or object") from None

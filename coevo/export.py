@@ -79,8 +79,8 @@ def export(
     if not buffer_dir.is_dir():
         raise FileNotFoundError(f"{run_dir} has no replay buffer ({buffer_dir}); runs in mode harness_only or "
                                 "static keep none")
-    # the largest capacity: opening never evicts, and nothing is written to the buffer
-    with ReplayBuffer(buffer_dir, capacity=sys.maxsize) as buffer:
+    # read-only: an export never changes the run directory (no lock file, recovery or eviction)
+    with ReplayBuffer(buffer_dir, capacity=sys.maxsize, read_only=True) as buffer:
         selected = select(buffer.entries(), rounds=rounds, harness_ids=harness_ids, min_reward=min_reward,
                           max_reward=max_reward, passed=passed)
         advantages: dict[int, float] = {}

@@ -133,3 +133,34 @@ def test_a_damaged_harness_yaml_names_the_file(tmp_path, content, words):
         Harness.load(path)
     with pytest.raises(ValueError, match=rf"config harness.start='{path}'.*{words}"):
         coevo.run(smoke(tmp_path / "run", f"harness.start={path}"))
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` (name -> bytes): what an export must leave as it was."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_export_never_changes_the_run_directory(finished, tmp_path):
+    from coevo.export import export
+
+    run_dir = copy_of(finished, tmp_path)
+    segment = newest_segment(run_dir)
+    segment.write_bytes(segment.read_bytes()[:-10])  # damaged: a writer would set it aside as .corrupt
+    (run_dir / "buffer" / (segment.name + ".tmp")).write_bytes(b"an add that never committed")
+    (run_dir / "buffer" / "LOCK").unlink()  # a copied run: no lock file (a reader must not create one)
+    before = snapshot(run_dir)
+    with pytest.warns(UserWarning, match=f"skipped damaged newest segment {segment.name} \\(left as it is\\)"):
+        written = export(run_dir, tmp_path / "out.jsonl", "jsonl")
+    assert written == 8  # the intact segment's traces
+    assert snapshot(run_dir) == before
+
+
+def test_export_waits_for_no_one_but_refuses_a_buffer_a_run_holds(finished, tmp_path):
+    from coevo.buffers import ReplayBuffer
+    from coevo.export import export
+
+    run_dir = copy_of(finished, tmp_path)
+    with ReplayBuffer(run_dir / "buffer", capacity=64):
+        with pytest.raises(RuntimeError, match="already open in another process or object"):
+            export(run_dir, tmp_path / "out.jsonl", "jsonl")
+    assert export(run_dir, tmp_path / "out.jsonl", "sft") > 0
