@@ -396,7 +396,8 @@ def start_harness(cfg: TrainConfig) -> Any:
         try:
             h = Harness.load(spec)
         except ValueError as err:  # a processor names its parameter and what it allows; the field is named here
-            raise ValueError(f"config harness.start={spec!r}: {err}") from err
+            # Harness.load names the file; here the field names it
+            raise ValueError(f"config harness.start={spec!r}: {str(err).removeprefix(f'{spec}: ')}") from err
     else:
         raise ValueError(f"config harness.start={spec!r} is neither a built-in harness {sorted(BUILTIN_HARNESSES)} "
                          "nor a harness YAML file")

@@ -54,16 +54,22 @@ class Edit:
 
 def check_proposed(harness: "Harness", edit: Edit) -> None:
     """Refuse, before anything is imported, a proposed edit whose new processor names its kind by
-    import path (``package.module:Class``) unless ``harness`` already holds that kind. Import-path
-    kinds are for the user's own config: building one imports and runs its module, so a kind
-    written by a meta-agent could run any module of the host at the Critic's build step."""
+    import path (``package.module:Class``) in a module this process has not loaded. Building an
+    import-path kind imports its module, so a kind invented by a meta-agent could run any module of
+    the host at the Critic's build step. The user's own processors stay proposable: their module is
+    loaded already (the starting harness names them, or the user's meta-agent imports them)."""
+    import sys
+
     from coevo.harness.library import PROCESSORS
 
     kind = (edit.spec or {}).get("kind") if edit.op in ("insert", "replace") else None
-    if kind is None or kind in PROCESSORS or kind in {p.kind for p in harness}:
+    if not isinstance(kind, str) or kind in PROCESSORS or kind in {p.kind for p in harness}:
         return
-    raise ValueError(f"{edit.describe()}: kind {kind!r} is neither a built-in kind nor one the harness already "
-                     "uses; a proposal may not load code by import path (name it in the starting harness instead)")
+    if kind.partition(":")[0] in sys.modules:
+        return
+    raise ValueError(f"{edit.describe()}: kind {kind!r} is not a built-in kind, and its module is not loaded; a "
+                     "proposal may not import code (name the kind in the starting harness, or import its module "
+                     "in your meta-agent's)")
 
 
 def apply_edit(harness: "Harness", edit: Edit) -> "Harness":

@@ -1,6 +1,7 @@
-"""A proposal may not load code by import path (issue 13): ``package.module:Class`` kinds are for
-the user's own starting harness. Building such a kind imports its module, so a meta-agent naming
-``this:X`` used to run the ``this`` module (it printed its text) before the edit was refused."""
+"""A proposal may not import code (issue 13): building a ``package.module:Class`` kind imports its
+module, so a meta-agent naming ``this:X`` used to run the ``this`` module (it printed its text)
+before the edit was refused. Kinds of modules already loaded (the user's own processors) stay
+proposable."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def this_not_imported():
 
 def test_the_critic_refuses_an_import_path_kind_without_importing_it(this_not_imported, capsys):
     proposal = Proposal(hypothesis="h", edits=[Edit(**HOSTILE)], dimension="control_safety", cluster="step_budget")
-    with pytest.raises(BuildError, match="may not load code by import path"):
+    with pytest.raises(BuildError, match="a proposal may not import code"):
         build_candidate(base_harness(), proposal)
     assert "Beautiful is better than ugly" not in capsys.readouterr().out
 
@@ -40,7 +41,7 @@ def test_the_llm_meta_agent_drops_the_proposal_without_importing_it(this_not_imp
     agent = LLMMetaAgent(client, cache_dir=tmp_path, name="openai")
     assert agent.propose(make_digest(), base_harness(), PlanContext()) == []
     follow_up = json.dumps(client.calls[-1][0])
-    assert "may not load code by import path" in follow_up  # the model is told why
+    assert "a proposal may not import code" in follow_up  # the model is told why
 
 
 def test_a_kind_the_starting_harness_already_uses_may_be_proposed():
@@ -49,3 +50,12 @@ def test_a_kind_the_starting_harness_already_uses_may_be_proposed():
     again = Edit("replace", "budget", spec={"kind": USERS_OWN, "name": "budget", "params": {"max_calls": 3}})
     candidate = build_candidate(own, Proposal(hypothesis="h", edits=[again], dimension="tools", cluster="step_budget"))
     assert candidate.get("budget").config["max_calls"] == 3
+
+
+def test_a_kind_whose_module_the_users_agent_loaded_may_be_proposed():
+    import examples.my_processor  # noqa: F401 - as the user's meta-agent module imports it
+
+    edit = Edit("insert", "budget", spec={"kind": USERS_OWN, "name": "budget", "params": {"max_calls": 2}})
+    candidate = build_candidate(base_harness(), Proposal(hypothesis="h", edits=[edit], dimension="tools",
+                                                         cluster="loop"))
+    assert candidate.get("budget").kind == USERS_OWN
