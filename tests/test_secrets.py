@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 
 import coevo
@@ -40,10 +41,33 @@ HEX_KEY = "3f9c2b1d4e5f60718293a4b5c6d7e8f90a1b2c3d"  # the shape of a W&B API k
 
 # ------------------------------------------------------------------------------ detection
 def test_secret_names_are_whole_words() -> None:
-    for name in ("OPENAI_API_KEY", "WANDB_API_KEY", "HF_TOKEN", "apiKey", "client_secret", "DB_PASSWORD", "token"):
+    for name in ("OPENAI_API_KEY", "WANDB_API_KEY", "HF_TOKEN", "apiKey", "client_secret", "DB_PASSWORD", "token",
+                 "SERVICE_KEY", "PGPASSWORD", "MYSQL_PWD", "DB_PASSWD", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN",
+                 "GOOGLE_APPLICATION_CREDENTIALS", "SENTRY_DSN", "HTTP_AUTH", "MYSECRET", "STRIPE_APIKEY"):
         assert is_secret_name(name), name
-    for name in ("max_new_tokens", "tokenizer", "keyboard", "keep_truncated", "TOKENIZERS_PARALLELISM"):
+    for name in ("max_new_tokens", "tokenizer", "keyboard", "keep_truncated", "TOKENIZERS_PARALLELISM", "MONKEY",
+                 "PWD", "OLDPWD", "SSH_AUTH_SOCK", "HF_TOKEN_PATH", "api_key_env", "exclude_keys", "TOX_TESTENV_PASSENV"):
         assert not is_secret_name(name), name
+
+
+def test_secret_values_are_values_of_secret_named_variables(tmp_path: Path) -> None:
+    from coevo.secrets import secret_env_values
+
+    (tmp_path / "gcp.json").write_text("{}")
+    environ = {"SERVICE_KEY": "svc-0123456789", "PGPASSWORD": "correct horse", "PWD": "/home/someone/work",
+               "SSH_AUTH_SOCK": "/tmp/ssh-XXXX/agent.1", "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "gcp.json"),
+               "GPG_KEY": "short", "HOME": "/home/someone"}
+    assert secret_env_values(environ) == ["svc-0123456789", "correct horse"]  # locations and short values are not
+
+
+def test_remembered_secrets_are_redacted_after_the_variable_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    import coevo.secrets as secrets
+
+    monkeypatch.setattr(secrets, "_REMEMBERED", set())
+    monkeypatch.setenv("SERVICE_KEY", HEX_KEY)
+    secrets.remember_secrets()  # what a run does when it starts
+    monkeypatch.delenv("SERVICE_KEY")
+    assert redact(f"x{HEX_KEY}y") == f"x{REDACTED}y"
 
 
 @pytest.mark.parametrize("value", [
@@ -88,6 +112,29 @@ def test_values_of_secret_environment_variables_are_found_anywhere() -> None:
     assert "secret-named field" in secret_reason("env.args.hf_token", "anything", {})
 
 
+def test_config_yaml_names_the_key_variable() -> None:
+    from coevo.tracking import scrub
+
+    scrubbed = scrub({"meta_agent": {"api_key_env": "OPENAI_API_KEY", "api_key": "x"}})
+    assert scrubbed == {"meta_agent": {"api_key_env": "OPENAI_API_KEY", "api_key": REDACTED}}  # a name, not a key
+
+
+def test_a_harness_file_holding_a_secret_value_is_refused(tmp_path: Path) -> None:
+    from coevo.harness.defaults import BUILTIN_HARNESSES
+
+    harness = BUILTIN_HARNESSES["lenient"]()
+    path = tmp_path / "h.yaml"
+    path.write_text(harness.to_yaml())
+    environ = {"SERVICE_KEY": HEX_KEY}
+    refuse_secrets({"harness": {"start": str(path)}}, environ=environ)  # nothing secret in it
+    keyed = harness.set_param("system_prompt", "template", f"Call the service with key {HEX_KEY}.")
+    path.write_text(yaml.safe_dump(keyed.to_dict()))  # as a user wrote it (to_yaml would redact the key)
+    with pytest.raises(SecretInConfigError, match="harness.start: the harness file holds the value of the "
+                                                  "environment variable SERVICE_KEY") as err:
+        refuse_secrets({"harness": {"start": str(path)}}, environ=environ)
+    assert HEX_KEY not in str(err.value)
+
+
 def test_refusal_names_every_field_and_no_value() -> None:
     config = {"meta_agent": {"api_key_env": OPENAI_KEY, "url": "http://localhost:8000/v1"},
               "logger": {"tags": ["ok", HEX_KEY]}, "env": {"args": {"api_token": "x"}}}
@@ -130,6 +177,51 @@ def test_redact_replaces_secret_values_and_leaves_numbers() -> None:
                                           "t": (REDACTED,)}
     assert redact(data, [OPENAI_KEY], by_name=True)["api_key"] == REDACTED
     assert data["a"][0] == f"x{OPENAI_KEY}y"  # a copy
+
+
+def keyed_trace(key: str, tok) -> "Trace":  # noqa: F821 - imported where used
+    """Two model calls whose prompt shows ``key`` (a system prompt quoting it); the first call's
+    completion repeats it."""
+    from coevo.agent.trace import ModelCall, Trace
+    from coevo.policy.hf import render_prompt
+
+    messages = [{"role": "system", "content": "Be careful. " * 40 + f"The service key is {key}."},
+                {"role": "user", "content": "What is 2+3?"}]
+    prompt = render_prompt(tok, messages, True)
+    texts = [f"The key is {key}. <answer>5</answer>", "<answer>5</answer>"]
+    calls = [ModelCall(s, messages, list(prompt), tok.encode(text, add_special_tokens=False),
+                       [-0.5] * len(tok.encode(text, add_special_tokens=False)), text, "stop") for s, text in enumerate(texts)]
+    return Trace("t0", "task", "arithmetic", "train", "h" * 16, "base", "0", model_calls=calls,
+                 messages=[*messages, {"role": "assistant", "content": texts[0]}], final_answer="5")
+
+
+def decoded(tok, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=False)
+
+
+def test_redact_trace_re_encodes_only_the_tokens_that_show_the_key() -> None:
+    from coevo.policy.tiny import tiny_tokenizer
+    from coevo.secrets import redact_trace
+
+    tok = tiny_tokenizer()
+    trace = keyed_trace(OPENAI_KEY, tok)
+    assert redact_trace(trace, tok, ["not-in-it-0123456789"]) is trace  # nothing to redact: the same object, no copy
+    clean = redact_trace(trace, tok, [OPENAI_KEY])
+    assert OPENAI_KEY not in str(clean.to_dict()) and OPENAI_KEY in str(trace.to_dict())  # a copy
+    for before, call in zip(trace.model_calls, clean.model_calls, strict=True):
+        text = decoded(tok, call.prompt_ids)
+        assert OPENAI_KEY not in text and f"The service key is {REDACTED}." in text
+        assert text == decoded(tok, before.prompt_ids).replace(OPENAI_KEY, REDACTED)
+        head = next(i for i, (x, y) in enumerate(zip(before.prompt_ids, call.prompt_ids)) if x != y)
+        assert head > 100 and before.prompt_ids[-8:] == call.prompt_ids[-8:]  # the tokens around it are untouched
+    first, second = clean.model_calls
+    assert decoded(tok, first.completion_ids) == f"The key is {REDACTED}. <answer>5</answer>"
+    assert not first.trainable and first.sampler_logprobs is None  # no longer what the model sampled
+    assert second.trainable and second.completion_ids == trace.model_calls[1].completion_ids
+    assert second.sampler_logprobs == trace.model_calls[1].sampler_logprobs  # prompt alone changed: still trained
+    # without a tokenizer, a call that showed the key keeps no ids at all
+    bare = redact_trace(trace, None, [OPENAI_KEY])
+    assert all(c.prompt_ids == [] and c.completion_ids == [] and not c.trainable for c in bare.model_calls)
 
 
 def test_log_records_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
