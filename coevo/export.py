@@ -34,9 +34,10 @@ temporary file and renamed, so a failed export leaves no partial file.
 Secrets: a run stores its traces with secret values already redacted, token ids included
 (``coevo.secrets.redact_trace``), so its export has none to leak even where the variables are no
 longer set. As a second line, every string written is cleared of the secret values this process
-knows (``coevo.secrets.secret_env_values``), and a ``grpo`` record is left out (with a warning)
-when its model call's text shows one: its token ids, which no tokenizer is at hand here to
-re-encode, would decode to the key (a buffer written before traces were redacted).
+knows (``coevo.secrets.secret_env_values``), and a model call whose text shows one keeps no token
+ids (no tokenizer is at hand here to re-encode them, and they would decode to the key: a buffer
+written before traces were redacted): ``grpo`` leaves its record out (with a warning), ``jsonl``
+writes it with empty ids (``coevo.secrets.redact_trace`` without a tokenizer).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import yaml
 
 from coevo.agent.trace import Trace
 from coevo.buffers import BufferEntry, ReplayBuffer
-from coevo.secrets import contains_secret, redact, secret_env_values
+from coevo.secrets import contains_secret, redact, redact_trace, secret_env_values
 
 log = logging.getLogger("coevo.export")
 
@@ -103,6 +104,8 @@ def export(
         try:
             with tmp.open("w", encoding="utf-8") as f:
                 for entry, trace in _stream(buffer, selected):
+                    if fmt == "jsonl" and secrets:
+                        trace = redact_trace(trace, None, secrets)
                     for record in RECORDS[fmt](trace, entry, advantages.get(entry.seq, 0.0)):
                         if fmt == "grpo" and secrets and _shows_secret(trace, record["call_index"], secrets):
                             dropped += 1
