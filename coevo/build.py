@@ -244,7 +244,7 @@ def run(cfg: Any) -> Path:
     from coevo.policy.load import load_model
     from coevo.progress import NullProgress, RichProgress
     from coevo.rundir import lock_run_dir, unlock_run_dir
-    from coevo.secrets import install_log_redaction
+    from coevo.secrets import install_log_redaction, remember_secrets
     from coevo.tracking import NullTracker, make_tracker
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
     from coevo.trainers.logprobs import logprob_fn
@@ -253,6 +253,7 @@ def run(cfg: Any) -> Path:
     check(cfg)
     check_dependencies(cfg)
     install_log_redaction()
+    remember_secrets()  # a variable unset during the run is still redacted from what it writes
     device = device_of(cfg.model.device)
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed)
@@ -304,7 +305,7 @@ def run(cfg: Any) -> Path:
     if evolves and cfg.evolution.references and is_main:
         # every train task's reference serves the Digester; only those of the pool and of tasks no
         # remaining round trains on may become demonstrations (Coevolution.withheld)
-        references = build_references(env, [*train, *pool], ReferenceStore(run_dir / "references"))
+        references = build_references(env, [*train, *pool], ReferenceStore(run_dir / "references", tokenizer=tok))
 
     def critic_rollout(harness: Any, judged: Any, k: int) -> dict[str, list[bool | None]]:
         with progress.task(f"critic: re-run {harness.id[:8]}", len(judged) * k) as advance:
@@ -333,7 +334,7 @@ def run(cfg: Any) -> Path:
         rollout_batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps, workers=cfg.rollout.workers,
         tracker=tracker, progress=progress, is_main=is_main,
         share=(lambda obj: broadcast_object_list([obj], from_process=0)[0]) if accelerator.num_processes > 1 else None,
-        sync_weights=sync,
+        sync_weights=sync, tokenizer=tok,
     )
     try:
         loop.run()

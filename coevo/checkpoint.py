@@ -3,6 +3,7 @@
 ``checkpoint/round-N/`` holds everything that changes during a round except the replay buffer
 (which commits its own appends): the trainer (model in ``save_pretrained`` format, optimizer,
 scheduler), the AEGIS state, the run's records and lineage so far, RNG states and counters.
+``state.json`` is written with secret values redacted (``coevo.secrets.redact``).
 ``checkpoint/latest`` names the newest complete one; it is replaced with ``os.replace`` only after
 the directory is fully written and fsynced, so a process killed at any moment leaves either the
 previous round or this one, never a mix. Older round directories are deleted after the switch.
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from coevo.secrets import redact
 
 LATEST = "latest"
 
@@ -43,7 +46,7 @@ def commit(root: Path, round: int, state: dict[str, Any], write_extra: Callable[
     tmp.mkdir()
     if write_extra is not None:
         write_extra(tmp)
-    (tmp / "state.json").write_text(json.dumps(state, default=str))
+    (tmp / "state.json").write_text(json.dumps(redact(state), default=str))
     _fsync_tree(tmp)
     shutil.rmtree(final, ignore_errors=True)  # a leftover from a crash after the rename below
     tmp.rename(final)

@@ -28,14 +28,22 @@ Formats (one JSON object per line; every line passes ``datasets.load_dataset("js
 model whose log-probs were cached). Filters (``rounds``, ``harness_ids``, ``min_reward``,
 ``max_reward``, ``passed``) are applied on the buffer's in-memory index, then the selected
 payloads are read batch by batch, so an export never holds the buffer in memory. A filter value
-the buffer does not hold is an error that lists the values it does hold. Every string written is
-cleared of secret environment values (``coevo.secrets.redact``). The output is written to a
+the buffer does not hold is an error that lists the values it does hold. The output is written to a
 temporary file and renamed, so a failed export leaves no partial file.
+
+Secrets: a run stores its traces with secret values already redacted, token ids included
+(``coevo.secrets.redact_trace``), so its export has none to leak even where the variables are no
+longer set. As a second line, every string written is cleared of the secret values this process
+knows (``coevo.secrets.secret_env_values``), and a model call whose text shows one keeps no token
+ids (no tokenizer is at hand here to re-encode them, and they would decode to the key: a buffer
+written before traces were redacted): ``grpo`` leaves its record out (with a warning), ``jsonl``
+writes it with empty ids (``coevo.secrets.redact_trace`` without a tokenizer).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -46,7 +54,9 @@ import yaml
 
 from coevo.agent.trace import Trace
 from coevo.buffers import BufferEntry, ReplayBuffer
-from coevo.secrets import redact, secret_env_values
+from coevo.secrets import contains_secret, redact, redact_trace, secret_env_values
+
+log = logging.getLogger("coevo.export")
 
 FORMATS = ("sft", "grpo", "jsonl")
 READ_BATCH = 32
@@ -90,18 +100,31 @@ def export(
         secrets = secret_env_values()
         out_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = out_path.with_name(out_path.name + ".tmp")
-        written = 0
+        written = dropped = 0
         try:
             with tmp.open("w", encoding="utf-8") as f:
                 for entry, trace in _stream(buffer, selected):
+                    if fmt == "jsonl" and secrets:
+                        trace = redact_trace(trace, None, secrets)
                     for record in RECORDS[fmt](trace, entry, advantages.get(entry.seq, 0.0)):
+                        if fmt == "grpo" and secrets and _shows_secret(trace, record["call_index"], secrets):
+                            dropped += 1
+                            continue
                         f.write(json.dumps(redact(record, secrets), ensure_ascii=False) + "\n")
                         written += 1
             tmp.replace(out_path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+    if dropped:
+        log.warning("%s: left out %d model call(s) whose text holds the value of a secret environment variable "
+                    "(their token ids would decode to it)", out_path, dropped)
     return written
+
+
+def _shows_secret(trace: Trace, k: int, secrets: Sequence[str]) -> bool:
+    call = trace.model_calls[k]
+    return contains_secret([call.messages, call.reply_prefix, call.text], secrets)
 
 
 # ---------------------------------------------------------------------------------- selection

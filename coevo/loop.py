@@ -16,6 +16,11 @@ Resume: a round ends with an atomic checkpoint commit (``coevo.checkpoint``). St
 the same run directory, the loop restores the last complete round; if the killed round had
 already committed its traces to the buffer, they are reused, otherwise they are sampled again —
 identically, because every phase of a round reseeds the policy from (seed, round, phase).
+
+Secrets: the round's traces are cleared of secret values (``coevo.secrets.redact_trace``, token ids
+included, with the policy's ``tokenizer``) as soon as the rollout returns, before the replay buffer,
+AEGIS, records or the tracker see them; ``rounds.jsonl``, ``lineage.jsonl`` and the checkpoint state
+are redacted again where they are written, and harness YAML by ``Harness.to_yaml``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from coevo.agent.trace import Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.engine import AEGIS, EvolveReport
 from coevo.harness.harness import Harness
+from coevo.secrets import contains_secret, redact, redact_trace, secret_env_values
 from coevo.tracking import edit_rows
 
 log = logging.getLogger("coevo.loop")
@@ -114,7 +120,9 @@ class LoopState:
 class Coevolution:
     """Runs rounds. Flat collaborators: ``aegis`` (always present: static and model-only runs
     simply never call ``evolve``), ``trainer`` and ``buffer`` (None unless the mode trains),
-    ``tracker`` (a ``coevo.tracking.Tracker``; the null one by default), ``console`` for progress."""
+    ``tracker`` (a ``coevo.tracking.Tracker``; the null one by default), ``console`` for progress.
+    ``tokenizer``: the policy's, to redact secrets from token ids (``coevo.secrets.redact_trace``);
+    without it a model call that showed a secret keeps no token ids."""
 
     def __init__(
         self,
@@ -145,6 +153,7 @@ class Coevolution:
         is_main: bool = True,
         share: Callable[[Any], Any] | None = None,
         sync_weights: Callable[[], None] | None = None,
+        tokenizer: Any | None = None,
     ) -> None:
         trains = mode in ("coevolve", "model_only")
         if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
@@ -162,6 +171,7 @@ class Coevolution:
         self.tracker, self.progress, self.is_main = tracker, progress, is_main
         self.share = share or (lambda obj: obj)  # rank 0's object on every rank (identity on one process)
         self.sync_weights = sync_weights or (lambda: None)
+        self.tokenizer = tokenizer
         self.state = LoopState()
 
     # ------------------------------------------------------------------ resume
@@ -171,6 +181,11 @@ class Coevolution:
         if directory is None:
             return 0
         state = checkpoint.load_state(directory)
+        if state.get("harnesses_redacted"):
+            raise checkpoint.CheckpointError(
+                f"{directory / 'state.json'}: a harness of the run held the value of a secret environment variable, "
+                "which the checkpoint records as <redacted>; resuming would run other harnesses (under other ids) "
+                "than those that ran. Start the run over in another run_dir=, with no key in its harnesses")
         self._check_buffer(state.get("buffer_next_seq"), state["next_round"] - 1)
         if self.trainer is not None:
             try:
@@ -209,8 +224,11 @@ class Coevolution:
                 f"(rename a .corrupt file back only if it is intact), or start the run over in another run_dir=")
 
     def _commit(self) -> None:
+        aegis = self.aegis.state_dict()
         state = {"next_round": self.state.next_round, "records": self.state.records, "lineage": self.state.lineage,
-                 "aegis": self.aegis.state_dict(), "rng": checkpoint.rng_state()}
+                 "aegis": aegis, "rng": checkpoint.rng_state()}
+        if contains_secret([aegis.get("variants"), aegis.get("pool")]):  # checkpoint.commit redacts them
+            state["harnesses_redacted"] = True
         if self.buffer is not None:
             state["buffer_next_seq"] = self._buffer_next_seq()
 
@@ -225,12 +243,13 @@ class Coevolution:
             self.trainer.save(self.run_dir / "checkpoint" / "unused")  # joins the collective barrier only
 
     def _write_logs(self) -> None:
-        """rounds.jsonl and lineage.jsonl, rewritten whole from the committed state."""
+        """rounds.jsonl and lineage.jsonl, rewritten whole from the committed state (redacted)."""
         if not self.is_main:
             return
+        secrets = secret_env_values()
         for name, rows in (("rounds.jsonl", self.state.records), ("lineage.jsonl", self.state.lineage)):
             tmp = self.run_dir / (name + ".tmp")
-            tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+            tmp.write_text("".join(json.dumps(redact(r, secrets), default=str) + "\n" for r in rows))
             tmp.replace(self.run_dir / name)
 
     # ------------------------------------------------------------------ rounds
@@ -258,7 +277,7 @@ class Coevolution:
         traces = self._buffered(r)
         if traces is None:
             self._reseed(r, "rollout")
-            traces = self._rollout(batch, r)
+            traces = self._redacted(self._rollout(batch, r))
             seconds["rollout"] = time.perf_counter() - tick
             if self.trains:
                 tick = time.perf_counter()
@@ -336,6 +355,12 @@ class Coevolution:
                     trace_id=f"r{r:04d}-{t.task_id}-{a}") for t in batch for a in range(self.attempts)]
         with self.progress.task(f"round {r}: rollouts", len(jobs)) as advance:
             return run_episodes(jobs, self.policy, self.env, on_trace=lambda _t: advance(), **self.rollout_kwargs)
+
+    def _redacted(self, traces: list[Trace]) -> list[Trace]:
+        """The traces with no secret value in their strings or token ids (the same objects when they
+        hold none): what the buffer stores, AEGIS digests and the records count."""
+        secrets = secret_env_values()
+        return [redact_trace(t, self.tokenizer, secrets) for t in traces] if secrets else traces
 
     def _follow_round(self, r: int) -> dict[str, Any]:
         """A non-main rank's round: the GRPO step on rank 0's batch, then the checkpoint barrier."""

@@ -28,6 +28,7 @@ from rich.table import Table
 
 from coevo.config import MODES
 from coevo.harness.edits import Edit
+from coevo.secrets import redact_text
 
 TIME_KEYS = ("rollout", "logprobs", "digest", "plan", "critic", "grpo", "eval", "checkpoint", "other")
 """The time breakdown of a round, in the order the figure stacks it."""
@@ -485,7 +486,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     out.mkdir(parents=True, exist_ok=True)
     for name, draw in zip(FIGURES, (_draw_pass_rate, _draw_lineage, _draw_task_matrix, _draw_time)):
         _save(draw(run), out / name)
-    (out / "summary.md").write_text(summary_markdown(run))
+    (out / "summary.md").write_text(redact_text(summary_markdown(run)))  # its inputs are redacted already
     return out
 
 

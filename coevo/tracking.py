@@ -10,7 +10,9 @@ The loop calls its tracker once per round whatever the logger is (``logger=none`
   RoundRecord), logged again whole each time because a logged W&B table cannot grow;
 - harness snapshots as artifacts of type ``harness`` named ``harness-<variant>``.
 
-``scrub`` removes secrets from a config before it reaches W&B or the run directory. The W&B run id
+``scrub`` removes secrets from a config before it reaches W&B or the run directory; metrics, table
+rows and artifacts (metadata and ``harness.yaml``, which wandb stages outside the run directory) are
+cleared of secret values (``coevo.secrets.redact``) before wandb sees them. The W&B run id
 is kept in ``RUN_DIR/wandb_id`` so that a resumed ``train.py`` continues the same W&B run.
 """
 
@@ -307,14 +309,14 @@ class WandbTracker:
             raise TypeError(f"record['round'] must be an int, got {record.get('round')!r}")
         run = self._live()
         self._step = max(self._step, record["round"])
-        run.log(flatten(record), step=record["round"])
+        run.log(redact(flatten(record)), step=record["round"])
 
     def log_edits(self, rows: list[dict[str, Any]]) -> None:
         _check_rows(rows)
         run = self._live()
         if not rows:
             return
-        self._edit_rows.extend(dict(r) for r in rows)
+        self._edit_rows.extend(redact(dict(r)) for r in rows)
         self._step = max(self._step, max(int(r["round"]) for r in rows))
         table = self._wandb.Table(columns=list(EDIT_COLUMNS), data=[[r[c] for c in EDIT_COLUMNS] for r in self._edit_rows])
         run.log({"edits": table}, step=self._step)
@@ -328,11 +330,11 @@ class WandbTracker:
         artifact = self._wandb.Artifact(
             f"harness-{variant}",
             type="harness",
-            metadata={"id": harness.id, "round": round, "how": how, "parent_id": harness.parent_id,
-                      "variant": variant, "name": harness.name},
+            metadata=redact({"id": harness.id, "round": round, "how": how, "parent_id": harness.parent_id,
+                             "variant": variant, "name": harness.name}),
         )
         with artifact.new_file("harness.yaml") as f:
-            f.write(harness.to_yaml())
+            f.write(harness.to_yaml())  # redacted: wandb stages this file outside the run directory
         run.log_artifact(artifact, aliases=[harness.id])
 
     def finish(self) -> None:

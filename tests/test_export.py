@@ -224,8 +224,14 @@ def test_exports_redact_secret_environment_values(tool_run: Path, tmp_path: Path
         assert SECRET.encode() not in data, fmt
     assert b"OPENAI_API_KEY=<redacted>" in (tmp_path / "jsonl.jsonl").read_bytes()
     grpo = lines(tmp_path / "grpo.jsonl")  # numbers untouched by redaction
-    assert [r["completion_ids"] for r in grpo] == [[4, 5]] * 6 and grpo[0]["behaviour_logprobs"] == [-1.0, -1.0]
-    assert [r["advantage"] for r in grpo if r["task_id"] == "t2"] == [0.0, 0.0]  # a singleton group: no signal
+    # the second call of each trace was shown the tool turn holding the key: its prompt ids would decode to it
+    # (this buffer was written directly, not through a run, which redacts ids before storing them)
+    assert [r["call_index"] for r in grpo] == [0, 0, 0]
+    assert [r["completion_ids"] for r in grpo] == [[4, 5]] * 3 and grpo[0]["behaviour_logprobs"] == [-1.0, -1.0]
+    assert [r["advantage"] for r in grpo if r["task_id"] == "t2"] == [0.0]  # a singleton group: no signal
+    for record in lines(tmp_path / "jsonl.jsonl"):  # raw traces: that call is written without its ids
+        assert [c["prompt_ids"] for c in record["model_calls"]] == [[1, 2, 3], []]
+        assert record["behaviour_logprobs"] == [[-1.0, -1.0], []] and not record["model_calls"][1]["trainable"]
 
 
 def test_grpo_export_leaves_infrastructure_failures_out_of_the_groups_and_names_temperatures(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from coevo.evolution.digest import trace_steps
 from coevo.harness.events import Message, ToolCall, ToolResult
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import InstructionTemplate
+from coevo.secrets import redact_trace
 
 HINT = "The correct answer is {answer}. Solve it step by step with the tools, then give the answer."
 """Appended to the task message for a policy reference; {answer} is the ground truth."""
@@ -231,11 +232,14 @@ class ReferenceStore:
 
     Writes are atomic (a temporary file, then ``os.replace``), so a crash leaves the previous
     reference or none, never half a file. File names are the percent-encoded task ids (shortened
-    with a hash when too long for a file system); each file also holds its task id.
+    with a hash when too long for a file system); each file also holds its task id. What is stored
+    holds no secret value (``coevo.secrets.redact_trace``, token ids re-encoded with ``tokenizer``
+    when given, else dropped from the calls that showed a secret); ``put`` returns what it stored.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, tokenizer: Any | None = None) -> None:
         self.path = Path(path)
+        self.tokenizer = tokenizer
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"reference store path {str(self.path)!r} exists and is not a directory")
         self.path.mkdir(parents=True, exist_ok=True)
@@ -259,13 +263,16 @@ class ReferenceStore:
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise ValueError(f"reference file {str(file)!r} is not a stored trace: {err}") from err
 
-    def put(self, task_id: str, trace: Trace) -> None:
+    def put(self, task_id: str, trace: Trace) -> Trace:
+        """Store ``trace`` as the reference of ``task_id``; returns the stored trace (redacted)."""
         if trace.task_id != task_id:
             raise ValueError(f"trace is for task {trace.task_id!r}, not {task_id!r}")
+        trace = redact_trace(trace, self.tokenizer)
         file = self._file(task_id)
         tmp = file.with_name(file.name + ".tmp")
         tmp.write_text(json.dumps({"task_id": task_id, "trace": trace.to_dict()}, ensure_ascii=False))
         os.replace(tmp, file)
+        return trace
 
     def task_ids(self) -> list[str]:
         ids = []
@@ -287,7 +294,8 @@ def build_references(
     attempts: int = 2,
 ) -> dict[str, Trace]:
     """References for ``tasks`` (train only), by task id: cached ones, else the gold trajectory,
-    else (with ``harness`` and ``policy``) a genuine policy reference. New ones are cached."""
+    else (with ``harness`` and ``policy``) a genuine policy reference. New ones are cached, and
+    returned as cached (secret values redacted, ``ReferenceStore.put``)."""
     for task in tasks:
         _require_train(task)
     if (harness is None) != (policy is None):
@@ -301,14 +309,12 @@ def build_references(
             continue
         gold = gold_reference(env, task)
         if gold is not None and is_genuine(gold, task)[0]:
-            store.put(task.task_id, gold)
-            found[task.task_id] = gold
+            found[task.task_id] = store.put(task.task_id, gold)
         else:
             todo.append(task)
     if todo and harness is not None and policy is not None:
         for task_id, trace in _policy_references(env, todo, harness, policy, attempts).items():
-            store.put(task_id, trace)
-            found[task_id] = trace
+            found[task_id] = store.put(task_id, trace)
     return found
 
 

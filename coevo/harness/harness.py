@@ -179,7 +179,12 @@ class Harness:
         )
 
     def to_yaml(self) -> str:
-        return yaml.dump(self.to_dict(), Dumper=_SpecDumper, sort_keys=False, allow_unicode=True, width=100)
+        """The spec as YAML, as every file and artifact holding a harness is written: the value of a
+        secret environment variable in it becomes ``<redacted>`` (``coevo.secrets.redact``); ``id``
+        stays the id of this harness, so such a file loads as a harness with another id."""
+        from coevo.secrets import redact
+
+        return yaml.dump(redact(self.to_dict()), Dumper=_SpecDumper, sort_keys=False, allow_unicode=True, width=100)
 
     @classmethod
     def from_yaml(cls, text: str) -> "Harness":

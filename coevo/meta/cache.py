@@ -4,7 +4,8 @@ Re-running an experiment (or resuming one) must not pay for the same planning ca
 cached run must reproduce the same proposals. The key is the sha256 of the canonical JSON of
 (model, stage, messages, schema): any change to the prompt or the output schema is a miss. Only
 the response text and its token usage are stored, never the client's configuration, so nothing
-secret (an API key) can end up on disk. Writes go to a temporary file renamed into place, so a
+secret (an API key) can end up on disk; the response text is stored with secret values redacted
+(``coevo.secrets.redact_text``: a reply that quoted a key from its prompt). Writes go to a temporary file renamed into place, so a
 crash or a concurrent writer never leaves a half-written entry.
 """
 
@@ -17,6 +18,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from coevo.secrets import redact_text
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class CallCache:
         key = call_key(model, stage, messages, schema)
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        entry = {"key": key, "model": model, "stage": stage, "text": text,
+        entry = {"key": key, "model": model, "stage": stage, "text": redact_text(text),
                  "prompt_tokens": int(prompt_tokens), "completion_tokens": int(completion_tokens)}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:8]}.", suffix=".tmp")
         try:
