@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import torch
 
 from coevo.agent.trace import Trace
-from coevo.kernels import grpo_loss
+from coevo.kernels import LossParams, grpo_loss
 from coevo.trainers.advantages import group_advantages
 from coevo.trainers.aggregation import MODES, token_weights
 from coevo.trainers.batch import TrainSequence, collate, training_sequences
@@ -105,6 +105,7 @@ class GRPOTrainer:
 
         if aggregation not in MODES:
             raise ValueError(f"aggregation must be one of {MODES}, got {aggregation!r}")
+        loss_params = LossParams(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, beta=beta)
         if micro_batch_size < 1 or temperature <= 0:
             raise ValueError("micro_batch_size must be >= 1 and temperature > 0")
         self.accelerator = accelerator or Accelerator()
@@ -126,7 +127,7 @@ class GRPOTrainer:
         self.pad_id = pad_id
         self.max_grad_norm = max_grad_norm
         self.micro_batch_size = micro_batch_size
-        self.loss_kwargs = dict(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, beta=beta, impl=kernel)
+        self.loss_params, self.kernel = loss_params, kernel
         self.beta, self.tis_cap, self.temperature = beta, tis_cap, temperature
         self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, scale_by_std, drop_zero_variance
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
@@ -194,7 +195,7 @@ class GRPOTrainer:
         temperature = _temperature(mb, batch)
         ref = self._ref_logp(batch, temperature) if self.beta > 0 else None
         out = grpo_loss(hidden, weight, batch.targets, batch.old_logp, batch.advantages, weights, ref_logp=ref,
-                        temperature=temperature, **self.loss_kwargs)
+                        temperature=temperature, params=self.loss_params, impl=self.kernel)
         return out.loss, out
 
     @torch.no_grad()
