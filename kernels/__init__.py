@@ -9,7 +9,7 @@ reference).
 Installed as ``coevo.kernels`` (see pyproject's package-dir). Modules, one job each:
 
 - ``objective``: the per-token loss written once (clip, KL estimators, each value with its
-  derivative), the one ``VARIANTS`` table choosing them, and ``LossParams``;
+  derivative), the aggregations, the one ``VARIANTS`` table choosing them, and ``LossParams``;
 - ``spec``: the per-token inputs (``Tokens``), input checks, the ``GRPOLossOutput`` tuple;
 - ``reference``: the plain version (full logits, autograd) — baseline and float64 ground truth;
 - ``rows_torch`` / ``triton_grpo``: row kernels turning a logits tile into token terms and dL/dlogits;
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .chunked import DEFAULT_CHUNK_SIZE, grpo_loss_chunked
-from .objective import KL_ESTIMATORS, VARIANTS, LossParams, token_loss
+from .objective import AGGREGATIONS, KL_ESTIMATORS, VARIANTS, LossParams, token_loss, token_weights
 from .reference import grpo_loss_reference
 from .spec import GRPOLossOutput, Tokens
 from .triton_grpo import TRITON_AVAILABLE, grpo_loss_triton
@@ -29,6 +29,7 @@ from .triton_grpo import TRITON_AVAILABLE, grpo_loss_triton
 IMPLS = ("auto", "reference", "chunked", "triton")
 
 __all__ = [
+    "AGGREGATIONS",
     "DEFAULT_CHUNK_SIZE",
     "IMPLS",
     "KL_ESTIMATORS",
@@ -43,6 +44,7 @@ __all__ = [
     "grpo_loss_triton",
     "resolve_impl",
     "token_loss",
+    "token_weights",
 ]
 
 
@@ -75,7 +77,7 @@ def grpo_loss(
     i-th entry when it is a tensor: a batch may mix calls sampled at different temperatures) and ℓ
     is ``objective.token_loss``: the clipped surrogate chosen by ``params`` plus beta × its KL estimate.
 
-    Aggregation (token mean, sequence mean) is entirely the caller's choice of ``token_weights``,
+    Aggregation (``objective.token_weights``) is entirely the caller's choice of ``token_weights``,
     so one kernel serves every mode and micro-batching cannot change the loss. ``impl``: "reference"
     materialises the logits; "chunked" (CPU default) and "triton" (CUDA default) never do;
     ``chunk_size`` rows form one logits tile in the chunked paths.

@@ -22,12 +22,13 @@ plain dict from name to function):
   "k3" exp(−x) + x − 1 (the default; ≥ 0 and low-variance as a value; its gradient is that of
   KL(π_ref ‖ π)), "k2" x²/2 (its gradient is that of KL(π ‖ π_ref)), "k1" x (unbiased as a value;
   its gradient ∇logp has zero mean).
+- "aggregation", the weight of each token in the step's scalar loss (``token_weights``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -122,19 +123,59 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> tuple[torch.Tensor, tor
     return ref_ratio - log_ref_ratio - 1, 1 - ref_ratio
 
 
+# ------------------------------------------------- aggregation: (lengths [S], step) -> per-token weight of each [S]
+class StepTotals(NamedTuple):
+    """What an aggregation normalises by: totals over the whole optimizer step (every micro-batch on
+    every process), so the step loss does not depend on how the step is split."""
+
+    tokens: float  # trainable tokens in the step
+    sequences: float  # non-empty sequences in the step
+    horizon: float | None  # Dr. GRPO's constant: the completion budget in tokens
+
+
+def token_mean(lengths: torch.Tensor, step: StepTotals) -> torch.Tensor:
+    """DAPO's token-level loss: every token of the step weighs 1/(tokens in the step); long
+    completions count more."""
+    return torch.full_like(lengths, 1.0 / max(step.tokens, 1.0))
+
+
+def sequence_mean(lengths: torch.Tensor, step: StepTotals) -> torch.Tensor:
+    """GRPO's original mean of per-sequence token means: each model call weighs the same, so a token
+    of a long completion counts less (the length bias Dr. GRPO removes)."""
+    return 1.0 / (max(step.sequences, 1.0) * lengths.clamp(min=1))
+
+
+def dr_grpo(lengths: torch.Tensor, step: StepTotals) -> torch.Tensor:
+    """Dr. GRPO: each sequence's token sum over the step's sequences, normalised by a constant horizon
+    instead of the sequence's own length, so no sequence's tokens weigh more for being short."""
+    if step.horizon is None or not step.horizon >= 1:
+        raise ValueError(f"aggregation dr_grpo needs a horizon >= 1 (the completion budget), got {step.horizon}")
+    return torch.full_like(lengths, 1.0 / (max(step.sequences, 1.0) * step.horizon))
+
+
 # ------------------------------------------------- the one table
 VARIANTS: dict[str, dict[str, Callable[..., Any]]] = {
     "clip": {"ppo": clip_ppo, "dual": clip_dual},
     "kl": {"k3": kl_k3, "k2": kl_k2, "k1": kl_k1},
+    "aggregation": {"token_mean": token_mean, "sequence_mean": sequence_mean, "dr_grpo": dr_grpo},
 }
+AGGREGATIONS = tuple(VARIANTS["aggregation"])
 KL_ESTIMATORS = tuple(VARIANTS["kl"])
+
+# Names that were accepted once, with what to use instead.
+REMOVED_AGGREGATIONS = {
+    "dapo": "'dapo' was token_mean under another name: DAPO's token-level loss weighs every token of the step "
+            "1/(tokens in the step), which token_mean already does over all micro-batches and processes; use "
+            "token_mean (or dr_grpo for Dr. GRPO's constant normaliser)",
+}
 
 
 def pick(kind: str, name: str) -> Callable[..., Any]:
-    """VARIANTS[kind][name], or a ValueError naming the choices."""
+    """VARIANTS[kind][name], or a ValueError naming the choices (and the replacement of a removed name)."""
     table = VARIANTS[kind]
     if name not in table:
-        raise ValueError(f"{kind} must be one of {list(table)}, got {name!r}")
+        removed = REMOVED_AGGREGATIONS.get(name) if kind == "aggregation" else None
+        raise ValueError(f"{kind} must be one of {list(table)}, got {name!r}" + (f": {removed}" if removed else ""))
     return table[name]
 
 
@@ -157,3 +198,29 @@ def token_loss(
             slope = slope + params.beta * kl_slope
     return TokenTerms(logp, ratio, clipped, kl, loss, slope)
 
+
+def token_weights(
+    seq_lengths: Sequence[int],
+    mode: str,
+    *,
+    step_tokens: int | None = None,
+    step_sequences: int | None = None,
+    horizon: int | None = None,
+) -> torch.Tensor:
+    """Per-token weights [sum(seq_lengths)] for sequences of the given (trainable) lengths.
+
+    The loss kernels take aggregation as these weights (Σ_i w_i ℓ_i), so one kernel serves every
+    mode and micro-batching cannot change the loss. ``step_tokens`` / ``step_sequences`` are the
+    totals over the whole optimizer step; they default to this call's own (a step seen whole).
+    ``horizon`` is dr_grpo's constant normaliser.
+    """
+    aggregate = pick("aggregation", mode)
+    lengths = torch.as_tensor(list(seq_lengths), dtype=torch.float32)  # [S]
+    if (lengths < 0).any():
+        raise ValueError("sequence lengths must be >= 0")
+    step = StepTotals(
+        tokens=float(step_tokens if step_tokens is not None else lengths.sum()),
+        sequences=float(step_sequences if step_sequences is not None else (lengths > 0).sum()),
+        horizon=float(horizon) if horizon is not None else None,
+    )
+    return torch.repeat_interleave(aggregate(lengths, step), lengths.long())  # [N]
