@@ -39,11 +39,11 @@ def check(cfg: TrainConfig) -> None:
     from coevo.envs.load import check_env_args, env_class
     from coevo.evolution.critic import GATES
     from coevo.kernels import IMPLS
+    from coevo.kernels.objective import AGGREGATIONS, KL_ESTIMATORS, REMOVED_AGGREGATIONS
     from coevo.meta import BACKENDS, meta_agent_factory
     from coevo.policy.hf import ENGINES
     from coevo.secrets import refuse_secrets
     from coevo.tracking import MODES as WANDB_MODES
-    from coevo.trainers.aggregation import MODES as AGGREGATIONS
 
     refuse_secrets(asdict(cfg))
 
@@ -54,7 +54,8 @@ def check(cfg: TrainConfig) -> None:
         "rollout.vllm_mode": (cfg.rollout.vllm_mode, ("colocate", "server")),
         "rollout.engine": (cfg.rollout.engine, ENGINES),
         "evolution.gate": (cfg.evolution.gate, GATES),
-        "trainer.aggregation": (cfg.trainer.aggregation, tuple(AGGREGATIONS)),
+        "trainer.aggregation": (cfg.trainer.aggregation, AGGREGATIONS),
+        "trainer.kl_estimator": (cfg.trainer.kl_estimator, KL_ESTIMATORS),
         "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
         "trainer.kernel": (cfg.trainer.kernel, IMPLS),
         "logger.kind": (cfg.logger.kind, ("none", "wandb")),
@@ -62,7 +63,9 @@ def check(cfg: TrainConfig) -> None:
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
-            raise ValueError(f"config {key}={value!r} is not allowed; choose one of {list(allowed)}")
+            removed = REMOVED_AGGREGATIONS.get(value) if key == "trainer.aggregation" else None
+            raise ValueError(f"config {key}={value!r} is not allowed; choose one of {list(allowed)}"
+                             + (f" ({removed})" if removed else ""))
     if cfg.meta_agent.backend not in BACKENDS:
         if ":" not in cfg.meta_agent.backend:
             raise ValueError(f"config meta_agent.backend={cfg.meta_agent.backend!r} is not allowed; choose one of "
@@ -293,7 +296,8 @@ def run(cfg: Any) -> Path:
             model, pad_id=tok.pad_token_id, accelerator=accelerator, lr=t.lr, weight_decay=t.weight_decay,
             max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps, total_steps=cfg.rounds * t.steps_per_round,
             micro_batch_size=t.micro_batch_size, eps_low=t.eps_low, eps_high=t.eps_high, dual_clip=t.dual_clip,
-            beta=t.beta, tis_cap=t.tis_cap, aggregation=t.aggregation, scale_by_std=t.scale_by_std,
+            beta=t.beta, kl_estimator=t.kl_estimator, tis_cap=t.tis_cap, aggregation=t.aggregation,
+            loss_horizon=cfg.rollout.max_new_tokens, scale_by_std=t.scale_by_std,
             drop_zero_variance=t.drop_zero_variance, temperature=temperature, kernel=t.kernel, optimizer=t.optimizer)
         model = trainer.unwrapped
     policy, sync = build_policy(cfg, model, tok)

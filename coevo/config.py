@@ -130,10 +130,14 @@ class TrainerConfig:
     eps_low: float = opt(0.2, "clip: ratio lower bound 1 - eps_low")
     eps_high: float = opt(0.28, "clip: ratio upper bound 1 + eps_high")
     dual_clip: float | None = opt(None, "dual clip constant c > 1 for negative advantages (None: off)")
-    beta: float = opt(0.0, "k3 KL weight to the reference (the base model with the adapter disabled for LoRA)")
+    beta: float = opt(0.0, "KL penalty weight to the reference (the base model with the adapter disabled for LoRA)")
+    kl_estimator: str = opt("k3", "KL estimate per token, x = log pi/pi_ref: k3 (exp(-x) + x - 1) | k2 (x^2/2, "
+                            "the reverse KL's gradient) | k1 (x; zero mean gradient on-policy)")
     tis_cap: float | None = opt(None, "truncated importance weight cap for sampler/trainer mismatch (None: off)")
-    aggregation: str = opt("token_mean", "token_mean | sequence_mean | dapo")
-    scale_by_std: bool = opt(True, "divide advantages by the group std (False: Dr. GRPO)")
+    aggregation: str = opt("token_mean", "token weights of the step loss: token_mean (DAPO's token-level mean over "
+                           "the step) | sequence_mean (GRPO's mean of sequence means) | dr_grpo (Dr. GRPO: token "
+                           "sums / (sequences x rollout.max_new_tokens))")
+    scale_by_std: bool = opt(True, "divide advantages by the group std (False: Dr. GRPO's advantage)")
     drop_zero_variance: bool = opt(True, "skip groups whose rewards are all equal (reported either way)")
     kernel: str = opt("auto", "GRPO loss path: auto | chunked | reference | triton")
 

@@ -34,9 +34,9 @@ from typing import Any, Protocol
 
 import torch
 
+from .objective import LossParams, TokenTerms
 from .rows_torch import torch_rows
-from .spec import GRPOLossOutput, LossParams, check_inputs, row_temperatures
-from .token_loss import TokenTerms
+from .spec import GRPOLossOutput, Tokens, check_inputs
 
 # Rows per tile. At V=151936 a float32 tile is 74 MiB beside the 519 MiB fp32 weight gradient every path must
 # hold: peak 600 MiB, 0.34x the naive path's. Taller tiles make the CPU GEMMs more efficient (interleaved runs,
@@ -51,11 +51,7 @@ class RowKernel(Protocol):
     def __call__(
         self,
         tile: torch.Tensor,  # [n, V] z = logits / temperature
-        targets: torch.Tensor,  # [n]
-        old_logp: torch.Tensor,  # [n]
-        advantages: torch.Tensor,  # [n]
-        token_weights: torch.Tensor,  # [n]
-        ref_logp: torch.Tensor | None,  # [n]
+        tokens: Tokens,  # [n] each: the tile's rows
         params: LossParams,
         with_grad: bool,
     ) -> tuple[TokenTerms, torch.Tensor | None]: ...
@@ -64,18 +60,13 @@ class RowKernel(Protocol):
 def chunk_pass(
     hidden: torch.Tensor,  # [N, H]
     weight: torch.Tensor,  # [V, H]
-    targets: torch.Tensor,  # [N]
-    old_logp: torch.Tensor,  # [N]
-    advantages: torch.Tensor,  # [N]
-    token_weights: torch.Tensor,  # [N]
-    ref_logp: torch.Tensor | None,  # [N]
+    tokens: Tokens,  # [N] each
     params: LossParams,
     *,
     rows: RowKernel,
     chunk_size: int,
     grad_hidden: torch.Tensor | None = None,  # [N, H] float32/64, fully overwritten
     grad_weight: torch.Tensor | None = None,  # [V, H] float32/64, fully overwritten
-    temperatures: torch.Tensor | None = None,  # [N] each row's temperature; None: params.temperature
 ) -> TokenTerms:
     """Per-token terms of all rows; fills grad_hidden / grad_weight with dL/dhidden, dL/dweight if given."""
     if chunk_size < 1:
@@ -83,13 +74,12 @@ def chunk_pass(
     n_rows, vocab = hidden.shape[0], weight.shape[0]
     acc = torch.promote_types(hidden.dtype, torch.float32)
     # 1/T as a float, or per row as an [N, 1] column in the accumulation dtype
-    inv_t: float | torch.Tensor = (
-        1.0 / params.temperature if temperatures is None else 1.0 / temperatures.to(acc)[:, None]
-    )
+    t = tokens.temperature
+    inv_t: float | torch.Tensor = 1.0 / t.to(acc)[:, None] if isinstance(t, torch.Tensor) else 1.0 / float(t)
     with_grad = grad_hidden is not None or grad_weight is not None
     out = {name: torch.empty(n_rows, dtype=acc, device=hidden.device) for name in ("logp", "ratio", "loss", "slope")}
     clipped = torch.empty(n_rows, dtype=torch.bool, device=hidden.device)  # [N]
-    kl = torch.empty(n_rows, dtype=acc, device=hidden.device) if ref_logp is not None else None  # [N]
+    kl = torch.empty(n_rows, dtype=acc, device=hidden.device) if tokens.ref_logp is not None else None  # [N]
     # Vocabulary-major tiles on CPU: MKL forms W · hᵀ ([V, n], packing the small operand) ~25 % faster than
     # h · Wᵀ ([n, V], which repacks all of W on every call); GPUs keep row-major tiles for coalesced row reads.
     vocab_major = hidden.device.type == "cpu"
@@ -106,16 +96,7 @@ def chunk_pass(
             tile = torch.mm(weight, h_scaled.t(), out=tile_storage[: n * vocab].view(vocab, n)).t()  # [n, V]
         else:
             tile = torch.mm(h_scaled, weight.t(), out=tile_storage[: n * vocab].view(n, vocab))  # [n, V]
-        terms, grad = rows(
-            tile,
-            targets[rows_],
-            old_logp[rows_],
-            advantages[rows_],
-            token_weights[rows_],
-            ref_logp[rows_] if ref_logp is not None else None,
-            params,
-            with_grad,
-        )
+        terms, grad = rows(tile, tokens.rows(rows_), params, with_grad)
         out["logp"][rows_] = terms.logp
         out["ratio"][rows_] = terms.ratio
         out["loss"][rows_] = terms.loss
@@ -143,12 +124,7 @@ class _ChunkedGRPOLoss(torch.autograd.Function):
         ctx: Any,
         hidden: torch.Tensor,  # [N, H]
         weight: torch.Tensor,  # [V, H]
-        targets: torch.Tensor,  # [N]
-        old_logp: torch.Tensor,  # [N]
-        advantages: torch.Tensor,  # [N]
-        token_weights: torch.Tensor,  # [N]
-        ref_logp: torch.Tensor | None,  # [N]
-        temperatures: torch.Tensor | None,  # [N]
+        tokens: Tokens,  # [N] each; not differentiated
         params: LossParams,
         rows: RowKernel,
         chunk_size: int,
@@ -159,11 +135,10 @@ class _ChunkedGRPOLoss(torch.autograd.Function):
         grad_hidden = torch.empty(hidden.shape, dtype=acc, device=hidden.device) if want_grad_hidden else None
         grad_weight = torch.empty(weight.shape, dtype=acc, device=weight.device) if want_grad_weight else None
         terms = chunk_pass(
-            hidden, weight, targets, old_logp, advantages, token_weights, ref_logp, params,
-            rows=rows, chunk_size=chunk_size, grad_hidden=grad_hidden, grad_weight=grad_weight,
-            temperatures=temperatures,
+            hidden, weight, tokens, params, rows=rows, chunk_size=chunk_size, grad_hidden=grad_hidden,
+            grad_weight=grad_weight,
         )  # fmt: skip
-        loss = (token_weights.to(acc) * terms.loss).sum()  # []
+        loss = (tokens.token_weights.to(acc) * terms.loss).sum()  # []
         # Cast once, then drop the float32 copy before anything else is allocated.
         grad_hidden = grad_hidden.to(hidden.dtype) if grad_hidden is not None else None
         grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
@@ -181,33 +156,23 @@ class _ChunkedGRPOLoss(torch.autograd.Function):
         if float(grad_loss) != 1.0:
             grad_hidden = grad_hidden * grad_loss.to(grad_hidden.dtype) if grad_hidden is not None else None
             grad_weight = grad_weight * grad_loss.to(grad_weight.dtype) if grad_weight is not None else None
-        return (grad_hidden, grad_weight) + (None,) * 11
+        return (grad_hidden, grad_weight) + (None,) * 6
 
 
 def grpo_loss_chunked(
     hidden: torch.Tensor,  # [N, H]
     weight: torch.Tensor,  # [V, H]
-    targets: torch.Tensor,  # [N]
-    old_logp: torch.Tensor,  # [N]
-    advantages: torch.Tensor,  # [N]
-    token_weights: torch.Tensor,  # [N]
+    tokens: Tokens,  # [N] each
+    params: LossParams,
     *,
-    ref_logp: torch.Tensor | None = None,  # [N]
-    beta: float = 0.0,
-    temperature: float | torch.Tensor = 1.0,  # one T, or [N]: each row's own
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip: float | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     rows: RowKernel = torch_rows,
 ) -> GRPOLossOutput:
     """The GRPO loss over ``chunk_size``-row tiles; gradients only when autograd will ask for them."""
-    scalar_t, per_row = row_temperatures(temperature, hidden.shape[0], hidden.device)
-    params = LossParams(scalar_t, eps_low, eps_high, dual_clip, beta)
-    check_inputs(hidden, weight, targets, old_logp, advantages, token_weights, ref_logp, params)
+    check_inputs(hidden, weight, tokens, params)
     grad_enabled = torch.is_grad_enabled()
     loss, logp, ratio, clipped, kl = _ChunkedGRPOLoss.apply(
-        hidden, weight, targets, old_logp, advantages, token_weights, ref_logp, per_row, params, rows, chunk_size,
+        hidden, weight, tokens, params, rows, chunk_size,
         grad_enabled and hidden.requires_grad, grad_enabled and weight.requires_grad,
     )  # fmt: skip
-    return GRPOLossOutput(loss, logp, ratio, clipped, kl if ref_logp is not None else None)
+    return GRPOLossOutput(loss, logp, ratio, clipped, kl if tokens.ref_logp is not None else None)

@@ -6,13 +6,15 @@ over each [rows × V] tile are five launches and five round trips through HBM; h
 
 - ``_forward_kernel``: one program per row streams the row in BLOCK-wide slices with an online
   max / sum-exp (so any V fits in registers), then gathers the target logit and computes, in
-  registers, logp, the ratio, the clip and dual clip, the k3 KL, ℓ and dℓ/dlogp;
+  registers, logp, the ratio, the clip and dual clip, the KL estimate, ℓ and dℓ/dlogp;
 - ``_grad_kernel``: one program per (row, BLOCK slice) overwrites the tile with
   dL/dz = w·dℓ/dlogp·(onehot − exp(z − lse)), in the tile's dtype (Liger-style: no second buffer).
 
-The formulas are those of ``token_loss`` (where their derivation is written down); the tests hold
-both implementations to the float64 reference. Triton is optional: without it this module still
-imports, ``TRITON_AVAILABLE`` is False and ``triton_rows`` raises.
+The per-token formulas are a register-level copy of ``objective.token_loss`` — the one torch
+definition, where each value's derivative is written beside it — for the variants this kernel knows
+(``CLIPS``, ``KL_CODES``; any other raises). The tests hold this kernel to the float64 reference,
+which differentiates that definition with autograd. Triton is optional: without it this module
+still imports, ``TRITON_AVAILABLE`` is False and ``triton_rows`` raises.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import os
 import torch
 
 from .chunked import DEFAULT_CHUNK_SIZE, grpo_loss_chunked
-from .spec import GRPOLossOutput, LossParams
-from .token_loss import TokenTerms
+from .objective import LossParams, TokenTerms
+from .spec import GRPOLossOutput, Tokens
 
 try:
     import triton
@@ -40,6 +42,9 @@ INTERPRETED = TRITON_AVAILABLE and os.environ.get("TRITON_INTERPRET", "0").lower
 # Widest slice a program holds at once: 4096 fp32 values fill 32 registers per thread at 4 warps, and
 # V=151936 then takes 38 steps of the online max / sum-exp.
 MAX_BLOCK = 4096
+# The VARIANTS entries the forward kernel implements: clip names, and KL estimators by their constexpr code.
+CLIPS = ("ppo", "dual")
+KL_CODES = {"k1": 1, "k2": 2, "k3": 3}
 
 
 def triton_usable(device: torch.device) -> bool:
@@ -75,6 +80,7 @@ if TRITON_AVAILABLE:
         HAS_DUAL_CLIP: tl.constexpr,
         HAS_REF: tl.constexpr,
         HAS_KL_LOSS: tl.constexpr,
+        KL: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
@@ -103,12 +109,20 @@ if TRITON_AVAILABLE:
         slope = tl.where(clipped, 0.0, pg)
         if HAS_REF:
             log_ref_ratio = tl.load(ref_logp_ptr + row).to(tl.float32) - logp
-            ref_ratio = tl.exp(log_ref_ratio)
-            kl = ref_ratio - log_ref_ratio - 1.0
+            if KL == 3:
+                ref_ratio = tl.exp(log_ref_ratio)
+                kl = ref_ratio - log_ref_ratio - 1.0
+                kl_slope = 1.0 - ref_ratio
+            elif KL == 2:
+                kl = 0.5 * log_ref_ratio * log_ref_ratio
+                kl_slope = -log_ref_ratio
+            else:
+                kl = -log_ref_ratio
+                kl_slope = 1.0
             tl.store(kl_ptr + row, kl)
             if HAS_KL_LOSS:
                 loss += beta * kl
-                slope += beta * (1.0 - ref_ratio)
+                slope += beta * kl_slope
         tl.store(lse_ptr + row, lse)
         tl.store(logp_ptr + row, logp)
         tl.store(ratio_ptr + row, ratio)
@@ -140,11 +154,7 @@ if TRITON_AVAILABLE:
 
 def triton_rows(
     tile: torch.Tensor,  # [n, V] z = logits / temperature; overwritten with dL/dz when with_grad
-    targets: torch.Tensor,  # [n]
-    old_logp: torch.Tensor,  # [n]
-    advantages: torch.Tensor,  # [n]
-    token_weights: torch.Tensor,  # [n]
-    ref_logp: torch.Tensor | None,  # [n]
+    tokens: Tokens,  # [n] each: the tile's rows
     params: LossParams,
     with_grad: bool,
 ) -> tuple[TokenTerms, torch.Tensor | None]:
@@ -155,6 +165,10 @@ def triton_rows(
     """
     if not triton_usable(tile.device):
         raise RuntimeError("Triton row kernels need triton and a CUDA device (or TRITON_INTERPRET=1)")
+    if params.clip not in CLIPS or params.kl_estimator not in KL_CODES:
+        raise NotImplementedError(f"the Triton kernel has no clip {params.clip!r} or KL {params.kl_estimator!r}; "
+                                  "use impl='chunked'")
+    targets, ref_logp = tokens.targets, tokens.ref_logp
     n, vocab = tile.shape
     block = min(MAX_BLOCK, triton.next_power_of_2(max(vocab, 1)))
     f32 = {"dtype": torch.float32, "device": tile.device}
@@ -164,17 +178,17 @@ def triton_rows(
     targets = targets.contiguous()
     if n:
         _forward_kernel[(n,)](
-            tile, tile.stride(0), tile.stride(1), targets, old_logp.contiguous(), advantages.contiguous(),
-            ref_logp.contiguous() if ref_logp is not None else old_logp,
+            tile, tile.stride(0), tile.stride(1), targets, tokens.old_logp.contiguous(),
+            tokens.advantages.contiguous(), ref_logp.contiguous() if ref_logp is not None else tokens.old_logp,
             lse, logp, ratio, clipped, kl if kl is not None else lse, loss, slope,
             vocab, params.ratio_low, params.ratio_high, params.dual_clip or 0.0, params.beta,
-            HAS_DUAL_CLIP=params.dual_clip is not None, HAS_REF=ref_logp is not None,
-            HAS_KL_LOSS=ref_logp is not None and params.beta > 0, BLOCK=block,
+            HAS_DUAL_CLIP=params.clip == "dual", HAS_REF=ref_logp is not None,
+            HAS_KL_LOSS=ref_logp is not None and params.beta > 0, KL=KL_CODES[params.kl_estimator], BLOCK=block,
         )  # fmt: skip
     terms = TokenTerms(logp, ratio, clipped.bool(), kl, loss, slope)
     if not with_grad:
         return terms, None
-    dlogp = (token_weights.float() * slope).contiguous()  # [n] dL/dlogp
+    dlogp = (tokens.token_weights.float() * slope).contiguous()  # [n] dL/dlogp
     if n:
         _grad_kernel[(n, triton.cdiv(vocab, block))](
             tile, tile.stride(0), tile.stride(1), targets, lse, dlogp, vocab, BLOCK=block
@@ -185,17 +199,9 @@ def triton_rows(
 def grpo_loss_triton(
     hidden: torch.Tensor,  # [N, H]
     weight: torch.Tensor,  # [V, H]
-    targets: torch.Tensor,  # [N]
-    old_logp: torch.Tensor,  # [N]
-    advantages: torch.Tensor,  # [N]
-    token_weights: torch.Tensor,  # [N]
+    tokens: Tokens,  # [N] each (the chunked pass applies the temperature)
+    params: LossParams,
     *,
-    ref_logp: torch.Tensor | None = None,  # [N]
-    beta: float = 0.0,
-    temperature: float | torch.Tensor = 1.0,  # one T, or [N]: each row's own (applied by the chunked pass)
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip: float | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> GRPOLossOutput:
     """The chunked GRPO loss with the Triton row kernels (see the module docstring)."""
@@ -207,8 +213,4 @@ def grpo_loss_triton(
             f"impl='triton' needs CUDA tensors (got {hidden.device}); set TRITON_INTERPRET=1 before importing "
             "coevo.kernels to run on CPU, or use impl='chunked'"
         )
-    return grpo_loss_chunked(
-        hidden, weight, targets, old_logp, advantages, token_weights,
-        ref_logp=ref_logp, beta=beta, temperature=temperature, eps_low=eps_low, eps_high=eps_high,
-        dual_clip=dual_clip, chunk_size=chunk_size, rows=triton_rows,
-    )  # fmt: skip
+    return grpo_loss_chunked(hidden, weight, tokens, params, chunk_size=chunk_size, rows=triton_rows)

@@ -24,8 +24,8 @@ Methods:
 - ours: ``coevo.kernels.grpo_loss`` (chunked on CPU, Triton on CUDA);
 - ours-recompute: ours with the gradients recomputed in the backward instead of formed in the forward
   (``chunk_pass`` twice), the alternative ``kernels/chunked.py`` documents.
-All methods compute the same loss (dapo normalisation = token_weights of 1/N); the table's loss
-column checks it.
+All methods compute the same loss (token_mean, DAPO's normalisation = token_weights of 1/N); the
+table's loss column checks it.
 """
 
 from __future__ import annotations
@@ -71,7 +71,20 @@ class Inputs:
     ref_logp: torch.Tensor  # [N]
     seq_advantages: torch.Tensor  # [B]
     advantages: torch.Tensor  # [N] each token carries its sequence's advantage
-    token_weights: torch.Tensor  # [N] 1/N: DAPO's token-level normalisation
+    token_weights: torch.Tensor  # [N] 1/N: DAPO's token-level normalisation (token_mean)
+
+    def tokens(self) -> Any:
+        """The per-token inputs as coevo.kernels.Tokens."""
+        from coevo.kernels import Tokens
+
+        return Tokens(self.targets, self.old_logp, self.advantages, self.token_weights, self.ref_logp, TEMPERATURE)
+
+
+def loss_params() -> Any:
+    """The benchmark's objective: symmetric clip EPS, k3 KL at BETA."""
+    from coevo.kernels import LossParams
+
+    return LossParams(eps_low=EPS, eps_high=EPS, beta=BETA)
 
 
 def make_inputs(b: int, t: int, h: int, v: int, seed: int = 0) -> Inputs:
@@ -102,21 +115,17 @@ def make_inputs(b: int, t: int, h: int, v: int, seed: int = 0) -> Inputs:
 def run_naive(x: Inputs) -> torch.Tensor:
     from coevo.kernels import grpo_loss_reference
 
-    return grpo_loss_reference(
-        x.hidden, x.weight, x.targets, x.old_logp, x.advantages, x.token_weights,
-        ref_logp=x.ref_logp, beta=BETA, temperature=TEMPERATURE, eps_low=EPS, eps_high=EPS,
-    ).loss  # fmt: skip
+    return grpo_loss_reference(x.hidden, x.weight, x.tokens(), loss_params()).loss
 
 
 def run_trl(x: Inputs) -> torch.Tensor:
-    from coevo.kernels import LossParams
-    from coevo.kernels.token_loss import token_terms
+    from coevo.kernels import token_loss
     from trl.kernels import ChunkedLogProbFunction
 
     logp = ChunkedLogProbFunction.apply(
         x.hidden, x.weight, None, x.targets, TEMPERATURE, TRL_VOCAB_TILE, None, 1.0, ()
     )[0]  # [N]
-    terms = token_terms(logp, x.old_logp, x.advantages, x.ref_logp, LossParams(TEMPERATURE, EPS, EPS, None, BETA))
+    terms = token_loss(logp, x.old_logp, x.advantages, x.ref_logp, loss_params())
     return (x.token_weights * terms.loss).sum()
 
 
@@ -148,18 +157,15 @@ def run_ours(x: Inputs) -> torch.Tensor:
 
     return grpo_loss(
         x.hidden, x.weight, x.targets, x.old_logp, x.advantages, x.token_weights,
-        ref_logp=x.ref_logp, beta=BETA, temperature=TEMPERATURE, eps_low=EPS, eps_high=EPS,
-        chunk_size=chunk_size(),
+        ref_logp=x.ref_logp, temperature=TEMPERATURE, params=loss_params(), chunk_size=chunk_size(),
     ).loss  # fmt: skip
 
 
 def run_ours_recompute(x: Inputs) -> torch.Tensor:
-    from coevo.kernels import LossParams
     from coevo.kernels.chunked import chunk_pass
     from coevo.kernels.rows_torch import torch_rows
 
-    params = LossParams(TEMPERATURE, EPS, EPS, None, BETA)
-    per_token = (x.targets, x.old_logp, x.advantages, x.token_weights, x.ref_logp)
+    params, tokens = loss_params(), x.tokens()
     rows_per_tile = chunk_size()
 
     class Recompute(torch.autograd.Function):
@@ -168,7 +174,7 @@ def run_ours_recompute(x: Inputs) -> torch.Tensor:
         @staticmethod
         def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             ctx.save_for_backward(hidden, weight)
-            terms = chunk_pass(hidden, weight, *per_token, params, rows=torch_rows, chunk_size=rows_per_tile)
+            terms = chunk_pass(hidden, weight, tokens, params, rows=torch_rows, chunk_size=rows_per_tile)
             return (x.token_weights * terms.loss).sum()
 
         @staticmethod
@@ -176,7 +182,7 @@ def run_ours_recompute(x: Inputs) -> torch.Tensor:
             hidden, weight = ctx.saved_tensors
             grad_hidden, grad_weight = torch.empty_like(hidden), torch.empty_like(weight)
             chunk_pass(
-                hidden, weight, *per_token, params, rows=torch_rows, chunk_size=rows_per_tile,
+                hidden, weight, tokens, params, rows=torch_rows, chunk_size=rows_per_tile,
                 grad_hidden=grad_hidden, grad_weight=grad_weight,
             )  # fmt: skip
             return grad_hidden, grad_weight  # grad_loss is 1 here: loss.backward() on the scalar

@@ -138,12 +138,12 @@ def _kernel_inputs(n: int, h: int, v: int, dtype: torch.dtype, seed: int = 0) ->
 
 
 def _loss_and_grads(impl: str, x: dict) -> tuple[float, torch.Tensor, torch.Tensor]:
-    from coevo.kernels import grpo_loss
+    from coevo.kernels import LossParams, grpo_loss
 
     hidden = x["hidden"].detach().clone().requires_grad_()
     weight = x["weight"].detach().clone().requires_grad_()
     out = grpo_loss(hidden, weight, x["targets"], x["old_logp"], x["advantages"], x["token_weights"],
-                    eps_high=0.28, impl=impl)
+                    params=LossParams(eps_high=0.28), impl=impl)
     out.loss.backward()
     return float(out.loss), hidden.grad.double(), weight.grad.double()
 

@@ -41,8 +41,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"model": "tiny", "steps": 2, "prompts": 2, "generations": 2, "max_new_tokens": 8,
              "keep_truncated": True},
 }
-LOSS_TYPES = {"token_mean": "dapo", "dapo": "dapo", "sequence_mean": "grpo"}
-"""coevo's trainer.aggregation -> TRL's loss_type with the same token weights (see UNMATCHED)."""
+LOSS_TYPES = {"token_mean": "dapo", "sequence_mean": "grpo", "dr_grpo": "dr_grpo"}
+"""coevo's trainer.aggregation -> TRL's loss_type with the same token weights (see UNMATCHED); dr_grpo's
+horizon is rollout.max_new_tokens in coevo and max_completion_length (set from it) in TRL."""
 UNMATCHED = [
     "zero-variance groups: coevo drops them (trainer.drop_zero_variance), so its token mean runs over the "
     "tokens of groups with a signal; TRL keeps them at advantage 0 in the denominator of its 'dapo' loss, "

@@ -66,12 +66,18 @@ def test_a_wrong_type_or_unknown_key_is_refused():
 @pytest.mark.parametrize(("override", "field"), [
     ("mode=both", "mode"), ("rollout.backend=tgi", "rollout.backend"), ("evolution.gate=vote", "evolution.gate"),
     ("trainer.aggregation=sum", "trainer.aggregation"), ("logger.kind=mlflow", "logger.kind"),
+    ("trainer.kl_estimator=k4", "trainer.kl_estimator"),
     ("batch_tasks=0", "batch_tasks"), ("buffer.capacity=4", "buffer.capacity"),
 ])
 def test_check_names_the_field_and_the_allowed_values(override, field):
     cfg = compose_cfg([override])
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         check(cfg)
+
+
+def test_the_removed_dapo_aggregation_names_its_replacement():
+    with pytest.raises(ValueError, match=r"trainer\.aggregation='dapo' is not allowed.*was token_mean.*use token_mean"):
+        check(compose_cfg(["trainer.aggregation=dapo"]))
 
 
 def test_every_field_is_documented():

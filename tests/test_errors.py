@@ -95,14 +95,13 @@ def test_missing_openai_names_the_install_when_the_agent_is_built(monkeypatch):
 
 def test_missing_triton_names_the_install_and_the_fallback(monkeypatch):
     import torch
-    from coevo.kernels import triton_grpo
+    from coevo.kernels import LossParams, Tokens, triton_grpo
 
     monkeypatch.setattr(triton_grpo, "TRITON_AVAILABLE", False)
     n, h, v = 4, 8, 16
-    args = (torch.randn(n, h), torch.randn(v, h), torch.randint(0, v, (n,)), torch.zeros(n), torch.ones(n),
-            torch.ones(n))
+    tokens = Tokens(torch.randint(0, v, (n,)), torch.zeros(n), torch.ones(n), torch.ones(n))
     with pytest.raises(RuntimeError, match=r"pip install triton.*impl='chunked' \(trainer\.kernel=chunked\)"):
-        triton_grpo.grpo_loss_triton(*args)
+        triton_grpo.grpo_loss_triton(torch.randn(n, h), torch.randn(v, h), tokens, LossParams())
 
 
 def test_missing_liger_names_the_install_in_the_loss_benchmark(monkeypatch):

@@ -11,9 +11,11 @@ hold the full [tokens × vocab] logits.
 
 Distribution is accelerate's: the step's sequences are dealt to processes in a fixed order,
 each process accumulates its micro-batches without synchronising, and gradients are reduced
-once at its last micro-batch. Loss weights are normalised over the whole step (see
-``aggregation``), and the loss is scaled by the number of processes to undo DDP's averaging, so
-N processes compute exactly the gradient of one process holding the whole step.
+once at its last micro-batch. Loss weights are normalised over the whole step
+(``coevo.kernels.objective.token_weights``), and the loss is scaled by the number of processes
+to undo DDP's averaging, so N processes compute exactly the gradient of one process holding the
+whole step. The objective (clip, KL estimator, aggregation) is ``coevo.kernels.objective``'s,
+chosen by name from its table.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from typing import Any, Sequence
 import torch
 
 from coevo.agent.trace import Trace
-from coevo.kernels import grpo_loss
+from coevo.kernels import LossParams, grpo_loss
+from coevo.kernels.objective import pick, token_weights
 from coevo.trainers.advantages import group_advantages
-from coevo.trainers.aggregation import MODES, token_weights
 from coevo.trainers.batch import TrainSequence, collate, training_sequences
 from coevo.trainers.logprobs import completion_hidden, lm_head_weight, token_logprobs
 
@@ -65,15 +67,16 @@ class GRPOTrainer:
 
     Args are flat on purpose (no config objects): ``lr``, ``weight_decay``, ``max_grad_norm``,
     ``warmup_steps`` and ``total_steps`` (linear schedule), ``micro_batch_size`` (sequences per
-    forward), clip ``eps_low``/``eps_high``, ``dual_clip`` (c > 1 or None), ``beta`` for the k3
-    KL to a reference (for LoRA the base model with the adapter disabled; otherwise
-    ``ref_model``), ``tis_cap`` for the truncated importance weight between the trainer's
-    behaviour log-probs and the sampler's, ``aggregation`` (token_mean | sequence_mean | dapo),
-    ``scale_by_std`` (False is Dr. GRPO), ``drop_zero_variance``, ``temperature`` (the rollout
-    temperature, for model calls recorded without their own; every other token is scored at the
-    temperature that sampled it), ``kernel`` (auto | chunked | reference | triton),
-    ``optimizer`` (adamw | sgd; SGD keeps the update proportional to the gradient, which the
-    distributed test relies on to see a wrong gradient scale).
+    forward), clip ``eps_low``/``eps_high``, ``dual_clip`` (c > 1 or None), ``beta`` for the KL
+    penalty to a reference (for LoRA the base model with the adapter disabled; otherwise
+    ``ref_model``) estimated by ``kl_estimator`` (k3 | k2 | k1), ``tis_cap`` for the truncated
+    importance weight between the trainer's behaviour log-probs and the sampler's, ``aggregation``
+    (token_mean | sequence_mean | dr_grpo) with ``loss_horizon`` (dr_grpo's constant normaliser in
+    tokens, the completion budget), ``scale_by_std`` (False is Dr. GRPO's advantage),
+    ``drop_zero_variance``, ``temperature`` (the rollout temperature, for model calls recorded
+    without their own; every other token is scored at the temperature that sampled it), ``kernel``
+    (auto | chunked | reference | triton), ``optimizer`` (adamw | sgd; SGD keeps the update
+    proportional to the gradient, which the distributed test relies on to see a wrong gradient scale).
     """
 
     def __init__(
@@ -93,8 +96,10 @@ class GRPOTrainer:
         eps_high: float = 0.28,
         dual_clip: float | None = None,
         beta: float = 0.0,
+        kl_estimator: str = "k3",
         tis_cap: float | None = None,
         aggregation: str = "token_mean",
+        loss_horizon: int | None = None,
         scale_by_std: bool = True,
         drop_zero_variance: bool = True,
         temperature: float = 1.0,
@@ -103,8 +108,11 @@ class GRPOTrainer:
     ) -> None:
         from accelerate import Accelerator
 
-        if aggregation not in MODES:
-            raise ValueError(f"aggregation must be one of {MODES}, got {aggregation!r}")
+        pick("aggregation", aggregation)  # a ValueError naming the choices
+        if aggregation == "dr_grpo" and not (loss_horizon and loss_horizon >= 1):
+            raise ValueError(f"aggregation dr_grpo needs loss_horizon >= 1 (the completion budget), got {loss_horizon}")
+        loss_params = LossParams(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, beta=beta,
+                                 kl_estimator=kl_estimator)
         if micro_batch_size < 1 or temperature <= 0:
             raise ValueError("micro_batch_size must be >= 1 and temperature > 0")
         self.accelerator = accelerator or Accelerator()
@@ -126,8 +134,9 @@ class GRPOTrainer:
         self.pad_id = pad_id
         self.max_grad_norm = max_grad_norm
         self.micro_batch_size = micro_batch_size
-        self.loss_kwargs = dict(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, beta=beta, impl=kernel)
+        self.loss_params, self.kernel = loss_params, kernel
         self.beta, self.tis_cap, self.temperature = beta, tis_cap, temperature
+        self.loss_horizon = loss_horizon
         self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, scale_by_std, drop_zero_variance
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
 
@@ -187,14 +196,15 @@ class GRPOTrainer:
         batch = collate(mb, self.pad_id, device)
         hidden = completion_hidden(self.model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
         weight = lm_head_weight(self.model)
-        weights = token_weights(batch.lengths, self.aggregation, step_tokens=step_tokens, step_sequences=step_seqs)
+        weights = token_weights(batch.lengths, self.aggregation, step_tokens=step_tokens, step_sequences=step_seqs,
+                                horizon=self.loss_horizon)
         weights = weights.to(device) * batch.loss_weights
         if self.tis_cap is not None and batch.sampler_logp is not None:
             weights = weights * torch.exp(batch.old_logp - batch.sampler_logp).clamp(max=self.tis_cap)
         temperature = _temperature(mb, batch)
         ref = self._ref_logp(batch, temperature) if self.beta > 0 else None
         out = grpo_loss(hidden, weight, batch.targets, batch.old_logp, batch.advantages, weights, ref_logp=ref,
-                        temperature=temperature, **self.loss_kwargs)
+                        temperature=temperature, params=self.loss_params, impl=self.kernel)
         return out.loss, out
 
     @torch.no_grad()

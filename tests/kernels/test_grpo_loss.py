@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coevo.kernels import grpo_loss, resolve_impl
+from coevo.kernels import LossParams, grpo_loss, resolve_impl
 from coevo.kernels.triton_grpo import INTERPRETED, TRITON_AVAILABLE, triton_usable
 
 # ratio = exp(offset): 0.5, 0.95, 1.05, 2, 5 — far from the edges 0.8, 1.2 (and the dual clip at 3)
@@ -98,15 +98,26 @@ class Result:
     grad_weight: torch.Tensor  # [V, H] float64
 
 
-def run(case: Case, impl: str, *, float64: bool = False, **kwargs: object) -> Result:
-    """One forward+backward of ``impl`` on the case, in the case's dtype (or float64: the ground truth)."""
+def run(
+    case: Case,
+    impl: str,
+    *,
+    float64: bool = False,
+    temperature: float | torch.Tensor = 1.0,
+    chunk_size: int | None = None,
+    **params: object,
+) -> Result:
+    """One forward+backward of ``impl`` on the case, in the case's dtype (or float64: the ground truth);
+    ``params`` are LossParams fields."""
     dtype = torch.float64 if float64 else case.dtype
     device = DEVICE if impl == "triton" else torch.device("cpu")
     hidden = case.hidden.detach().to(device, dtype).requires_grad_()  # detach: never mark the case's own tensor
     weight = case.weight.detach().to(device, dtype).requires_grad_()
     per_token = [t.to(device) for t in (case.targets, case.old_logp, case.advantages, case.token_weights)]
     ref = case.ref_logp.to(device) if case.ref_logp is not None else None
-    out = grpo_loss(hidden, weight, *per_token, ref_logp=ref, impl=impl, **kwargs)
+    chunk = {} if chunk_size is None else {"chunk_size": chunk_size}
+    out = grpo_loss(hidden, weight, *per_token, ref_logp=ref, temperature=temperature,
+                    params=LossParams(**params), impl=impl, **chunk)  # type: ignore[arg-type]
     out.loss.backward()
     return Result(out, hidden.grad.double().cpu(), weight.grad.double().cpu())
 
@@ -144,6 +155,8 @@ CONFIGS = {
     "plain": {},
     "kl": {"with_ref": True, "beta": 0.1},
     "kl-logged-only": {"with_ref": True, "beta": 0.0},
+    "kl-k1": {"with_ref": True, "beta": 0.1, "kl_estimator": "k1"},
+    "kl-k2": {"with_ref": True, "beta": 0.1, "kl_estimator": "k2"},
     "dual-clip": {"dual_clip": 3.0},
     "temperature": {"temperature": 0.7},
     "asymmetric-all": {"with_ref": True, "beta": 0.05, "dual_clip": 3.0, "temperature": 0.7, "eps_high": 0.28},
@@ -340,9 +353,11 @@ def test_dispatch_and_validation() -> None:
     with pytest.raises(ValueError, match="impl"):
         grpo_loss(hidden, weight, *per_token, impl="fast")
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(hidden, weight, *per_token, beta=0.1)
+        grpo_loss(hidden, weight, *per_token, params=LossParams(beta=0.1))
     with pytest.raises(ValueError, match="dual_clip"):
-        grpo_loss(hidden, weight, *per_token, dual_clip=0.9)
+        LossParams(dual_clip=0.9)
+    with pytest.raises(ValueError, match="kl must be one of"):
+        LossParams(kl_estimator="k4")
     with pytest.raises(ValueError, match="temperature"):
         grpo_loss(hidden, weight, *per_token, temperature=0.0)
     with pytest.raises(ValueError, match="temperature"):

@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
+from coevo.kernels.objective import token_weights
 from coevo.trainers.advantages import group_advantages
-from coevo.trainers.aggregation import token_weights
 
 
 def loop_twin(ids, rewards, scale_by_std=True, eps=1e-6):
@@ -63,13 +63,38 @@ def test_token_weights_match_explicit_formulas():
     expected = [1 / (4 * 3)] * 3 + [1 / (4 * 1)] + [1 / (4 * 4)] * 4 + [1 / (4 * 2)] * 2
     assert sm.tolist() == pytest.approx(expected)
     assert float(sm.sum()) == pytest.approx(1.0)  # each sequence weighs the same, 1/4
-    dapo = token_weights(lengths, "dapo", step_tokens=40)
-    assert torch.allclose(dapo, torch.full((10,), 1 / 40))
+    dr = token_weights(lengths, "dr_grpo", horizon=8)
+    assert torch.allclose(dr, torch.full((10,), 1 / (4 * 8)))  # 4 non-empty sequences, horizon 8
     # a shard of a larger step: its weights are normalised by the step's totals
     shard = token_weights([3, 1], "sequence_mean", step_tokens=10, step_sequences=4)
     assert shard.tolist() == pytest.approx([1 / 12] * 3 + [1 / 4])
+    assert torch.allclose(token_weights(lengths, "token_mean", step_tokens=40), torch.full((10,), 1 / 40))
+    assert torch.allclose(token_weights([3, 1], "dr_grpo", step_sequences=4, horizon=8), torch.full((4,), 1 / 32))
     with pytest.raises(ValueError, match="aggregation"):
         token_weights(lengths, "mean")
+    with pytest.raises(ValueError, match="horizon"):
+        token_weights(lengths, "dr_grpo")
+
+
+def test_the_three_aggregations_differ_where_their_papers_say():
+    """Per sequence, the total weight of its tokens: token_mean (DAPO) ∝ its length, sequence_mean
+    (GRPO) the same for every sequence, dr_grpo ∝ its length but normalised by a constant rather than
+    the step's token count — so it, unlike token_mean, does not change when another sequence grows."""
+    def per_sequence(lengths, mode):
+        w = token_weights(lengths, mode, horizon=16)
+        return [float(part.sum()) for part in torch.split(w, lengths)]
+
+    short, long = [2, 6], [2, 12]
+    assert per_sequence(short, "token_mean") == pytest.approx([2 / 8, 6 / 8])
+    assert per_sequence(short, "sequence_mean") == pytest.approx([1 / 2, 1 / 2])
+    assert per_sequence(short, "dr_grpo") == pytest.approx([2 / 32, 6 / 32])
+    assert per_sequence(long, "token_mean")[0] == pytest.approx(2 / 14)  # the first sequence lost weight
+    assert per_sequence(long, "dr_grpo")[0] == pytest.approx(2 / 32)  # it did not
+
+
+def test_dapo_is_refused_with_the_name_to_use():
+    with pytest.raises(ValueError, match="'dapo' was token_mean under another name.*use token_mean"):
+        token_weights([3, 1], "dapo")
 
 
 def test_non_members_join_no_group_and_take_no_part_in_its_statistics():

@@ -66,15 +66,36 @@ def test_zero_variance_groups_are_reported_and_dropped(tok):
     assert empty.sequences == 0 and empty.zero_variance_fraction == 1.0 and trainer.version == 1
 
 
-def test_kl_to_reference_for_lora(tok):
+@pytest.mark.parametrize("kl_estimator", ["k3", "k2"])
+def test_kl_to_reference_for_lora(tok, kl_estimator):
     model = apply_lora(tiny_model(tok, seed=0), r=4, target_modules=("q_proj", "v_proj"))
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=5e-2, beta=0.1, micro_batch_size=8)
+    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=5e-2, beta=0.1, kl_estimator=kl_estimator,
+                          micro_batch_size=8)
     first = trainer.step(synthetic_traces(model, tok))
     assert first.kl == pytest.approx(0.0, abs=1e-6)  # the adapter starts as the identity
     trainer.step(synthetic_traces(model, tok, seed=1))
     assert trainer.step(synthetic_traces(model, tok, seed=2)).kl > 0.0
     with pytest.raises(ValueError, match="ref_model"):
         GRPOTrainer(tiny_model(tok), pad_id=tok.pad_token_id, beta=0.1).step(synthetic_traces(model, tok))
+
+
+def test_dr_grpo_normalises_by_the_horizon_and_dapo_is_refused(tok):
+    """On-policy (ratio 1) every token's loss is −A, so token_mean's step loss × tokens and dr_grpo's ×
+    (sequences × horizon) are both −Σ A over the step's tokens — with micro-batches of 5 sequences that
+    do not divide the step, so the normalisers must be the step's, not the micro-batch's."""
+    model = tiny_model(tok, seed=0)
+    with pytest.raises(ValueError, match="'dapo' was token_mean.*use token_mean"):
+        GRPOTrainer(model, pad_id=tok.pad_token_id, aggregation="dapo")
+    with pytest.raises(ValueError, match="loss_horizon"):
+        GRPOTrainer(model, pad_id=tok.pad_token_id, aggregation="dr_grpo")
+    traces = synthetic_traces(model, tok)
+    steps = {agg: GRPOTrainer(tiny_model(tok, seed=0), pad_id=tok.pad_token_id, lr=0.0, micro_batch_size=5,
+                              aggregation=agg, loss_horizon=8).step(traces)
+             for agg in ("token_mean", "dr_grpo")}
+    token_mean, dr_grpo = steps["token_mean"], steps["dr_grpo"]
+    assert token_mean.tokens == dr_grpo.tokens and token_mean.sequences == dr_grpo.sequences == 24
+    assert abs(token_mean.loss) > 1e-3
+    assert dr_grpo.loss * 24 * 8 == pytest.approx(token_mean.loss * token_mean.tokens, rel=1e-5)
 
 
 @pytest.mark.parametrize("lora", [False, True])
