@@ -221,9 +221,7 @@ def redact_trace(trace: Any, tokenizer: Any | None = None, secrets: Sequence[str
     found = secret_env_values() if secrets is None else list(secrets)
     if not found or not _contains(trace, found):
         return trace
-    from coevo.agent.trace import Trace
-
-    out = Trace.from_dict(redact(trace.to_dict(), found))
+    out = type(trace).from_dict(redact(trace.to_dict(), found))  # the trace's own class: no import of coevo.agent
     for k, (before, call) in enumerate(zip(trace.model_calls, out.model_calls, strict=True)):
         completion_changed = _redact_call_ids(before, call, tokenizer, found)
         if completion_changed:
