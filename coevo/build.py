@@ -177,6 +177,19 @@ def check_dependencies(cfg: TrainConfig) -> None:
         require("triton", "trainer.kernel=triton")
 
 
+def check_distributed(distributed_type: Any) -> None:
+    """Refuse sharded training before any work: the trainer applies the LM head outside the model's
+    forward, accumulates micro-batches itself and saves rank 0's optimizer state, none of which holds
+    under FSDP or DeepSpeed (docs/gpu-cluster.md, "Sharded training")."""
+    from accelerate.utils import DistributedType
+
+    if distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise ValueError(f"accelerate's distributed_type={distributed_type.value} is not supported: coevo's GRPO trainer "
+                         "needs whole parameters on every rank and drives the optimizer itself (docs/gpu-cluster.md, "
+                         "'Sharded training'); launch with DDP (accelerate launch --multi_gpu), with LoRA for large "
+                         "models")
+
+
 def check_triton_device(cfg: TrainConfig) -> None:
     """The Triton loss runs on CUDA tensors only (or under TRITON_INTERPRET=1); without this check a
     CPU run would find out in its first GRPO step, after the round's rollouts."""
@@ -260,6 +273,7 @@ def run(cfg: Any) -> Path:
     device = device_of(cfg.model.device)
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed)
+    check_distributed(accelerator.distributed_type)
     is_main = accelerator.is_main_process
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

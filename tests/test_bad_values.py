@@ -145,3 +145,25 @@ def test_eval_with_an_unknown_split_is_a_usage_error_listing_the_splits(tmp_path
     assert isinstance(result.exception, SystemExit), result.exception
     text = " ".join(result.output.replace("│", " ").split())  # the error box wraps lines
     assert "--split" in text and "split must be one of ['train', 'val', 'test'], got 'foo'" in text, text
+
+
+@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])
+def test_sharded_training_is_refused_naming_what_to_use(kind):
+    from accelerate.utils import DistributedType
+
+    from coevo.build import check_distributed
+
+    with pytest.raises(ValueError, match=f"distributed_type={kind} is not supported.*accelerate launch --multi_gpu"):
+        check_distributed(DistributedType[kind])
+    check_distributed(DistributedType.MULTI_GPU)  # DDP and one process are what the trainer supports
+    check_distributed(DistributedType.NO)
+
+
+def test_the_agents_axis_is_a_usage_error_before_the_model_loads():
+    from typer.testing import CliRunner
+
+    from coevo.cli import app
+
+    out = CliRunner().invoke(app, ["stream", "--env", "arithmetic", "--axis", "agents", "--model", "scripted"])
+    assert out.exit_code == 2
+    assert "axis 'agents' is not supported yet" in out.output and "loading model" not in out.output

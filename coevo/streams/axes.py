@@ -145,9 +145,16 @@ AXES: dict[str, Axis] = {
 }
 
 
+SUPPORTED = ("tools", "skills")
+"""Axes a stream can run today; ``agents`` has capability annotations but no runtime (``AGENTS_MISSING``)."""
+
+
 def get_axis(name: str) -> Axis:
+    """The axis ``name``; an unknown or unsupported one raises ``ValueError`` before any work."""
+    if name == "agents":
+        raise ValueError(f"axis 'agents' is not supported yet: {AGENTS_MISSING}; choose one of {list(SUPPORTED)}")
     if name not in AXES:
-        raise ValueError(f"axis must be one of {sorted(AXES)}, got {name!r}")
+        raise ValueError(f"axis must be one of {list(SUPPORTED)}, got {name!r}")
     return AXES[name]
 
 
