@@ -32,6 +32,7 @@ from coevo.agent.trace import Trace
 from coevo.envs.base import Task
 from coevo.evolution.critic import Critic, RecentBatch, pass_rate
 from coevo.evolution.digest import digest as make_digest
+from coevo.evolution.meta_agent import Demo, MetaAgent, MetaAgentError, PlanContext, demo_question
 from coevo.evolution.monitors import Monitors
 from coevo.evolution.pool import Patience, SnapshotPool
 from coevo.evolution.reference import reference_demo
@@ -39,7 +40,6 @@ from coevo.evolution.types import Digest, Proposal, Verdict
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import demo_problem
-from coevo.meta.base import Demo, MetaAgent, MetaAgentError, PlanContext, demo_question
 
 log = logging.getLogger("coevo.evolution")
 

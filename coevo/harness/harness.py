@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 import yaml
 
 from coevo.harness.algebra import by_hook, validate
-from coevo.harness.edits import Edit
+from coevo.harness.edit_record import Edit
 from coevo.harness.errors import HookMismatchError, UnknownProcessorError
 from coevo.harness.hooks import HOOK_ORDER, Hook
 from coevo.harness.processor import Processor

@@ -7,8 +7,8 @@ also be the import path of a no-argument factory of your own (``load_meta_agent`
 
 from typing import Any
 
+from coevo.evolution.meta_agent import MetaAgent, PlanContext, TokenLedger
 from coevo.imports import import_object
-from coevo.meta.base import MetaAgent, PlanContext, TokenLedger
 from coevo.meta.cache import CachedCall, CallCache
 from coevo.meta.llm import (
     ChatClient,
@@ -77,7 +77,7 @@ def load_meta_agent(path: str) -> MetaAgent:
     missing = [m for m in needed if not callable(getattr(agent, m, None))]
     if missing or not hasattr(agent, "ledger"):
         raise ValueError(f"{path!r} returned {agent!r}, which lacks {missing or ['ledger']} of a meta-agent "
-                         "(see MetaAgent in coevo/meta/base.py)")
+                         "(see MetaAgent in coevo/evolution/meta_agent.py)")
     return agent
 
 

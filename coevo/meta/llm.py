@@ -25,12 +25,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from coevo.evolution.meta_agent import MetaAgentError, PlanContext, TokenLedger
 from coevo.evolution.types import CAUSES, Digest, Proposal
 from coevo.harness.edits import EDIT_OPS, Edit, apply_edit, check_proposed
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import HOOK_ORDER, Dimension
 from coevo.harness.library import PROCESSORS
-from coevo.meta.base import MetaAgentError, PlanContext, TokenLedger
 from coevo.meta.cache import CallCache
 
 log = logging.getLogger("coevo.meta")

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from coevo.evolution.meta_agent import Demo, PlanContext, TokenLedger, as_demo
 from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Proposal
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.errors import CompositionError
@@ -45,7 +46,6 @@ from coevo.harness.library import (
 )
 from coevo.harness.library.context import split_demos
 from coevo.harness.processor import Processor
-from coevo.meta.base import Demo, PlanContext, TokenLedger, as_demo
 
 FORMAT_PROMPT = (
     "You are a careful problem solver working on {env} tasks. Think briefly, step by step.\n"

@@ -27,8 +27,8 @@ from coevo.envs.base import Env, Task
 from coevo.evolution.critic import Critic
 from coevo.evolution.driver import run_round
 from coevo.evolution.engine import AEGIS
+from coevo.evolution.meta_agent import MetaAgent
 from coevo.harness.harness import Harness
-from coevo.meta.base import MetaAgent
 from coevo.progress import NullProgress, RichProgress
 from coevo.streams.axes import AxisHarness, exposed_tools
 from coevo.streams.construct import Stream

@@ -25,10 +25,10 @@ from coevo.agent.policy import Policy
 from coevo.envs.base import Env, Task
 from coevo.evolution.critic import GATES, Critic, Rollout
 from coevo.evolution.driver import rollout_fn
+from coevo.evolution.meta_agent import MetaAgent
 from coevo.evolution.reference import ReferenceStore, build_references
 from coevo.harness.defaults import base_harness
 from coevo.harness.harness import Harness
-from coevo.meta.base import MetaAgent
 from coevo.meta.rule import RuleMetaAgent
 from coevo.progress import RichProgress
 from coevo.streams.axes import get_axis

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from coevo.harness.code import CodeProcessor
 from coevo.harness.errors import UnknownProcessorError
+from coevo.harness.library.builtin import BUILTIN
+from coevo.harness.library.code import CodeProcessor
 from coevo.harness.library.context import FewShotDemos, InstructionTemplate, SystemPrompt
 from coevo.harness.library.control import ArgumentGuard, LoopDetection, ParseRetry, StepBudget
 from coevo.harness.library.evaluation import AnswerExtraction, SelfVerification
@@ -18,35 +19,6 @@ from coevo.harness.library.tools import JsonToolCallParser, ToolChoice, ToolRegi
 from coevo.harness.library.training import InfraErrorFilter, TokenAnnotation
 from coevo.harness.processor import Processor
 from coevo.imports import import_object, is_import_path
-
-BUILTIN: tuple[type[Processor], ...] = (
-    SamplingConfig,
-    TemperatureSchedule,
-    SystemPrompt,
-    InstructionTemplate,
-    FewShotDemos,
-    SlidingWindowMemory,
-    SummaryMemory,
-    ToolRegistry,
-    ToolSchemaHint,
-    JsonToolCallParser,
-    ToolWhitelist,
-    ToolChoice,
-    PythonExecutor,
-    ToolTimeout,
-    AnswerExtraction,
-    SelfVerification,
-    StepBudget,
-    LoopDetection,
-    ParseRetry,
-    ArgumentGuard,
-    Journal,
-    EpisodeMetrics,
-    TokenAnnotation,
-    InfraErrorFilter,
-    StageTools,
-    SkillLibrary,
-)
 
 PROCESSORS: dict[str, type[Processor]] = {cls.kind: cls for cls in BUILTIN} | {CodeProcessor.kind: CodeProcessor}
 """Processor kinds a harness spec may name."""

@@ -17,6 +17,7 @@ from typing import Any
 from coevo.harness import events as ev
 from coevo.harness.errors import ParamError
 from coevo.harness.hooks import Dimension, Hook
+from coevo.harness.library.builtin import BUILTIN
 from coevo.harness.processor import Param, Processor
 from coevo.sandbox.restricted import SandboxRefusal, call_in_sandbox, check_source
 
@@ -40,8 +41,6 @@ EVENT_TYPES: dict[str, type[ev.Event]] = {
 def subclassable() -> tuple[type[Processor], ...]:
     """Built-in processors code may extend. Those that implement tools (``call_tool``) are left
     out: a subclass could call the tool itself, e.g. run arbitrary code through the python tool."""
-    from coevo.harness.library import BUILTIN
-
     return tuple(cls for cls in BUILTIN if cls.call_tool is Processor.call_tool)
 
 
