@@ -6,26 +6,14 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
+from coevo.agent.outcomes import pass_rates, task_outcomes
 from coevo.agent.policy import Policy
-from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
 from coevo.envs.base import Env, check_split
 from coevo.harness.harness import Harness
-
-
-def pass_rates(outcomes: Mapping[str, Sequence[bool]]) -> tuple[float, float]:
-    """(pass@1, pass@k) over tasks from each task's k attempt outcomes.
-
-    pass@1 is the mean success rate of single attempts; pass@k the fraction of tasks with at least
-    one success among their k attempts.
-    """
-    if not outcomes:
-        return 0.0, 0.0
-    p1 = sum(sum(o) / len(o) for o in outcomes.values()) / len(outcomes)
-    pk = sum(any(o) for o in outcomes.values()) / len(outcomes)
-    return p1, pk
 
 
 @dataclass
@@ -65,12 +53,11 @@ def evaluate(
     tasks = env.tasks(split)[: limit if limit is not None else None]
     if not tasks:
         raise ValueError(f"env {env.name!r} has no tasks in split {split!r}")
-    jobs = [Job(task, harness) for task in tasks for _ in range(attempts)]
     start = time.perf_counter()
-    traces = run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, on_trace=on_trace)
-    outcomes: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
-    for trace in traces:
-        outcomes[trace.task_id].append(trace.passed)
+    groups = run_attempts(tasks, harness, policy, env, attempts=attempts, batch_size=batch_size, workers=workers,
+                          on_trace=on_trace)
+    traces = [t for group in groups for t in group]
+    outcomes = task_outcomes(traces, [t.task_id for t in tasks])
     p1, pk = pass_rates(outcomes)
     report = EvalReport(
         env=env.name,

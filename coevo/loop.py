@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from coevo import checkpoint
+from coevo.agent.outcomes import pass_rates, task_outcomes
 from coevo.agent.policy import Policy
-from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
 from coevo.envs.base import Env, Task
+from coevo.evolution.driver import rollout_round
 from coevo.evolution.engine import AEGIS, EvolveReport
 from coevo.harness.harness import Harness
 from coevo.secrets import contains_secret, redact, redact_trace, secret_env_values
@@ -350,11 +352,10 @@ class Coevolution:
         return self.buffer.load(entries) if entries else None
 
     def _rollout(self, batch: Sequence[Task], r: int) -> list[Trace]:
-        routed = self.aegis.assign(batch)
-        jobs = [Job(t, self.aegis.harness(routed[t.task_id]), variant=routed[t.task_id],
-                    trace_id=f"r{r:04d}-{t.task_id}-{a}") for t in batch for a in range(self.attempts)]
-        with self.progress.task(f"round {r}: rollouts", len(jobs)) as advance:
-            return run_episodes(jobs, self.policy, self.env, on_trace=lambda _t: advance(), **self.rollout_kwargs)
+        with self.progress.task(f"round {r}: rollouts", len(batch) * self.attempts) as advance:
+            return rollout_round(self.aegis, batch, self.policy, self.env, attempts=self.attempts,
+                                 trace_id=lambda t, a: f"r{r:04d}-{t.task_id}-{a}", on_trace=lambda _t: advance(),
+                                 **self.rollout_kwargs)
 
     def _redacted(self, traces: list[Trace]) -> list[Trace]:
         """The traces with no secret value in their strings or token ids (the same objects when they
@@ -392,27 +393,24 @@ class Coevolution:
     def evaluate(self, tasks: Sequence[Task], r: int, phase: str) -> Evaluation:
         """pass@1 and pass@k of the routed variants (k = eval_attempts)."""
         self._reseed(r, phase)
-        routed = self.aegis.assign(tasks)
-        jobs = [Job(t, self.aegis.harness(routed[t.task_id]), variant=routed[t.task_id],
-                    trace_id=f"{phase}{r:04d}-{t.task_id}-{a}") for t in tasks for a in range(self.eval_attempts)]
-        with self.progress.task(f"round {r}: {'validation' if phase == 'eval' else 'test'}", len(jobs)) as advance:
-            traces = run_episodes(jobs, self.policy, self.env, on_trace=lambda _t: advance(), **self.rollout_kwargs)
-        outcomes: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
-        for t in traces:
-            outcomes[t.task_id].append(bool(t.passed))
-        n = len(outcomes)
-        return Evaluation(sum(sum(v) / len(v) for v in outcomes.values()) / n,
-                          sum(any(v) for v in outcomes.values()) / n, self.eval_attempts, outcomes,
-                          tool_use_rate(traces))
+        with self.progress.task(f"round {r}: {'validation' if phase == 'eval' else 'test'}",
+                                len(tasks) * self.eval_attempts) as advance:
+            traces = rollout_round(self.aegis, tasks, self.policy, self.env, attempts=self.eval_attempts,
+                                   trace_id=lambda t, a: f"{phase}{r:04d}-{t.task_id}-{a}",
+                                   on_trace=lambda _t: advance(), **self.rollout_kwargs)
+        outcomes = task_outcomes(traces, [t.task_id for t in tasks])
+        return Evaluation(*pass_rates(outcomes), self.eval_attempts, outcomes, tool_use_rate(traces))
 
     def _harness_pass_rate(self, harness: Harness, tasks: Sequence[Task], r: int) -> float:
         """pass@1 of one harness on ``tasks`` (epoch-end snapshot selection)."""
         self._reseed(r, "eval")
-        jobs = [Job(t, harness, variant="select", trace_id=f"select{r:04d}-{harness.id}-{t.task_id}-{a}")
-                for t in tasks for a in range(self.eval_attempts)]
-        with self.progress.task(f"round {r}: snapshot {harness.id[:8]} on validation", len(jobs)) as advance:
-            traces = run_episodes(jobs, self.policy, self.env, on_trace=lambda _t: advance(), **self.rollout_kwargs)
-        return sum(t.passed for t in traces) / len(traces)
+        with self.progress.task(f"round {r}: snapshot {harness.id[:8]} on validation",
+                                len(tasks) * self.eval_attempts) as advance:
+            groups = run_attempts(tasks, harness, self.policy, self.env, attempts=self.eval_attempts, variant="select",
+                                  trace_id=lambda t, a: f"select{r:04d}-{harness.id}-{t.task_id}-{a}",
+                                  on_trace=lambda _t: advance(), **self.rollout_kwargs)
+        traces = [t for group in groups for t in group]
+        return sum(t.passed for t in traces) / len(traces)  # over traces: every task has eval_attempts of them
 
     def _reseed(self, r: int, phase: str) -> None:
         reseed = getattr(self.policy, "reseed", None)  # scripted policies are deterministic anyway
@@ -451,10 +449,8 @@ class Coevolution:
     def _record(self, r: int, traces: Sequence[Trace], evolved: EvolveReport | None, grpo: dict[str, Any] | None,
                 val: Evaluation | None, test: Evaluation | None, seconds: dict[str, float], version: int
                 ) -> dict[str, Any]:
-        outcomes: dict[str, list[bool]] = defaultdict(list)
         by_variant: dict[str, list[Trace]] = defaultdict(list)
         for t in traces:
-            outcomes[t.task_id].append(bool(t.passed))
             by_variant[t.variant].append(t)
         return {
             "round": r,
@@ -463,7 +459,8 @@ class Coevolution:
             "seconds": dict(seconds),
             "train": {"pass_rate": sum(t.passed for t in traces) / len(traces),
                       "mean_reward": sum(t.reward for t in traces) / len(traces),
-                      "n_traces": len(traces), "tool_use_rate": tool_use_rate(traces), "outcomes": dict(outcomes)},
+                      "n_traces": len(traces), "tool_use_rate": tool_use_rate(traces),
+                      "outcomes": task_outcomes(traces)},
             "val": val.to_dict() if val else None,
             "test": test.to_dict() if test else None,
             "infra_failures": infra_failures(traces),

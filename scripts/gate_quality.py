@@ -250,7 +250,8 @@ def quoted_tasks(proposal: Any, setup: Setup) -> set[str]:
 
 def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> Run:
     """One edit's life under the gate (see the module docstring)."""
-    from coevo.agent.runtime import Job, run_episodes
+    from coevo.agent.outcomes import task_outcomes
+    from coevo.agent.runtime import run_attempts
     from coevo.build import make_critic
     from coevo.evolution.driver import rollout_fn
     from coevo.meta.base import demo_question
@@ -269,12 +270,9 @@ def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> 
     began = time.perf_counter()
     for r in range(rounds):
         batch = rng.sample(train, cfg.batch_tasks)
-        jobs = [Job(t, setup.start, variant="base") for t in batch for _ in range(cfg.rollout.attempts)]
-        before: dict[str, list[bool]] = {t.task_id: [] for t in batch}
-        for trace in run_episodes(jobs, setup.policy, setup.env, **limits):
-            if not trace.infra_failure:
-                before[trace.task_id].append(bool(trace.passed))
-        before = {tid: outs for tid, outs in before.items() if outs}
+        groups = run_attempts(batch, setup.start, setup.policy, setup.env, attempts=cfg.rollout.attempts, **limits)
+        outcomes = task_outcomes((t for g in groups for t in g), [t.task_id for t in batch], infra="drop")
+        before = {tid: outs for tid, outs in outcomes.items() if outs}
         batch_ids = set(before)
         tick, episodes = time.perf_counter(), critic.reruns
         verdict, _ = critic.judge(proposal, setup.start, before=before,

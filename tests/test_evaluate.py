@@ -2,16 +2,8 @@ import pytest
 
 from coevo.agent import ScriptedPolicy
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
-from coevo.evaluate import evaluate, pass_rates
+from coevo.evaluate import evaluate
 from coevo.harness.defaults import base_harness
-
-
-def test_pass_rates_formula():
-    outcomes = {"a": [True, False], "b": [False, False], "c": [True, True], "d": [False, True]}
-    p1, pk = pass_rates(outcomes)
-    assert p1 == pytest.approx((0.5 + 0 + 1 + 0.5) / 4)
-    assert pk == pytest.approx(3 / 4)
-    assert pass_rates({}) == (0.0, 0.0)
 
 
 def test_evaluate_counts_attempts_and_failures():

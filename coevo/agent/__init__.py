@@ -1,7 +1,7 @@
 """The agent runtime: policies, traces, and running harnessed episodes."""
 
 from coevo.agent.policy import ChatRequest, Generation, Policy, ScriptedPolicy
-from coevo.agent.runtime import Job, run_episode, run_episodes
+from coevo.agent.runtime import Job, run_attempts, run_episode, run_episodes
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "ScriptedPolicy",
     "ToolCallRecord",
     "Trace",
+    "run_attempts",
     "run_episode",
     "run_episodes",
 ]

@@ -364,5 +364,41 @@ def run_episodes(
     return [t for t in traces if t is not None]
 
 
+def run_attempts(
+    tasks: Sequence[Task],
+    harness: Harness | Sequence[Harness],
+    policy: Policy,
+    env: Env,
+    *,
+    attempts: int = 1,
+    variant: str | Sequence[str] = "base",
+    trace_id: Callable[[Task, int], str] | None = None,
+    batch_size: int = 32,
+    workers: int = 8,
+    max_steps: int = 32,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> list[list[Trace]]:
+    """``attempts`` episodes of every task in one ``run_episodes`` call; per task (in the order of
+    ``tasks``, a task named twice counted twice) its traces in attempt order.
+
+    ``harness`` and ``variant``: one for every task, or one per task (parallel to ``tasks``: the
+    variant AEGIS routed it to, say). ``trace_id(task, attempt)`` names each trace (a random id
+    without it). The jobs run task by task, attempt by attempt, which fixes the order in which a
+    seeded policy samples: callers that reseed do so before this call. ``batch_size``, ``workers``,
+    ``max_steps`` and ``on_trace``: as in ``run_episodes``.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    harnesses = [harness] * len(tasks) if isinstance(harness, Harness) else list(harness)
+    variants = [variant] * len(tasks) if isinstance(variant, str) else list(variant)
+    if len(harnesses) != len(tasks) or len(variants) != len(tasks):
+        raise ValueError(f"{len(tasks)} tasks, but {len(harnesses)} harnesses and {len(variants)} variants")
+    jobs = [Job(task, h, variant=v, trace_id=None if trace_id is None else trace_id(task, a))
+            for task, h, v in zip(tasks, harnesses, variants) for a in range(attempts)]
+    traces = run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, max_steps=max_steps,
+                          on_trace=on_trace)
+    return [traces[i * attempts : (i + 1) * attempts] for i in range(len(tasks))]
+
+
 def run_episode(task: Task, harness: Harness, policy: Policy, env: Env, **kwargs: Any) -> Trace:
     return run_episodes([Job(task, harness)], policy, env, **kwargs)[0]

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from coevo.agent.outcomes import pass_at_k
 from coevo.envs.base import Task
 from coevo.evolution import gates
 from coevo.evolution.evolver import BuildError, build_candidate
@@ -331,6 +332,6 @@ class Critic:
         self.evidence = {key: Evidence.from_dict(ev) for key, ev in state.get("evidence", {}).items()}
 
 
-def pass_rate(outcomes: Mapping[str, Sequence[bool]]) -> float:
-    """pass@k rate: the share of tasks with at least one passing attempt."""
-    return sum(any(v) for v in outcomes.values()) / len(outcomes) if outcomes else 0.0
+pass_rate = pass_at_k
+"""pass@k rate: the share of tasks with at least one passing attempt (``coevo.agent.outcomes``; the
+name the engine imports)."""

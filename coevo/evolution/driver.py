@@ -1,15 +1,18 @@
 """Harness-only evolution rounds: roll out a train batch on the routed variants, then AEGIS.
 
 This is what ``coevo evolve`` runs (no weight updates); the co-evolution loop reuses
-``rollout_fn`` and ``run_round`` and adds the buffer and GRPO between rounds.
+``rollout_round`` (its rollouts, validation and test) and ``rollout_fn`` (the Critic's re-runs) and
+adds the buffer and GRPO between rounds. Episodes run through ``coevo.agent.runtime.run_attempts``
+and their outcomes come from ``coevo.agent.outcomes``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from coevo.agent.outcomes import pass_at_k, task_outcomes
 from coevo.agent.policy import Policy
-from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.critic import Rollout
@@ -23,13 +26,9 @@ def rollout_fn(policy: Policy, env: Env, *, batch_size: int = 32, max_steps: int
     an episode that ended in an infrastructure failure (no evidence about the harness)."""
 
     def run(harness: Harness, tasks: Sequence[Task], k: int) -> dict[str, list[bool | None]]:
-        jobs = [Job(task, harness, variant="critic") for task in tasks for _ in range(k)]
-        traces = run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, max_steps=max_steps,
-                              on_trace=on_trace)
-        out: dict[str, list[bool | None]] = {t.task_id: [] for t in tasks}
-        for trace in traces:
-            out[trace.task_id].append(None if trace.infra_failure else bool(trace.passed))
-        return out
+        groups = run_attempts(tasks, harness, policy, env, attempts=k, variant="critic", batch_size=batch_size,
+                              workers=workers, max_steps=max_steps, on_trace=on_trace)
+        return task_outcomes((t for g in groups for t in g), [t.task_id for t in tasks], infra="none")
 
     return run
 
@@ -52,13 +51,16 @@ def batches(tasks: Sequence[Task], size: int) -> list[list[Task]]:
 
 def rollout_round(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, attempts: int,
                   batch_size: int = 32, max_steps: int = 32, workers: int = 8,
-                  on_trace: Callable[[Trace], None] | None = None) -> list[Trace]:
-    """``attempts`` episodes per task, each on the variant AEGIS routes it to."""
+                  on_trace: Callable[[Trace], None] | None = None,
+                  trace_id: Callable[[Task, int], str] | None = None) -> list[Trace]:
+    """``attempts`` episodes per task, each on the variant AEGIS routes it to; the traces task by
+    task, attempt by attempt. ``trace_id(task, attempt)``: see ``run_attempts``."""
     routed = aegis.assign(tasks)
-    jobs = [Job(task, aegis.harness(routed[task.task_id]), variant=routed[task.task_id])
-            for task in tasks for _ in range(attempts)]
-    return run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, max_steps=max_steps,
-                        on_trace=on_trace)
+    variants = [routed[task.task_id] for task in tasks]
+    groups = run_attempts(tasks, [aegis.harness(v) for v in variants], policy, env, attempts=attempts,
+                          variant=variants, trace_id=trace_id, batch_size=batch_size, workers=workers,
+                          max_steps=max_steps, on_trace=on_trace)
+    return [t for group in groups for t in group]
 
 
 def run_round(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, round: int, attempts: int,
@@ -74,15 +76,11 @@ def routed_outcomes(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: En
                     batch_size: int = 32, max_steps: int = 32) -> dict[str, list[bool]]:
     """task id → the outcomes of ``attempts`` episodes on its routed variant (validation or test)."""
     traces = rollout_round(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size, max_steps=max_steps)
-    out: dict[str, list[bool]] = {t.task_id: [] for t in tasks}
-    for t in traces:
-        out[t.task_id].append(bool(t.passed))
-    return out
+    return task_outcomes(traces, [t.task_id for t in tasks])
 
 
 def routed_pass_rate(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, attempts: int = 1,
                      batch_size: int = 32, max_steps: int = 32) -> float:
     """pass@``attempts`` of the routed variants on ``tasks``."""
-    outcomes = routed_outcomes(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size,
-                               max_steps=max_steps)
-    return sum(any(o) for o in outcomes.values()) / len(outcomes) if outcomes else 0.0
+    return pass_at_k(routed_outcomes(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size,
+                                     max_steps=max_steps))

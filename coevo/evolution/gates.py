@@ -66,6 +66,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from coevo.agent.outcomes import task_pass_at_k
 from coevo.evolution.types import QualityReport
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
@@ -532,16 +533,6 @@ def quality_gate(
 
 
 # ---------------------------------------------------------------------------------- seesaw gate
-def pass_at_k(outcomes: Mapping[str, Sequence[bool]]) -> dict[str, bool]:
-    """A task passes under pass@k when any of its k attempts passed (k ≥ 1 attempts required)."""
-    out = {}
-    for task, attempts in outcomes.items():
-        if len(attempts) == 0:
-            raise ValueError(f"outcomes[{task!r}] is empty; pass@k needs at least one attempt")
-        out[task] = any(bool(a) for a in attempts)
-    return out
-
-
 class SeesawResult(NamedTuple):
     ship: bool
     fail_to_pass: list[str]
@@ -559,7 +550,7 @@ def seesaw_gate(
     missing from ``after`` outside ``scope`` cannot be judged and are named in the reason). Ship
     only with no pass→fail flip and at least one fail→pass; one regression vetoes any number of
     gains (the seesaw constraint is per task, not an aggregate)."""
-    b, a = pass_at_k(before), pass_at_k(after)
+    b, a = task_pass_at_k(before), task_pass_at_k(after)
     missing_before = sorted(t for t in scope if t not in b)
     if missing_before:
         raise ValueError(f"scope tasks have no outcomes in before: {missing_before}")

@@ -39,7 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from coevo.evolution.gates import Added, added_segments, pass_at_k
+from coevo.agent.outcomes import task_pass_at_k
+from coevo.evolution.gates import Added, added_segments
 from coevo.evolution.types import Verdict
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
@@ -218,7 +219,7 @@ class ForgettingMonitor:
         if self.records and round <= self.records[-1].round:
             raise ValueError(f"round must increase: got {round} after {self.records[-1].round}")
         attempts = {t: ([v] if isinstance(v, bool) else list(v)) for t, v in outcomes.items()}
-        self.records.append(_Record(int(round), str(harness_id), pass_at_k(attempts), dimension))
+        self.records.append(_Record(int(round), str(harness_id), task_pass_at_k(attempts), dimension))
 
     def flips(self) -> dict[str, list[tuple[int, int]]]:
         """task → (round it passed, round it then failed) whenever the harness had changed in

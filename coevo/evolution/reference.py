@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import quote
 
 from coevo.agent.policy import Policy
-from coevo.agent.runtime import Job, run_episodes, tool_message
+from coevo.agent.runtime import run_attempts, tool_message
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.digest import trace_steps
@@ -198,21 +198,17 @@ def is_genuine(trace: Trace, task: Task, offered: Iterable[str] | None = None) -
 
 def _policy_references(env: Env, tasks: Sequence[Task], harness: Harness, policy: Policy,
                        attempts: int) -> dict[str, Trace]:
-    """All attempts of all tasks in one ``run_episodes`` call (one batch for the policy); per task,
+    """All attempts of all tasks in one ``run_attempts`` call (one batch for the policy); per task,
     the first passing genuine trace in attempt order."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     for task in tasks:
         _require_train(task)
-    jobs = [
-        Job(task, hinted_harness(harness, task), variant=REFERENCE_VARIANT, trace_id=f"policy:{task.task_id}:{k}")
-        for task in tasks
-        for k in range(attempts)
-    ]
-    traces = run_episodes(jobs, policy, env)
+    groups = run_attempts(tasks, [hinted_harness(harness, task) for task in tasks], policy, env, attempts=attempts,
+                          variant=REFERENCE_VARIANT, trace_id=lambda task, k: f"policy:{task.task_id}:{k}")
     by_id = {t.task_id: t for t in tasks}
     found: dict[str, Trace] = {}
-    for trace in traces:
+    for trace in (t for group in groups for t in group):
         if trace.task_id in found or not trace.passed:
             continue
         task = by_id[trace.task_id]

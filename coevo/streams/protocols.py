@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from coevo.agent.policy import Policy
-from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.critic import Critic
@@ -52,16 +52,12 @@ def evaluate_items(items: Sequence[Item], policy: Policy, env: Env, *, attempts:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     if not items:
         return []
-    jobs = [Job(task, harness, variant=variant) for _, _, task, harness, variant in items for _ in range(attempts)]
-    with progress.task(description, len(jobs)) as advance:
-        traces = run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, max_steps=max_steps,
-                              on_trace=lambda _t: advance())
-    out = []
-    for k, (stage, cohort, task, harness, _) in enumerate(items):
-        mine = traces[k * attempts:(k + 1) * attempts]  # run_episodes returns traces in job order
-        out.append(Outcome(stage, cohort, task.task_id, tuple(bool(t.passed) for t in mine), trace_tokens(mine),
-                           harness.id))
-    return out
+    with progress.task(description, len(items) * attempts) as advance:
+        groups = run_attempts([task for _, _, task, _, _ in items], [harness for _, _, _, harness, _ in items], policy,
+                              env, attempts=attempts, variant=[variant for *_, variant in items], batch_size=batch_size,
+                              workers=workers, max_steps=max_steps, on_trace=lambda _t: advance())
+    return [Outcome(stage, cohort, task.task_id, tuple(bool(t.passed) for t in mine), trace_tokens(mine), harness.id)
+            for (stage, cohort, task, harness, _), mine in zip(items, groups, strict=True)]
 
 
 def stage_harnesses(stream: Stream, base: Harness, axis_harness: AxisHarness,

@@ -4,8 +4,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import pytest
 
-from coevo.agent import Job, ScriptedPolicy, run_episode, run_episodes
+from coevo.agent import Job, ScriptedPolicy, run_attempts, run_episode, run_episodes
 from coevo.agent.policy import byte_ids
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
 from coevo.envs.base import Score, Task
@@ -472,3 +473,44 @@ def test_tool_choice_makes_a_model_that_would_answer_directly_call_the_calculato
         assert [c.name for c in t.tool_calls] == ["calculator"] and t.tool_calls[0].error is None
         assert [c.reply_prefix for c in t.model_calls] == [forced_call_prefix("calculator", CALCULATOR), ""]
         assert t.final_answer == t.tool_calls[0].output and t.passed
+
+
+def test_run_attempts_groups_traces_per_task_in_the_order_run_episodes_gives():
+    """The jobs run task by task, attempt by attempt, exactly like the job list the callers built
+    by hand: a policy that numbers its calls sees them in the same order."""
+    env = ArithmeticEnv(n_tasks=12)
+    tasks = env.tasks("train")[:4]
+    other = base_harness().insert(recorder(Hook.TASK_START), index=0)
+
+    def numbering():
+        calls = iter(range(1000))
+        return ScriptedPolicy(lambda messages: f"<answer>{next(calls)}</answer>")
+
+    seen = []
+    groups = run_attempts(tasks, [base_harness(), other, base_harness(), other], numbering(), env, attempts=3,
+                          variant=["base", "v1", "base", "v1"], trace_id=lambda t, a: f"x-{t.task_id}-{a}",
+                          batch_size=5, workers=2, max_steps=4, on_trace=seen.append)
+    jobs = [Job(t, h, variant=v, trace_id=f"x-{t.task_id}-{a}")
+            for t, h, v in zip(tasks, [base_harness(), other, base_harness(), other], ["base", "v1", "base", "v1"])
+            for a in range(3)]
+    by_hand = run_episodes(jobs, numbering(), env, batch_size=5, workers=2, max_steps=4)
+    assert [len(g) for g in groups] == [3, 3, 3, 3] and len(seen) == 12
+    flat = [t for g in groups for t in g]
+    key = lambda t: (t.trace_id, t.task_id, t.variant, t.harness_id, t.final_answer)  # noqa: E731
+    assert [key(t) for t in flat] == [key(t) for t in by_hand]
+    assert [g[0].trace_id for g in groups] == [f"x-{t.task_id}-0" for t in tasks]
+    assert {t.harness_id for t in groups[1]} == {other.id} and {t.variant for t in groups[1]} == {"v1"}
+    assert sorted(t.trace_id for t in seen) == sorted(t.trace_id for t in flat)
+
+
+def test_run_attempts_shares_one_harness_and_checks_its_arguments():
+    env = ArithmeticEnv(n_tasks=10)
+    tasks = env.tasks("train")[:2]
+    groups = run_attempts(tasks, base_harness(), ScriptedPolicy(calculator_solver), env, attempts=2)
+    assert all(t.passed and t.variant == "base" and t.harness_id == base_harness().id for g in groups for t in g)
+    assert len({t.trace_id for g in groups for t in g}) == 4  # random ids without ``trace_id``
+    assert run_attempts([], base_harness(), ScriptedPolicy(calculator_solver), env, attempts=2) == []
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        run_attempts(tasks, base_harness(), ScriptedPolicy(calculator_solver), env, attempts=0)
+    with pytest.raises(ValueError, match="2 tasks, but 1 harnesses and 2 variants"):
+        run_attempts(tasks, [base_harness()], ScriptedPolicy(calculator_solver), env)

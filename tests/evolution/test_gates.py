@@ -18,7 +18,6 @@ from coevo.evolution.gates import (
     leakage,
     leakage_detail,
     normalise_answer,
-    pass_at_k,
     performance_gate,
     quality_gate,
     seesaw_gate,
@@ -410,12 +409,6 @@ def test_quality_gate_validates_thresholds():
 
 
 # ------------------------------------------------------------------------------- seesaw
-
-
-def test_pass_at_k():
-    assert pass_at_k({"a": [False, True], "b": [False, False], "c": [True]}) == {"a": True, "b": False, "c": True}
-    with pytest.raises(ValueError, match="'d'"):
-        pass_at_k({"d": []})
 
 
 def test_seesaw_single_regression_vetoes_many_gains():
