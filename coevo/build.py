@@ -305,14 +305,9 @@ def run(cfg: Any) -> Path:
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     trainer = None
     if trains:
-        t = cfg.trainer
-        trainer = GRPOTrainer(
-            model, pad_id=tok.pad_token_id, accelerator=accelerator, lr=t.lr, weight_decay=t.weight_decay,
-            max_grad_norm=t.max_grad_norm, warmup_steps=t.warmup_steps, total_steps=cfg.rounds * t.steps_per_round,
-            micro_batch_size=t.micro_batch_size, eps_low=t.eps_low, eps_high=t.eps_high, dual_clip=t.dual_clip,
-            beta=t.beta, kl_estimator=t.kl_estimator, tis_cap=t.tis_cap, aggregation=t.aggregation,
-            loss_horizon=cfg.rollout.max_new_tokens, scale_by_std=t.scale_by_std,
-            drop_zero_variance=t.drop_zero_variance, temperature=temperature, kernel=t.kernel, optimizer=t.optimizer)
+        trainer = GRPOTrainer(model, cfg.trainer, pad_id=tok.pad_token_id, accelerator=accelerator,
+                              total_steps=cfg.rounds * cfg.trainer.steps_per_round, temperature=temperature,
+                              loss_horizon=cfg.rollout.max_new_tokens)
         model = trainer.unwrapped
     policy, sync = build_policy(cfg, model, tok)
 

@@ -3,8 +3,9 @@
 The schema is the single source of truth: every field carries its help text in
 ``metadata["help"]`` (``coevo config show`` prints it), YAML files under ``configs/`` only choose
 values, and OmegaConf rejects a key that is not here or a value of the wrong type. ``???`` marks
-values a config group must supply. Components never see this object: ``coevo.loop`` unpacks it
-into flat arguments.
+values a config group must supply. The schema's defaults are the only ones: ``coevo.build`` hands
+``GRPOTrainer`` its ``TrainerConfig`` whole (as TRL's trainers take their config) and passes the
+other groups' values to constructors whose matching parameters have no default of their own.
 """
 
 from __future__ import annotations

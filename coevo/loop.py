@@ -124,7 +124,12 @@ class Coevolution:
     simply never call ``evolve``), ``trainer`` and ``buffer`` (None unless the mode trains),
     ``tracker`` (a ``coevo.tracking.Tracker``; the null one by default), ``console`` for progress.
     ``tokenizer``: the policy's, to redact secrets from token ids (``coevo.secrets.redact_trace``);
-    without it a model call that showed a secret keeps no token ids."""
+    without it a model call that showed a secret keeps no token ids.
+
+    The settings that mirror config fields have no default here, so the config (``coevo.config``, via
+    ``coevo.build``) is their only source: ``rounds``, ``batch_tasks``, ``seed``, ``attempts`` and
+    ``rollout_batch_size``/``max_steps``/``workers`` (``rollout.*``), ``steps_per_round``
+    (``trainer.steps_per_round``), ``val_every`` and ``eval_attempts``."""
 
     def __init__(
         self,
@@ -144,12 +149,12 @@ class Coevolution:
         trainer: Any | None = None,
         buffer: Any | None = None,
         logprob_fn: Callable | None = None,
-        steps_per_round: int = 1,
-        val_every: int = 0,
-        eval_attempts: int = 1,
-        rollout_batch_size: int = 32,
-        max_steps: int = 32,
-        workers: int = 8,
+        steps_per_round: int,
+        val_every: int,
+        eval_attempts: int,
+        rollout_batch_size: int,
+        max_steps: int,
+        workers: int,
         tracker: Any,
         progress: Any,
         is_main: bool = True,

@@ -196,6 +196,7 @@ def _grpo_arguments(ap: argparse.ArgumentParser) -> None:
 def _run_grpo_step(args: argparse.Namespace) -> str:
     import torch
     from coevo.buffers.logprobs import behaviour_logprobs
+    from coevo.config import TrainerConfig
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
     from coevo.trainers.logprobs import logprob_fn
 
@@ -214,8 +215,8 @@ def _run_grpo_step(args: argparse.Namespace) -> str:
         traces.append(Trace(f"t{i}", f"task-{i % 2}", "bench", "train", "h", "base", "0",
                             model_calls=[call], reward=float(i % 4 < 2), passed=i % 4 < 2))
     fn = logprob_fn(model, tok.pad_token_id, batch_size=args.step_traces)
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=1e-7, micro_batch_size=args.step_traces,
-                          drop_zero_variance=False)
+    config = TrainerConfig(lr=1e-7, micro_batch_size=args.step_traces, drop_zero_variance=False)
+    trainer = GRPOTrainer(model, config, pad_id=tok.pad_token_id, total_steps=1000, temperature=1.0, loss_horizon=None)
     times: dict[str, list[float]] = {"cached": [], "recompute": [], "forward": []}
 
     def attach() -> float:

@@ -87,7 +87,8 @@ def loop(tmp_path: Path, env: CodeWords, policy, *, train: list[Task], pool: lis
                   tools=["lookup"], max_proposals=2)
     return Coevolution(mode="harness_only", env=env, policy=policy, aegis=aegis, run_dir=tmp_path, train_tasks=train,
                        val_tasks=env.tasks("val"), test_tasks=env.tasks("test"), rounds=rounds, batch_tasks=2,
-                       attempts=1, seed=0, max_steps=3, tracker=NullTracker(), progress=NullProgress())
+                       attempts=1, seed=0, steps_per_round=1, val_every=0, eval_attempts=1, rollout_batch_size=32,
+                       max_steps=3, workers=8, tracker=NullTracker(), progress=NullProgress())
 
 
 def test_no_gold_answer_of_a_task_still_to_train_validate_or_test_on_enters_any_edit(tmp_path):

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from coevo.agent.trace import Trace
+from coevo.config import TrainerConfig
 from coevo.kernels import LossParams, grpo_loss
 from coevo.kernels.objective import pick, token_weights
 from coevo.trainers.advantages import group_advantages
@@ -65,54 +66,46 @@ class StepMetrics:
 class GRPOTrainer:
     """Owns the optimizer of ``model`` and applies GRPO steps to it.
 
-    Args are flat on purpose (no config objects): ``lr``, ``weight_decay``, ``max_grad_norm``,
-    ``warmup_steps`` and ``total_steps`` (linear schedule), ``micro_batch_size`` (sequences per
+    The hyper-parameters come from ``config`` (``coevo.config.TrainerConfig``, as TRL's GRPOTrainer
+    takes its GRPOConfig; the dataclass holds the only defaults): ``lr``, ``weight_decay``,
+    ``max_grad_norm``, ``warmup_steps`` (linear schedule), ``micro_batch_size`` (sequences per
     forward), clip ``eps_low``/``eps_high``, ``dual_clip`` (c > 1 or None), ``beta`` for the KL
     penalty to a reference (for LoRA the base model with the adapter disabled; otherwise
     ``ref_model``) estimated by ``kl_estimator`` (k3 | k2 | k1), ``tis_cap`` for the truncated
     importance weight between the trainer's behaviour log-probs and the sampler's, ``aggregation``
-    (token_mean | sequence_mean | dr_grpo) with ``loss_horizon`` (dr_grpo's constant normaliser in
-    tokens, the completion budget), ``scale_by_std`` (False is Dr. GRPO's advantage),
-    ``drop_zero_variance``, ``temperature`` (the rollout temperature, for model calls recorded
-    without their own; every other token is scored at the temperature that sampled it), ``kernel``
-    (auto | chunked | reference | triton), ``optimizer`` (adamw | sgd; SGD keeps the update
-    proportional to the gradient, which the distributed test relies on to see a wrong gradient scale).
+    (token_mean | sequence_mean | dr_grpo), ``scale_by_std`` (False is Dr. GRPO's advantage),
+    ``drop_zero_variance``, ``kernel`` (auto | chunked | reference | triton), ``optimizer``
+    (adamw | sgd; SGD keeps the update proportional to the gradient, which the distributed test
+    relies on to see a wrong gradient scale). ``config.steps_per_round`` is the loop's.
+
+    The values a run derives from other settings are required arguments with no default:
+    ``total_steps`` (end of the linear decay: rounds x steps per round), ``temperature`` (the
+    rollout temperature, for model calls recorded without their own; every other token is scored
+    at the temperature that sampled it) and ``loss_horizon`` (dr_grpo's constant normaliser in
+    tokens, the completion budget; None for the other aggregations).
     """
 
     def __init__(
         self,
         model: Any,
+        config: TrainerConfig,
         *,
         pad_id: int,
+        total_steps: int,
+        temperature: float,
+        loss_horizon: int | None,
         accelerator: Any | None = None,
         ref_model: Any | None = None,
-        lr: float = 1e-5,
-        weight_decay: float = 0.0,
-        max_grad_norm: float = 1.0,
-        warmup_steps: int = 0,
-        total_steps: int = 1000,
-        micro_batch_size: int = 4,
-        eps_low: float = 0.2,
-        eps_high: float = 0.28,
-        dual_clip: float | None = None,
-        beta: float = 0.0,
-        kl_estimator: str = "k3",
-        tis_cap: float | None = None,
-        aggregation: str = "token_mean",
-        loss_horizon: int | None = None,
-        scale_by_std: bool = True,
-        drop_zero_variance: bool = True,
-        temperature: float = 1.0,
-        kernel: str = "auto",
-        optimizer: str = "adamw",
     ) -> None:
         from accelerate import Accelerator
 
+        c = config
+        aggregation, micro_batch_size = c.aggregation, c.micro_batch_size
         pick("aggregation", aggregation)  # a ValueError naming the choices
         if aggregation == "dr_grpo" and not (loss_horizon and loss_horizon >= 1):
             raise ValueError(f"aggregation dr_grpo needs loss_horizon >= 1 (the completion budget), got {loss_horizon}")
-        loss_params = LossParams(eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, beta=beta,
-                                 kl_estimator=kl_estimator)
+        loss_params = LossParams(eps_low=c.eps_low, eps_high=c.eps_high, dual_clip=c.dual_clip, beta=c.beta,
+                                 kl_estimator=c.kl_estimator)
         if micro_batch_size < 1 or temperature <= 0:
             raise ValueError("micro_batch_size must be >= 1 and temperature > 0")
         self.accelerator = accelerator or Accelerator()
@@ -120,9 +113,10 @@ class GRPOTrainer:
         if not params:
             raise ValueError("the model has no trainable parameters")
         optimizers = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-        if optimizer not in optimizers:
-            raise ValueError(f"optimizer must be one of {sorted(optimizers)}, got {optimizer!r}")
-        opt = optimizers[optimizer](params, lr=lr, weight_decay=weight_decay)
+        if c.optimizer not in optimizers:
+            raise ValueError(f"optimizer must be one of {sorted(optimizers)}, got {c.optimizer!r}")
+        opt = optimizers[c.optimizer](params, lr=c.lr, weight_decay=c.weight_decay)
+        warmup_steps = c.warmup_steps
 
         def schedule(step: int) -> float:
             warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
@@ -132,12 +126,13 @@ class GRPOTrainer:
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, opt, scheduler)
         self.ref_model = ref_model
         self.pad_id = pad_id
-        self.max_grad_norm = max_grad_norm
+        self.config = config
+        self.max_grad_norm = c.max_grad_norm
         self.micro_batch_size = micro_batch_size
-        self.loss_params, self.kernel = loss_params, kernel
-        self.beta, self.tis_cap, self.temperature = beta, tis_cap, temperature
+        self.loss_params, self.kernel = loss_params, c.kernel
+        self.beta, self.tis_cap, self.temperature = c.beta, c.tis_cap, temperature
         self.loss_horizon = loss_horizon
-        self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, scale_by_std, drop_zero_variance
+        self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, c.scale_by_std, c.drop_zero_variance
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
 
     @property

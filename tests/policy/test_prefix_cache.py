@@ -13,8 +13,7 @@ from coevo.harness.events import SamplingParams
 from coevo.policy.hf import TransformersPolicy
 from coevo.policy.prefix_cache import PrefixCache, common_prefix_len
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
-from coevo.trainers.grpo import GRPOTrainer
-from tests.trainers.helpers import synthetic_traces
+from tests.trainers.helpers import make_trainer, synthetic_traces
 
 SYSTEM = {"role": "system", "content": "You are a careful problem solver. Use the calculator for arithmetic "
           "and give the final answer as <answer>...</answer>. " * 2}
@@ -151,7 +150,7 @@ def test_a_grpo_step_invalidates_the_cache():
     reqs = [ChatRequest(c[1], sampling) for c in conversations(turns=2)]
     cached.generate(reqs)  # fills the cache with states of the current weights
     assert cached.cache.entries
-    trainer = GRPOTrainer(cached.model, pad_id=cached.tokenizer.pad_token_id, lr=5e-2, micro_batch_size=4)
+    trainer = make_trainer(cached.model, cached.tokenizer, lr=5e-2, micro_batch_size=4)
     trainer.step(synthetic_traces(cached.model, cached.tokenizer))
     after = cached.generate(reqs)
     assert cached.cache.invalidations == 1

@@ -7,15 +7,14 @@ import torch
 from accelerate import Accelerator
 
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
-from coevo.trainers.grpo import GRPOTrainer
-from tests.trainers.helpers import synthetic_traces
+from tests.trainers.helpers import make_trainer, synthetic_traces
 
 
 def main(out: str, micro_batch_size: int) -> None:
     accelerator = Accelerator(cpu=True)
     tok = tiny_tokenizer()
     model = tiny_model(tok, seed=0)
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, accelerator=accelerator, lr=0.5,
+    trainer = make_trainer(model, tok, accelerator=accelerator, lr=0.5,
                           optimizer="sgd", max_grad_norm=1e9, micro_batch_size=micro_batch_size, aggregation="sequence_mean", kernel="chunked")
     states = []
     for step in range(3):

@@ -31,3 +31,16 @@ def synthetic_traces(model, tok, *, n_tasks: int = 3, per_task: int = 4, calls: 
         tr.behaviour_logprobs = [[v + (stale * rng.choice([-1, 1]) if stale else 0.0) for v in next(logps)]
                                  for _ in tr.model_calls]
     return traces
+
+
+def make_trainer(model, tok, *, accelerator=None, ref_model=None, total_steps: int = 1000, temperature: float = 1.0,
+                 loss_horizon: int | None = None, **hyper):
+    """A GRPOTrainer on ``model`` whose hyper-parameters are ``TrainerConfig``'s defaults with ``hyper``
+    overriding them; the run-derived values (schedule length, rollout temperature, dr_grpo horizon) are
+    this test suite's choices."""
+    from coevo.config import TrainerConfig
+    from coevo.trainers.grpo import GRPOTrainer
+
+    return GRPOTrainer(model, TrainerConfig(**hyper), pad_id=tok.pad_token_id, accelerator=accelerator,
+                       ref_model=ref_model, total_steps=total_steps, temperature=temperature,
+                       loss_horizon=loss_horizon)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
-from coevo.trainers.grpo import GRPOTrainer, apply_lora
-from tests.trainers.helpers import synthetic_traces
+from coevo.trainers.grpo import apply_lora
+from tests.trainers.helpers import make_trainer, synthetic_traces
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def snapshot(model):
 
 def test_step_changes_every_trainable_parameter(tok):
     model = tiny_model(tok, seed=0)
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=1e-3, micro_batch_size=3)
+    trainer = make_trainer(model, tok, lr=1e-3, micro_batch_size=3)
     before = snapshot(model)
     m = trainer.step(synthetic_traces(model, tok))
     after = dict(model.named_parameters())
@@ -32,7 +32,7 @@ def test_step_changes_every_trainable_parameter(tok):
 def test_lora_changes_every_adapter_parameter_and_no_base_parameter(tok):
     model = apply_lora(tiny_model(tok, seed=0), r=4, target_modules=("q_proj", "v_proj"))
     before = snapshot(model)
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=1e-2, micro_batch_size=4)
+    trainer = make_trainer(model, tok, lr=1e-2, micro_batch_size=4)
     trainer.step(synthetic_traces(model, tok))  # lora_B starts at zero: two steps move lora_A too
     trainer.step(synthetic_traces(model, tok, seed=1))
     after = dict(model.named_parameters())
@@ -43,7 +43,7 @@ def test_lora_changes_every_adapter_parameter_and_no_base_parameter(tok):
 
 def test_on_policy_ratio_is_one_and_stale_logprobs_clip(tok):
     model = tiny_model(tok, seed=0)
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=0.0, micro_batch_size=8)
+    trainer = make_trainer(model, tok, lr=0.0, micro_batch_size=8)
     fresh = trainer.step(synthetic_traces(model, tok))
     assert fresh.ratio_min == pytest.approx(1.0, abs=1e-4) and fresh.ratio_max == pytest.approx(1.0, abs=1e-4)
     assert fresh.clip_fraction == 0.0
@@ -56,7 +56,7 @@ def test_zero_variance_groups_are_reported_and_dropped(tok):
     traces = synthetic_traces(model, tok, n_tasks=2, per_task=2)
     for t in traces:
         t.reward = 1.0 if t.task_id == "task-0" else t.reward
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, micro_batch_size=4)
+    trainer = make_trainer(model, tok, micro_batch_size=4)
     m = trainer.step(traces, versions=[0, 0, 1, 1])
     assert m.zero_variance_fraction == 0.5 and m.sequences == 4  # only task-1's two traces x two calls
     assert m.staleness == {0: 2, -1: 2}
@@ -69,14 +69,14 @@ def test_zero_variance_groups_are_reported_and_dropped(tok):
 @pytest.mark.parametrize("kl_estimator", ["k3", "k2"])
 def test_kl_to_reference_for_lora(tok, kl_estimator):
     model = apply_lora(tiny_model(tok, seed=0), r=4, target_modules=("q_proj", "v_proj"))
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=5e-2, beta=0.1, kl_estimator=kl_estimator,
+    trainer = make_trainer(model, tok, lr=5e-2, beta=0.1, kl_estimator=kl_estimator,
                           micro_batch_size=8)
     first = trainer.step(synthetic_traces(model, tok))
     assert first.kl == pytest.approx(0.0, abs=1e-6)  # the adapter starts as the identity
     trainer.step(synthetic_traces(model, tok, seed=1))
     assert trainer.step(synthetic_traces(model, tok, seed=2)).kl > 0.0
     with pytest.raises(ValueError, match="ref_model"):
-        GRPOTrainer(tiny_model(tok), pad_id=tok.pad_token_id, beta=0.1).step(synthetic_traces(model, tok))
+        make_trainer(tiny_model(tok), tok, beta=0.1).step(synthetic_traces(model, tok))
 
 
 def test_dr_grpo_normalises_by_the_horizon_and_dapo_is_refused(tok):
@@ -85,11 +85,11 @@ def test_dr_grpo_normalises_by_the_horizon_and_dapo_is_refused(tok):
     do not divide the step, so the normalisers must be the step's, not the micro-batch's."""
     model = tiny_model(tok, seed=0)
     with pytest.raises(ValueError, match="'dapo' was token_mean.*use token_mean"):
-        GRPOTrainer(model, pad_id=tok.pad_token_id, aggregation="dapo")
+        make_trainer(model, tok, aggregation="dapo")
     with pytest.raises(ValueError, match="loss_horizon"):
-        GRPOTrainer(model, pad_id=tok.pad_token_id, aggregation="dr_grpo")
+        make_trainer(model, tok, aggregation="dr_grpo")
     traces = synthetic_traces(model, tok)
-    steps = {agg: GRPOTrainer(tiny_model(tok, seed=0), pad_id=tok.pad_token_id, lr=0.0, micro_batch_size=5,
+    steps = {agg: make_trainer(tiny_model(tok, seed=0), tok, lr=0.0, micro_batch_size=5,
                               aggregation=agg, loss_horizon=8).step(traces)
              for agg in ("token_mean", "dr_grpo")}
     token_mean, dr_grpo = steps["token_mean"], steps["dr_grpo"]
@@ -103,7 +103,7 @@ def test_checkpoint_round_trip_continues_identically(tok, tmp_path, lora):
     def make():
         m = tiny_model(tok, seed=0)
         m = apply_lora(m, r=4, target_modules=("q_proj",)) if lora else m
-        return GRPOTrainer(m, pad_id=tok.pad_token_id, lr=1e-3, micro_batch_size=4)
+        return make_trainer(m, tok, lr=1e-3, micro_batch_size=4)
 
     a = make()
     a.step(synthetic_traces(a.unwrapped, tok, seed=0))
@@ -144,7 +144,7 @@ def test_a_call_sampled_at_another_temperature_than_the_run_is_scored_at_its_own
     for t in traces:
         for call, behaviour in zip(t.model_calls, t.behaviour_logprobs, strict=True):
             assert behaviour == pytest.approx(call.sampler_logprobs, abs=1e-4)
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=0.0, beta=0.1, temperature=0.7, micro_batch_size=8)
+    trainer = make_trainer(model, tok, lr=0.0, beta=0.1, temperature=0.7, micro_batch_size=8)
     for t in traces:  # the policy's own log-probs as the behaviour: the trainer alone must agree with them
         t.behaviour_logprobs = [list(c.sampler_logprobs) for c in t.model_calls]
     m = trainer.step(traces)
@@ -191,7 +191,7 @@ def test_a_prefilled_reply_trains_only_on_generated_tokens(tok, tmp_path):
         for call, behaviour in zip(t.model_calls, t.behaviour_logprobs, strict=True):
             assert len(behaviour) == len(call.completion_ids)
             assert behaviour == pytest.approx(call.sampler_logprobs, abs=1e-4)
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=0.0, temperature=0.8, micro_batch_size=8)
+    trainer = make_trainer(model, tok, lr=0.0, temperature=0.8, micro_batch_size=8)
     m = trainer.step(loaded)
     assert m.ratio_min == pytest.approx(1.0, abs=1e-3) and m.ratio_max == pytest.approx(1.0, abs=1e-3)
     assert m.clip_fraction == 0.0
@@ -236,7 +236,7 @@ def test_infrastructure_failures_leave_the_groups(tok):
         t.reward = rewards[t.trace_id]
         if t.trace_id in ("tr-0-1", "tr-0-2", "tr-1-2"):
             t.error, t.error_source, t.trainable = "policy: OutOfMemoryError: CUDA out of memory", "policy", False
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=0.0, micro_batch_size=8)
+    trainer = make_trainer(model, tok, lr=0.0, micro_batch_size=8)
     m = trainer.step(traces)
     assert m.sequences == 2  # task-1's two real traces; task-0's lone real trace has no group left
     assert m.excluded_traces == 3 and m.infra_traces == 3
@@ -265,7 +265,7 @@ def test_a_micro_batch_mixing_temperatures_is_on_policy_token_by_token(tok):
     call = traces[0].model_calls[0]
     at_run = logprob_fn(model, tok.pad_token_id, temperature=0.7)([(call.prompt_ids, call.completion_ids)])[0]
     assert max(abs(a - b) for a, b in zip(traces[0].behaviour_logprobs[0], at_run)) > 0.1
-    trainer = GRPOTrainer(model, pad_id=tok.pad_token_id, lr=0.0, temperature=0.7, micro_batch_size=8)
+    trainer = make_trainer(model, tok, lr=0.0, temperature=0.7, micro_batch_size=8)
     m = trainer.step(traces)
     assert m.sequences == 8
     assert m.ratio_min == pytest.approx(1.0, abs=1e-4) and m.ratio_max == pytest.approx(1.0, abs=1e-4)
