@@ -51,12 +51,13 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     return out
 
 
-def logprob_fn(model: Any, pad_id: int, *, temperature: float = 1.0, batch_size: int = 8
+def logprob_fn(model: Any, pad_id: int, *, temperature: float, batch_size: int
                ) -> Callable[[Sequence[Sequence[Any]]], list[list[float]]]:
     """The replay buffer's LogprobFn: behaviour log-probs of ``LogprobQuery`` items (prompt ids,
     completion ids, temperature) under ``model`` as it is now, each at its own temperature, in
     batches of ``batch_size`` sequences (one forward per batch). ``temperature`` is the run's
-    rollout temperature, for items without one (None, or plain (prompt, completion) pairs)."""
+    rollout temperature, for items without one (None, or plain (prompt, completion) pairs). Neither has a
+    default here: a run passes ``buffer.logprob_batch_size`` and its rollout temperature."""
 
     @torch.no_grad()
     def fn(pairs: Sequence[Sequence[Any]]) -> list[list[float]]:

@@ -49,8 +49,9 @@ def one_round(run_dir: Path, meta) -> dict:
     aegis = AEGIS(base_harness(), meta, Critic(rollout_fn(policy, env, max_steps=2), k=1, gate="seesaw"),
                   tasks={t.task_id: t for t in train}, max_proposals=1)
     loop = Coevolution(mode="harness_only", env=env, policy=policy, aegis=aegis, run_dir=run_dir, train_tasks=train,
-                       val_tasks=[], rounds=1, batch_tasks=2, attempts=1, seed=0, steps_per_round=1, val_every=0, eval_attempts=1,
-                       rollout_batch_size=32, max_steps=2, workers=8, tracker=NullTracker(), progress=NullProgress())
+                       val_tasks=[], rounds=1, batch_tasks=2, attempts=1, seed=0, steps_per_round=1, val_every=0,
+                       eval_attempts=1, rollout_batch_size=32, max_steps=2, workers=8, tracker=NullTracker(),
+                       progress=NullProgress())
     return loop.run_round(0)
 
 

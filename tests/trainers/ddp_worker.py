@@ -14,8 +14,8 @@ def main(out: str, micro_batch_size: int) -> None:
     accelerator = Accelerator(cpu=True)
     tok = tiny_tokenizer()
     model = tiny_model(tok, seed=0)
-    trainer = make_trainer(model, tok, accelerator=accelerator, lr=0.5,
-                          optimizer="sgd", max_grad_norm=1e9, micro_batch_size=micro_batch_size, aggregation="sequence_mean", kernel="chunked")
+    trainer = make_trainer(model, tok, accelerator=accelerator, lr=0.5, optimizer="sgd", max_grad_norm=1e9,
+                           micro_batch_size=micro_batch_size, aggregation="sequence_mean", kernel="chunked")
     states = []
     for step in range(3):
         traces = synthetic_traces(trainer.unwrapped, tok, n_tasks=3, per_task=3, seed=step, stale=0.1)

@@ -24,7 +24,7 @@ def synthetic_traces(model, tok, *, n_tasks: int = 3, per_task: int = 4, calls: 
                 mc.append(ModelCall(c, [], prompt, completion, None, "", "stop"))
             traces.append(Trace(f"tr-{t}-{k}", f"task-{t}", "env", "train", f"h{k % 2}", "base", "0",
                                 model_calls=mc, reward=float((k + t) % 2), passed=bool((k + t) % 2)))
-    fn = logprob_fn(model, tok.pad_token_id)
+    fn = logprob_fn(model, tok.pad_token_id, temperature=1.0, batch_size=8)
     pairs = [(c.prompt_ids, c.completion_ids) for tr in traces for c in tr.model_calls]
     logps = iter(fn(pairs))
     for tr in traces:

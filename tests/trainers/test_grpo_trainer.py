@@ -140,7 +140,8 @@ def test_a_call_sampled_at_another_temperature_than_the_run_is_scored_at_its_own
         t.reward = float(k % 2)  # a group with a signal (the random model passes nothing)
     assert all(c.temperature == 0.3 for t in traces for c in t.model_calls)
     with ReplayBuffer(tmp_path / "buffer", capacity=8) as buf:
-        buf.add(traces, round=0, model_version=0, logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=0.7))
+        fn = logprob_fn(model, tok.pad_token_id, temperature=0.7, batch_size=8)
+        buf.add(traces, round=0, model_version=0, logprob_fn=fn)
     for t in traces:
         for call, behaviour in zip(t.model_calls, t.behaviour_logprobs, strict=True):
             assert behaviour == pytest.approx(call.sampler_logprobs, abs=1e-4)
@@ -184,7 +185,8 @@ def test_a_prefilled_reply_trains_only_on_generated_tokens(tok, tmp_path):
         assert tok.decode(first.completion_ids, skip_special_tokens=True) == first.text
         assert t.messages[[m["role"] for m in t.messages].index("assistant")]["content"] == prefix + first.text
     with ReplayBuffer(tmp_path / "buffer", capacity=8) as buf:
-        buf.add(traces, round=0, model_version=0, logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=0.8))
+        fn = logprob_fn(model, tok.pad_token_id, temperature=0.8, batch_size=8)
+        buf.add(traces, round=0, model_version=0, logprob_fn=fn)
         loaded = buf.load(buf.entries())
     assert [c.reply_prefix for t in loaded for c in t.model_calls[:1]] == [prefix] * 4
     for t in loaded:
@@ -256,14 +258,14 @@ def test_a_micro_batch_mixing_temperatures_is_on_policy_token_by_token(tok):
     for t in traces:
         for call in t.model_calls:
             call.temperature = next(temps)
-    fn = logprob_fn(model, tok.pad_token_id, temperature=0.7)
+    fn = logprob_fn(model, tok.pad_token_id, temperature=0.7, batch_size=8)
     for t, rows in zip(traces, behaviour_logprobs(traces, fn), strict=True):
         t.behaviour_logprobs = rows
         for call, row in zip(t.model_calls, rows, strict=True):
-            own = logprob_fn(model, tok.pad_token_id, temperature=call.temperature or 0.7)
+            own = logprob_fn(model, tok.pad_token_id, temperature=call.temperature or 0.7, batch_size=8)
             assert row == pytest.approx(own([(call.prompt_ids, call.completion_ids)])[0], abs=1e-5)
     call = traces[0].model_calls[0]
-    at_run = logprob_fn(model, tok.pad_token_id, temperature=0.7)([(call.prompt_ids, call.completion_ids)])[0]
+    at_run = fn([(call.prompt_ids, call.completion_ids)])[0]
     assert max(abs(a - b) for a, b in zip(traces[0].behaviour_logprobs[0], at_run)) > 0.1
     trainer = make_trainer(model, tok, lr=0.0, temperature=0.7, micro_batch_size=8)
     m = trainer.step(traces)
