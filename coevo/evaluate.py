@@ -12,6 +12,7 @@ from coevo.agent.outcomes import pass_rates, task_outcomes
 from coevo.agent.policy import Policy
 from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
+from coevo.config import RolloutConfig
 from coevo.envs.base import Env, check_split
 from coevo.harness.harness import Harness
 
@@ -42,8 +43,8 @@ def evaluate(
     *,
     attempts: int = 1,
     limit: int | None = None,
-    batch_size: int = 32,
-    workers: int = 8,
+    batch_size: int = RolloutConfig.batch_size,  # the schema's defaults, stated there only
+    workers: int = RolloutConfig.workers,
     on_trace: Callable[[Trace], None] | None = None,
 ) -> tuple[EvalReport, list[Trace]]:
     """Run every task of ``split`` (the first ``limit``) ``attempts`` times on ``harness``."""

@@ -24,6 +24,7 @@ from typing import Any, Callable, Generator, Sequence
 
 from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
+from coevo.config import RolloutConfig
 from coevo.envs.base import Env, EnvSession, Task
 from coevo.harness import events as ev
 from coevo.harness.events import Message
@@ -316,8 +317,8 @@ def run_episodes(
     policy: Policy,
     env: Env,
     *,
-    batch_size: int = 32,
-    workers: int = 8,
+    batch_size: int = RolloutConfig.batch_size,  # the schema's defaults, stated there only
+    workers: int = RolloutConfig.workers,
     max_steps: int = 32,
     on_trace: Callable[[Trace], None] | None = None,
 ) -> list[Trace]:
@@ -373,8 +374,8 @@ def run_attempts(
     attempts: int = 1,
     variant: str | Sequence[str] = "base",
     trace_id: Callable[[Task, int], str] | None = None,
-    batch_size: int = 32,
-    workers: int = 8,
+    batch_size: int = RolloutConfig.batch_size,  # the schema's defaults, stated there only
+    workers: int = RolloutConfig.workers,
     max_steps: int = 32,
     on_trace: Callable[[Trace], None] | None = None,
 ) -> list[list[Trace]]:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coevo.agent.outcomes import pass_at_k
+from coevo.config import EvolutionConfig
 from coevo.envs.base import Task
 from coevo.evolution import gates
 from coevo.evolution.evolver import BuildError, build_candidate
@@ -107,19 +108,20 @@ class Critic:
     """
 
     rollout: Rollout
-    k: int = 2
-    gate: str = "stat"
-    eta_leak: float = gates.ETA_LEAK
-    eta_bloat: float = gates.ETA_BLOAT
-    delta: float = 0.0
-    epsilon: float = 0.0
-    alpha: float = gates.STAT_ALPHA
-    beta: float = gates.STAT_BETA
-    win_share: float = gates.STAT_WIN_SHARE
-    n_tasks: int = 12
-    budget: int = 64
-    max_episodes: int = 256
-    confirm_attempts: int = 4
+    # every default is the schema's (coevo.config.EvolutionConfig), stated there only
+    k: int = EvolutionConfig.critic_attempts
+    gate: str = EvolutionConfig.gate
+    eta_leak: float = EvolutionConfig.eta_leak
+    eta_bloat: float = EvolutionConfig.eta_bloat
+    delta: float = EvolutionConfig.delta
+    epsilon: float = EvolutionConfig.epsilon
+    alpha: float = EvolutionConfig.stat_alpha
+    beta: float = EvolutionConfig.stat_beta
+    win_share: float = EvolutionConfig.stat_win_share
+    n_tasks: int = EvolutionConfig.stat_tasks
+    budget: int = EvolutionConfig.stat_budget
+    max_episodes: int = EvolutionConfig.stat_max_episodes
+    confirm_attempts: int = EvolutionConfig.stat_confirm_attempts
     reruns: int = field(default=0, init=False)  # episodes the critic has run (cost accounting)
     evidence: dict[str, Evidence] = field(default_factory=dict, init=False)  # "parent>candidate" → pooled pairs
 

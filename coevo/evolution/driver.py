@@ -14,14 +14,15 @@ from coevo.agent.outcomes import pass_at_k, task_outcomes
 from coevo.agent.policy import Policy
 from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
+from coevo.config import RolloutConfig
 from coevo.envs.base import Env, Task
 from coevo.evolution.critic import Rollout
 from coevo.evolution.engine import AEGIS, EvolveReport
 from coevo.harness.harness import Harness
 
 
-def rollout_fn(policy: Policy, env: Env, *, batch_size: int = 32, max_steps: int = 32, workers: int = 8,
-               on_trace: Callable[[Trace], None] | None = None) -> Rollout:
+def rollout_fn(policy: Policy, env: Env, *, batch_size: int = RolloutConfig.batch_size, max_steps: int = 32,
+               workers: int = RolloutConfig.workers, on_trace: Callable[[Trace], None] | None = None) -> Rollout:
     """The Critic's re-run: ``k`` episodes per task on one harness → task id → outcomes, None for
     an episode that ended in an infrastructure failure (no evidence about the harness)."""
 
@@ -50,7 +51,7 @@ def batches(tasks: Sequence[Task], size: int) -> list[list[Task]]:
 
 
 def rollout_round(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, attempts: int,
-                  batch_size: int = 32, max_steps: int = 32, workers: int = 8,
+                  batch_size: int = RolloutConfig.batch_size, max_steps: int = 32, workers: int = RolloutConfig.workers,
                   on_trace: Callable[[Trace], None] | None = None,
                   trace_id: Callable[[Task, int], str] | None = None) -> list[Trace]:
     """``attempts`` episodes per task, each on the variant AEGIS routes it to; the traces task by
@@ -64,7 +65,7 @@ def rollout_round(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env,
 
 
 def run_round(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, round: int, attempts: int,
-              batch_size: int = 32, max_steps: int = 32,
+              batch_size: int = RolloutConfig.batch_size, max_steps: int = 32,
               on_trace: Callable[[Trace], None] | None = None) -> tuple[list[Trace], EvolveReport]:
     """Rollout then evolution; the traces are returned for whoever else consumes them (the buffer)."""
     traces = rollout_round(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size,
@@ -73,14 +74,14 @@ def run_round(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, 
 
 
 def routed_outcomes(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, attempts: int = 1,
-                    batch_size: int = 32, max_steps: int = 32) -> dict[str, list[bool]]:
+                    batch_size: int = RolloutConfig.batch_size, max_steps: int = 32) -> dict[str, list[bool]]:
     """task id → the outcomes of ``attempts`` episodes on its routed variant (validation or test)."""
     traces = rollout_round(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size, max_steps=max_steps)
     return task_outcomes(traces, [t.task_id for t in tasks])
 
 
 def routed_pass_rate(aegis: AEGIS, tasks: Sequence[Task], policy: Policy, env: Env, *, attempts: int = 1,
-                     batch_size: int = 32, max_steps: int = 32) -> float:
+                     batch_size: int = RolloutConfig.batch_size, max_steps: int = 32) -> float:
     """pass@``attempts`` of the routed variants on ``tasks``."""
     return pass_at_k(routed_outcomes(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size,
                                      max_steps=max_steps))

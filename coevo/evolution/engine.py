@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from coevo.agent.trace import Trace
+from coevo.config import EvolutionConfig
 from coevo.envs.base import Task
 from coevo.evolution.critic import Critic, RecentBatch, pass_rate
 from coevo.evolution.digest import digest as make_digest
@@ -95,13 +96,13 @@ class AEGIS:
         tasks: Mapping[str, Task],
         references: Mapping[str, Trace] | None = None,
         tools: Sequence[str] = (),
-        max_variants: int = 1,
-        max_proposals: int = 2,
-        max_revisions: int = 2,
-        recent_batches: int = 2,
+        max_variants: int = EvolutionConfig.max_variants,  # defaults: the schema's, stated there only
+        max_proposals: int = EvolutionConfig.max_proposals,
+        max_revisions: int = EvolutionConfig.max_revisions,
+        recent_batches: int = EvolutionConfig.recent_batches,
         patience: Patience | None = None,
         router: RouteFn | None = None,
-        router_threshold: float = 0.5,
+        router_threshold: float = EvolutionConfig.router_threshold,
         lesson_cap: int = 20,
         monitors: Monitors | None = None,
         critic_pool: Mapping[str, Task] | None = None,

@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from coevo.agent.outcomes import task_pass_at_k
+from coevo.config import EvolutionConfig
 from coevo.evolution.types import QualityReport
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
@@ -78,20 +79,20 @@ CHARS_PER_EXAMPLE = 400
 MIN_KEPT_WORDS = 3
 """A run of fewer than this many words shared by an old and a new prompt is treated as new text
 (the word diff would otherwise split a pasted instruction on every "the")."""
-ETA_LEAK = 0.2
+ETA_LEAK: float = EvolutionConfig.eta_leak  # the value is stated in coevo.config only
 """Suggested leakage threshold: one chance collision among five or more short answers passes;
 a copied n-gram, a fingerprint answer or more than a fifth of the answers leaked does not."""
-ETA_BLOAT = 5.0
+ETA_BLOAT: float = EvolutionConfig.eta_bloat  # the value is stated in coevo.config only
 """Suggested bloat threshold (HarnessEvolve's η_blo = 5 injected examples)."""
 TOLERANCE = 1e-9
 GATE_MODES = ("seesaw", "performance", "both")
-STAT_ALPHA = 0.1
+STAT_ALPHA: float = EvolutionConfig.stat_alpha  # the value is stated in coevo.config only
 """Suggested error rate of the statistical gate: an edit with no effect ships with probability at
 most 0.1 over every round it is judged (half the 20% the project tolerates for neutral edits, so
 prompt changes that are nearly neutral stay under it; harmful edits ship far less often)."""
-STAT_BETA = 0.2
+STAT_BETA: float = EvolutionConfig.stat_beta  # the value is stated in coevo.config only
 """Suggested miss rate at the designed effect (Wald's lower boundary): the usual 80% power."""
-STAT_WIN_SHARE = 0.75
+STAT_WIN_SHARE: float = EvolutionConfig.stat_win_share  # the value is stated in coevo.config only
 """Suggested designed effect: the candidate wins 3 of 4 discordant pairs (e.g. a pass rate from
 0.05 to 0.15 on a small model: wins 0.14, losses 0.04 per pair)."""
 

@@ -7,6 +7,7 @@ also be the import path of a no-argument factory of your own (``load_meta_agent`
 
 from typing import Any
 
+from coevo.config import MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgent, PlanContext, TokenLedger
 from coevo.imports import import_object
 from coevo.meta.cache import CachedCall, CallCache
@@ -49,8 +50,9 @@ def _missing_dependency(path: str, err: ModuleNotFoundError) -> ValueError:
 
 
 def make_meta_agent(backend: str, *, url: str | None = None, model: str | None = None,
-                    cache_dir: Any = None, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 60.0,
-                    max_retries: int = 3) -> MetaAgent:
+                    cache_dir: Any = None, api_key_env: str = MetaAgentConfig.api_key_env,
+                    timeout_s: float = MetaAgentConfig.timeout_s, max_retries: int = MetaAgentConfig.max_retries
+                    ) -> MetaAgent:
     """The meta-agent of ``backend`` (a ``BACKENDS`` name or a factory's import path), for
     ``train.py`` and ``coevo evolve`` alike. ``url``/``model`` serve ``openai`` (both needed) and
     ``hf`` (``model``, default the embedded SmolLM2); ``cache_dir`` holds the LLM call cache."""

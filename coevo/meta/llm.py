@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from coevo.config import MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgentError, PlanContext, TokenLedger
 from coevo.evolution.types import CAUSES, Digest, Proposal
 from coevo.harness.edits import EDIT_OPS, Edit, apply_edit, check_proposed
@@ -218,8 +219,9 @@ class OpenAIClient:
     the URL: AEGIS then goes on without this call's proposals (``coevo.evolution.engine``).
     """
 
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 60.0,
-                 request_retries: int = 2, *, temperature: float = 0.0) -> None:
+    def __init__(self, base_url: str, model: str, api_key_env: str = MetaAgentConfig.api_key_env,
+                 timeout_s: float = MetaAgentConfig.timeout_s, request_retries: int = 2, *,
+                 temperature: float = 0.0) -> None:
         if not base_url:
             raise ValueError("base_url must be a URL such as http://localhost:8000/v1")
         if timeout_s <= 0:
@@ -473,8 +475,8 @@ class LLMMetaAgent:
     """Planner, reviser and router over a ``ChatClient``, with validation, retries, a token
     ledger per stage and an optional disk cache of calls (``cache_dir``)."""
 
-    def __init__(self, client: ChatClient, *, cache_dir: str | os.PathLike[str] | None = None, max_retries: int = 3,
-                 name: str = "llm") -> None:
+    def __init__(self, client: ChatClient, *, cache_dir: str | os.PathLike[str] | None = None,
+                 max_retries: int = MetaAgentConfig.max_retries, name: str = "llm") -> None:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         self.client = client
@@ -654,15 +656,17 @@ class LLMMetaAgent:
 
 
 # ----------------------------------------------------------------------------------- backends
-def openai_meta_agent(base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 60.0,
-                      cache_dir: str | os.PathLike[str] | None = None, max_retries: int = 3) -> LLMMetaAgent:
+def openai_meta_agent(base_url: str, model: str, *, api_key_env: str = MetaAgentConfig.api_key_env,
+                      timeout_s: float = MetaAgentConfig.timeout_s, cache_dir: str | os.PathLike[str] | None = None,
+                      max_retries: int = MetaAgentConfig.max_retries) -> LLMMetaAgent:
     """The ``openai`` backend: any OpenAI-compatible endpoint (OpenAI, a vLLM server, ...)."""
     client = OpenAIClient(base_url, model, api_key_env=api_key_env, timeout_s=timeout_s)
     return LLMMetaAgent(client, cache_dir=cache_dir, max_retries=max_retries, name="openai")
 
 
 def hf_meta_agent(model_name_or_path: str = "smollm2", *, device: str = "cpu", max_new_tokens: int = 512,
-                  cache_dir: str | os.PathLike[str] | None = None, max_retries: int = 3) -> LLMMetaAgent:
+                  cache_dir: str | os.PathLike[str] | None = None,
+                  max_retries: int = MetaAgentConfig.max_retries) -> LLMMetaAgent:
     """The ``hf`` backend: a local transformers model."""
     client = HFClient(model_name_or_path, device=device, max_new_tokens=max_new_tokens)
     return LLMMetaAgent(client, cache_dir=cache_dir, max_retries=max_retries, name="hf")

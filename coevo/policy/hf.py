@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from coevo.agent.policy import ChatRequest, Generation
+from coevo.config import RolloutConfig
 from coevo.harness.events import Message, SamplingParams
 from coevo.policy.decode import RaceSampling, decode
 from coevo.policy.prefix_cache import PrefixCache, common_prefix_len
@@ -73,11 +74,11 @@ class TransformersPolicy:
         tokenizer: Any,
         *,
         model_version: str = "0",
-        max_batch_size: int = 32,
+        max_batch_size: int = RolloutConfig.batch_size,  # defaults: the schema's, stated there only
         tool_role: bool = False,
         seed: int = 0,
-        engine: str = "cached",
-        prefix_cache_mb: float = 1024,
+        engine: str = RolloutConfig.engine,
+        prefix_cache_mb: float = RolloutConfig.prefix_cache_mb,
     ) -> None:
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; TransformersPolicy renders chats with it")
