@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from coevo.config import EvolutionConfig, RolloutConfig
 from coevo.harness import PROCESSORS, Harness, format_diff
 from coevo.harness.defaults import BUILTIN_HARNESSES
 from coevo.harness.hooks import HOOK_ORDER, Dimension
@@ -171,7 +172,7 @@ def eval_cmd(
     attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="attempts per task: reports pass@1 and pass@k"),
     temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
     limit: Optional[int] = typer.Option(None, min=1, help="evaluate only the first N tasks of the split"),
-    batch_size: int = typer.Option(32, min=1, help="model calls per generate() batch"),
+    batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
     seed: int = typer.Option(0, help="sampling seed"),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
@@ -232,13 +233,14 @@ def evolve_cmd(
     temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
     gate: str = typer.Option("stat", help="stat (paired re-runs, sequential test; undecided edits are judged again) "
                              "| seesaw | performance | both"),
-    max_variants: int = typer.Option(1, min=1, help="harness variants K"),
-    max_proposals: int = typer.Option(2, min=1, help="proposals judged per variant per round"),
+    max_variants: int = typer.Option(EvolutionConfig.max_variants, min=1, help="harness variants K"),
+    max_proposals: int = typer.Option(EvolutionConfig.max_proposals, min=1,
+                                      help="proposals judged per variant per round"),
     val_limit: Optional[int] = typer.Option(None, min=1, help="validation tasks for the before/after comparison"),
     test_limit: Optional[int] = typer.Option(None, min=0, help="test tasks for the before/after comparison (0: skip)"),
     max_steps: int = typer.Option(32, min=1, help="model calls per episode at most"),
     max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
-    batch_size: int = typer.Option(32, min=1, help="model calls per generate() batch"),
+    batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
     seed: int = typer.Option(0, help="sampling seed"),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/evolve-<env>-<time>)"),
 ) -> None:
@@ -395,7 +397,7 @@ def stream_cmd(
     adapt_limit: int = typer.Option(8, min=1, help="adaptation tasks per cohort"),
     eval_limit: int = typer.Option(16, min=1, help="evaluation tasks per cohort"),
     max_steps: int = typer.Option(32, min=1, help="model calls per episode at most"),
-    batch_size: int = typer.Option(32, min=1, help="model calls per generate() batch"),
+    batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
     seed: int = typer.Option(0, help="sampling seed and task sample"),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/stream-<env>-<axis>-<time>)"),
 ) -> None:

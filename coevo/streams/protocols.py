@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from coevo.agent.policy import Policy
 from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
+from coevo.config import EvolutionConfig, RolloutConfig
 from coevo.envs.base import Env, Task
 from coevo.evolution.critic import Critic
 from coevo.evolution.driver import run_round
@@ -46,7 +47,8 @@ def trace_tokens(traces: Sequence[Trace]) -> int:
 
 
 def evaluate_items(items: Sequence[Item], policy: Policy, env: Env, *, attempts: int, description: str,
-                   progress: Progress, batch_size: int = 32, max_steps: int = 32, workers: int = 8) -> list[Outcome]:
+                   progress: Progress, batch_size: int = RolloutConfig.batch_size, max_steps: int = 32,
+                   workers: int = RolloutConfig.workers) -> list[Outcome]:
     """``attempts`` episodes per item in one batched run; one Outcome per item."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
@@ -72,8 +74,9 @@ def stage_harnesses(stream: Stream, base: Harness, axis_harness: AxisHarness,
 
 
 def deployment(stream: Stream, base: Harness, axis_harness: AxisHarness, policy: Policy, env: Env, *,
-               attempts: int = 1, distractors_per_stage: int = 0, batch_size: int = 32, max_steps: int = 32,
-               workers: int = 8, progress: Progress | None = None) -> ProtocolResult:
+               attempts: int = 1, distractors_per_stage: int = 0, batch_size: int = RolloutConfig.batch_size,
+               max_steps: int = 32, workers: int = RolloutConfig.workers,
+               progress: Progress | None = None) -> ProtocolResult:
     """A fresh system per stage from ``base``; every released cohort evaluated at every stage."""
     progress = progress or NullProgress()
     result = ProtocolResult("deployment", stream.n_stages)
@@ -88,8 +91,8 @@ def deployment(stream: Stream, base: Harness, axis_harness: AxisHarness, policy:
 
 
 def task_specific_reference(stream: Stream, base: Harness, axis_harness: AxisHarness, policy: Policy, env: Env, *,
-                            attempts: int = 1, batch_size: int = 32, max_steps: int = 32, workers: int = 8,
-                            progress: Progress | None = None) -> ProtocolResult:
+                            attempts: int = 1, batch_size: int = RolloutConfig.batch_size, max_steps: int = 32,
+                            workers: int = RolloutConfig.workers, progress: Progress | None = None) -> ProtocolResult:
     """Each evaluation task on ``base`` exposing only its own capabilities; outcomes at stage = cohort."""
     progress = progress or NullProgress()
     universe = frozenset(stream.universe)
@@ -113,8 +116,9 @@ def task_specific_reference(stream: Stream, base: Harness, axis_harness: AxisHar
 def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, policy: Policy, env: Env,
                   meta: MetaAgent, critic: Critic, *, rounds_per_stage: int = 1, attempts: int = 1,
                   references: Mapping[str, Trace] | None = None, distractors_per_stage: int = 0,
-                  max_variants: int = 1, max_proposals: int = 2, batch_size: int = 32, max_steps: int = 32,
-                  workers: int = 8, progress: Progress | None = None) -> ProtocolResult:
+                  max_variants: int = EvolutionConfig.max_variants, max_proposals: int = EvolutionConfig.max_proposals,
+                  batch_size: int = RolloutConfig.batch_size, max_steps: int = 32, workers: int = RolloutConfig.workers,
+                  progress: Progress | None = None) -> ProtocolResult:
     """AEGIS carried across stages (see the module docstring).
 
     ``references``: task id → reference trajectory of adaptation-split (train) tasks; at stage s

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from coevo.agent.policy import Policy
+from coevo.config import EvolutionConfig, RolloutConfig
 from coevo.envs.base import Env, Task
 from coevo.evolution.critic import GATES, Critic, Rollout
 from coevo.evolution.driver import rollout_fn
@@ -114,9 +115,9 @@ def run_stream(
     distractors_per_stage: int = 2,
     references_per_stage: int = 4,
     gate: str = "seesaw",
-    max_variants: int = 1,
-    max_proposals: int = 2,
-    batch_size: int = 32,
+    max_variants: int = EvolutionConfig.max_variants,
+    max_proposals: int = EvolutionConfig.max_proposals,
+    batch_size: int = RolloutConfig.batch_size,
     max_steps: int = 32,
     seed: int = 0,
     progress: Progress | None = None,
