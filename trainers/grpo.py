@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from coevo.agent.trace import Trace
-from coevo.config import TrainerConfig
+from coevo.config import ModelConfig, TrainerConfig
 from coevo.kernels import LossParams, grpo_loss
 from coevo.kernels.objective import pick, token_weights
 from coevo.trainers.advantages import group_advantages
@@ -290,7 +290,8 @@ def _temperature(seqs: Sequence[TrainSequence], batch: Any) -> float | torch.Ten
     return next(iter(temperatures)) if len(temperatures) == 1 else batch.temperatures
 
 
-def apply_lora(model: Any, *, r: int = 16, alpha: int = 32, dropout: float = 0.0,
+def apply_lora(model: Any, *, r: int = ModelConfig.lora_r, alpha: int = ModelConfig.lora_alpha,
+               dropout: float = ModelConfig.lora_dropout,
                target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> Any:
     """Wrap ``model`` with a LoRA adapter (PEFT); only the adapter is trainable."""
     from peft import LoraConfig, get_peft_model

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from coevo.config import EvolutionConfig
 from coevo.evolution.types import Digest, Proposal
 from coevo.harness.events import Message
 from coevo.harness.harness import Harness
@@ -57,7 +58,7 @@ class PlanContext:
     demos: list[Demo] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
     lessons: list[str] = field(default_factory=list)
-    max_proposals: int = 2
+    max_proposals: int = EvolutionConfig.max_proposals  # the schema's default, stated there only
 
     def __post_init__(self) -> None:
         self.demos = [as_demo(d) for d in self.demos]

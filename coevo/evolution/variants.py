@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from coevo.config import EvolutionConfig
 from coevo.envs.base import Task
 from coevo.harness.harness import Harness
 
@@ -49,7 +50,7 @@ class LessonStore:
 class VariantSet:
     """The current harness of each variant and the per-task records that route tasks to them."""
 
-    def __init__(self, base: Harness, *, max_variants: int = 1) -> None:
+    def __init__(self, base: Harness, *, max_variants: int = EvolutionConfig.max_variants) -> None:
         if max_variants < 1:
             raise ValueError(f"max_variants must be >= 1, got {max_variants}")
         self.max_variants = max_variants

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from coevo.config import RolloutConfig
+
 MODELS = ("smollm2", "tiny")
 """Named models: the embedded SmolLM2-135M-Instruct, and a tiny random model for tests."""
 
@@ -42,7 +44,8 @@ def load_model(model: str = "smollm2", *, device: str = "cpu", dtype: str = "aut
 
 
 def transformers_policy(model: str = "smollm2", *, device: str = "cpu", adapter: str | None = None,
-                        max_batch_size: int = 32, seed: int = 0, model_version: str | None = None):
+                        max_batch_size: int = RolloutConfig.batch_size, seed: int = 0,
+                        model_version: str | None = None):
     from coevo.policy.hf import TransformersPolicy
 
     lm, tok = load_model(model, device=device, adapter=adapter, seed=seed)
