@@ -32,7 +32,7 @@ from coevo.harness.harness import Harness
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.library import ArgumentGuard
 from coevo.harness.processor import Param, Processor
-from coevo.meta.base import PlanContext
+from coevo.evolution.meta_agent import PlanContext
 from coevo.meta.rule import CATALOGUE, TEMPLATES, Draft, RuleMetaAgent, Template, find_kind, insert_edit
 
 REMINDER = "You have used your tool calls for this task. Give your final answer now as <answer>...</answer>."

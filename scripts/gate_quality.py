@@ -254,7 +254,7 @@ def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> 
     from coevo.agent.runtime import run_attempts
     from coevo.build import make_critic
     from coevo.evolution.driver import rollout_fn
-    from coevo.meta.base import demo_question
+    from coevo.evolution.meta_agent import demo_question
 
     cfg = setup.cfg
     quoted = quoted_tasks(proposal, setup)

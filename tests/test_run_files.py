@@ -20,15 +20,21 @@ from coevo.rundir import LOCK_NAME, RunDirInUseError, lock_run_dir, unlock_run_d
 from tests.test_loop import ROOT, _train_py, smoke
 
 
-@pytest.fixture
-def held(tmp_path):
-    """A directory another live process holds; yields (directory, holder pid)."""
-    run_dir = tmp_path / "run"
+def hold(run_dir: Path) -> subprocess.Popen:
+    """Another live process that holds ``run_dir`` (returned once it has the lock)."""
     holder = subprocess.Popen(
         [sys.executable, "-c", f"from coevo.rundir import lock_run_dir; lock_run_dir({str(run_dir)!r}); "
                                "print('held', flush=True); import time; time.sleep(120)"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+@pytest.fixture
+def held(tmp_path):
+    """A directory another live process holds; yields (directory, holder pid)."""
+    run_dir = tmp_path / "run"
+    holder = hold(run_dir)
     yield run_dir, holder.pid
     holder.kill()
     holder.wait()
@@ -52,10 +58,7 @@ def test_coevo_run_locks_too(held):
 
 def test_the_lock_dies_with_its_holder_and_is_reentrant_in_one_process(tmp_path):
     run_dir = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", f"from coevo.rundir import lock_run_dir; "
-                               f"lock_run_dir({str(run_dir)!r}); print('held', flush=True); import time; time.sleep(120)"],
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline() == "held\n"
+    holder = hold(run_dir)
     with pytest.raises(RunDirInUseError):
         lock_run_dir(run_dir)
     holder.kill()  # kill -9: the kernel drops the flock

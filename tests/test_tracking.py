@@ -16,7 +16,7 @@ from coevo.evolution.engine import EvolveReport
 from coevo.evolution.types import IMPLICATED, Cluster, Digest, Proposal, QualityReport, Verdict
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
-from coevo.meta.base import TokenLedger
+from coevo.evolution.meta_agent import TokenLedger
 from coevo.tracking import (
     EDIT_COLUMNS,
     REDACTED,

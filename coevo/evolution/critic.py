@@ -319,9 +319,9 @@ class Critic:
                      after: Mapping[str, Sequence[bool]], recent: Sequence[RecentBatch]) -> gates.PerformanceResult:
         """Current batch: tasks not re-run (failed before and outside scope) keep their outcomes."""
         merged = {tid: list(after.get(tid, outs)) for tid, outs in before.items()}
-        cur_before = pass_rate(before)
-        cur_after = pass_rate(merged)
-        recent_after = [pass_rate(judged_outcomes(self._run(candidate, b.tasks))[0]) for b in recent]
+        cur_before = pass_at_k(before)
+        cur_after = pass_at_k(merged)
+        recent_after = [pass_at_k(judged_outcomes(self._run(candidate, b.tasks))[0]) for b in recent]
         return gates.performance_gate(cur_before, cur_after, [b.score for b in recent], recent_after,
                                       delta=self.delta, epsilon=self.epsilon)
 
@@ -332,8 +332,3 @@ class Critic:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.evidence = {key: Evidence.from_dict(ev) for key, ev in state.get("evidence", {}).items()}
-
-
-pass_rate = pass_at_k
-"""pass@k rate: the share of tasks with at least one passing attempt (``coevo.agent.outcomes``; the
-name the engine imports)."""

@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 from coevo.agent.trace import Trace
 from coevo.config import EvolutionConfig
 from coevo.envs.base import Task
-from coevo.evolution.critic import Critic, RecentBatch, pass_rate
+from coevo.agent.outcomes import pass_at_k
+from coevo.evolution.critic import Critic, RecentBatch
 from coevo.evolution.digest import digest as make_digest
 from coevo.evolution.meta_agent import Demo, MetaAgent, MetaAgentError, PlanContext, demo_question
 from coevo.evolution.monitors import Monitors
@@ -220,13 +221,13 @@ class AEGIS:
             if verdict.ship and candidate is not None:
                 self.variants.harnesses[variant] = candidate
                 self.variants.record(variant, verdict.after)
-                self.pool.add(candidate, round=report.round, variant=variant, score=pass_rate(verdict.after))
+                self.pool.add(candidate, round=report.round, variant=variant, score=pass_at_k(verdict.after))
                 report.shipped.append(candidate.id)
                 return
             if (candidate is not None and verdict.fail_to_pass and verdict.pass_to_fail
                     and self.variants.can_spawn()):
                 name = self.variants.spawn(candidate, {t: verdict.after[t] for t in verdict.fail_to_pass})
-                self.pool.add(candidate, round=report.round, variant=name, score=pass_rate(verdict.after))
+                self.pool.add(candidate, round=report.round, variant=name, score=pass_at_k(verdict.after))
                 report.spawned.append(name)
                 verdict.reason += f"; kept as variant {name} for {', '.join(verdict.fail_to_pass)}"
 
@@ -288,7 +289,7 @@ class AEGIS:
         self.undecided[variant] = waiting
 
     def _remember_batch(self, variant: str, outcomes: dict[str, list[bool]]) -> None:
-        self.recent[variant].append((sorted(outcomes), pass_rate(outcomes)))
+        self.recent[variant].append((sorted(outcomes), pass_at_k(outcomes)))
         del self.recent[variant][: max(0, len(self.recent[variant]) - self.recent_batches)]
 
     def _learn_routing(self, traces: Sequence[Trace]) -> None:

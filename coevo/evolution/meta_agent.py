@@ -6,7 +6,7 @@ variants. The Evolver and the Critic are not meta-agents: they are deterministic
 proposal is judged the same way whichever backend wrote it.
 
 The interface lives here, beside the engine that calls it, so the backends (``coevo.meta``) import
-``coevo.evolution`` and never the reverse; ``coevo.meta.base`` re-exports it for their authors.
+``coevo.evolution`` and never the reverse; meta-agent authors import it from here.
 """
 
 from __future__ import annotations

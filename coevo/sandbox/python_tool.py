@@ -118,7 +118,8 @@ _UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
 
 
-def _shown_dirs() -> list[str]:
+@functools.cache
+def _shown_dirs() -> tuple[str, ...]:
     """Directories the jail shows read-only: the system's programs and libraries and the
     interpreter's install prefix (a pyenv or conda prefix may live under a home directory)."""
     dirs = [d for d in _SYSTEM_DIRS if os.path.lexists(d)]
@@ -126,7 +127,7 @@ def _shown_dirs() -> list[str]:
     for extra in (os.path.realpath(sys.base_prefix), os.path.dirname(real)):
         if not any(extra == d or extra.startswith(d + "/") for d in dirs):
             dirs.append(extra)
-    return dirs
+    return tuple(dirs)
 
 
 def _jailed(argv: list[str], root: str) -> list[str]:

@@ -18,7 +18,7 @@ from coevo.evolution.reference import gold_reference
 from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
-from coevo.meta.base import PlanContext, TokenLedger
+from coevo.evolution.meta_agent import PlanContext, TokenLedger
 from coevo.meta.rule import RuleMetaAgent
 
 

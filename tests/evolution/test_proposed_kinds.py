@@ -14,7 +14,7 @@ from coevo.evolution.evolver import BuildError, build_candidate
 from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit, apply_edit
-from coevo.meta.base import PlanContext
+from coevo.evolution.meta_agent import PlanContext
 from coevo.meta.llm import LLMMetaAgent
 from tests.meta.test_llm import Scripted, make_digest, plan, proposal_json
 

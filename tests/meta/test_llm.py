@@ -17,7 +17,7 @@ from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.library import PROCESSORS
 from coevo.meta import BACKENDS, RuleMetaAgent
-from coevo.meta.base import PlanContext
+from coevo.evolution.meta_agent import PlanContext
 from coevo.meta.llm import (
     PLAN_SCHEMA,
     REVISE_SCHEMA,

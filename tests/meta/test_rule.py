@@ -19,7 +19,7 @@ from coevo.harness.library import (
     SystemPrompt,
     ToolChoice,
 )
-from coevo.meta.base import PlanContext
+from coevo.evolution.meta_agent import PlanContext
 from coevo.meta.rule import (
     CATALOGUE,
     FORMAT_PROMPT,

@@ -7,7 +7,7 @@ import pytest
 from coevo.evolution.types import IMPLICATED, Cluster, Digest
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import apply_edit
-from coevo.meta.base import PlanContext
+from coevo.evolution.meta_agent import PlanContext
 from coevo.meta.rule import CATALOGUE, TEMPLATES, RuleMetaAgent, Template, insert_edit
 
 

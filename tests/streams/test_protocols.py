@@ -13,7 +13,7 @@ from coevo.evolution.reference import gold_reference
 from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
-from coevo.meta.base import PlanContext, TokenLedger, demo_question
+from coevo.evolution.meta_agent import PlanContext, TokenLedger, demo_question
 from coevo.streams.axes import exposed_tools, tools_harness
 from coevo.streams.construct import build_stream
 from coevo.streams.metrics import backward_transfer, forward_transfer, pass_matrix, reference_rates, stage_tokens
