@@ -43,6 +43,7 @@ from coevo.agent.trace import Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.driver import rollout_round
 from coevo.evolution.engine import AEGIS, EvolveReport
+from coevo.evolution.types import HarnessEvent
 from coevo.harness.harness import Harness
 from coevo.secrets import contains_secret, redact, redact_trace, secret_env_values
 from coevo.tracking import edit_rows
@@ -263,8 +264,7 @@ class Coevolution:
     def run(self) -> list[dict[str, Any]]:
         start = self.resume()
         if start == 0:
-            for name, h in self.aegis.variants.harnesses.items():
-                self._lineage(h, round=-1, variant=name, how="start", parent=None, edits=[], hypothesis="")
+            self._lineage(self.aegis.start_events())
         for r in range(start, self.rounds):
             self.run_round(r)
         return self.state.records
@@ -294,16 +294,13 @@ class Coevolution:
         evolved: EvolveReport | None = None
         if self.evolves:
             self._reseed(r, "critic")
-            before = {v: h.id for v, h in self.aegis.variants.harnesses.items()}
             evolved = self.aegis.evolve(traces, round=r, withheld=self.withheld(r))
             for key in ("digest", "plan", "critic"):
                 seconds[key] = evolved.seconds.get(key, 0.0)
-            self._record_lineage(evolved, before, r)
+            self._lineage(evolved.events)
             if self.val_tasks and (r + 1) % self.per_epoch == 0:  # epoch end: best snapshot on validation
                 tick = time.perf_counter()
-                before = {v: h.id for v, h in self.aegis.variants.harnesses.items()}
-                self.aegis.select(lambda h: self._harness_pass_rate(h, self.val_tasks, r))
-                self._record_selection(before, r)
+                self._lineage(self.aegis.select(lambda h: self._harness_pass_rate(h, self.val_tasks, r), round=r))
                 seconds["eval"] += time.perf_counter() - tick
 
         grpo = None
@@ -323,6 +320,11 @@ class Coevolution:
             test = self.evaluate(self.test_tasks, r, "test")
             seconds["eval"] += time.perf_counter() - tick
 
+        if evolved is not None:  # the trend monitor: train pass rate up while validation goes down
+            judged = [t for t in traces if not t.infra_failure]
+            evolved.warnings += self.aegis.observe_rates(
+                r, train_pass_rate=sum(t.passed for t in judged) / len(judged) if judged else None,
+                val_pass_rate=val.pass_at_1 if val is not None else None)
         record = self._record(r, traces, evolved, grpo, val, test, seconds, version)
         # inside rollout, critic and eval: the share spent in the model's generate() (not a phase of its own)
         record["generation_seconds"] = getattr(self.policy, "seconds", 0.0) - generating
@@ -423,33 +425,15 @@ class Coevolution:
             reseed(phase_seed(self.seed, r, phase))
 
     # ------------------------------------------------------------------ records
-    def _record_lineage(self, report: EvolveReport, before: dict[str, str], r: int) -> None:
-        verdicts = {v.candidate_id: v for v in report.verdicts if v.candidate_id}
-        for name, h in self.aegis.variants.harnesses.items():
-            if name in report.spawned:
-                v = verdicts.get(h.id)
-                self._lineage(h, round=r, variant=name, how="spawned", parent=v.parent_id if v else None,
-                              edits=[e.describe() for e in v.proposal.edits] if v else [],
-                              hypothesis=v.proposal.hypothesis if v else "")
-            elif before.get(name) != h.id:
-                v = verdicts.get(h.id)
-                self._lineage(h, round=r, variant=name, how="shipped", parent=before.get(name),
-                              edits=[e.describe() for e in v.proposal.edits] if v else [],
-                              hypothesis=v.proposal.hypothesis if v else "")
-
-    def _record_selection(self, before: dict[str, str], r: int) -> None:
-        for name, h in self.aegis.variants.harnesses.items():
-            if before.get(name) != h.id:
-                self._lineage(h, round=r, variant=name, how="selected", parent=before.get(name), edits=[],
-                              hypothesis="best snapshot on validation at epoch end")
-
-    def _lineage(self, harness: Harness, *, round: int, variant: str, how: str, parent: str | None,
-                 edits: list[str], hypothesis: str) -> None:
-        self.state.lineage.append({"id": harness.id, "parent_id": parent, "round": round, "variant": variant,
-                                   "how": how, "edits": edits, "hypothesis": hypothesis})
-        if self.is_main:
-            harness.save(self.run_dir / "lineage" / f"{harness.id}.yaml")
-        self.tracker.log_harness(harness, round=round, variant=variant, how=how)
+    def _lineage(self, events: Sequence[HarnessEvent]) -> None:
+        """Record the events that changed a variant's harness: a lineage row, the harness YAML, the tracker."""
+        for event in events:
+            if not event.changes_variant:
+                continue
+            self.state.lineage.append(event.lineage_row())
+            if self.is_main:
+                event.harness.save(self.run_dir / "lineage" / f"{event.harness.id}.yaml")
+            self.tracker.log_harness(event.harness, round=event.round, variant=event.variant, how=event.how)
 
     def _record(self, r: int, traces: Sequence[Trace], evolved: EvolveReport | None, grpo: dict[str, Any] | None,
                 val: Evaluation | None, test: Evaluation | None, seconds: dict[str, float], version: int
@@ -469,12 +453,12 @@ class Coevolution:
             "val": val.to_dict() if val else None,
             "test": test.to_dict() if test else None,
             "infra_failures": infra_failures(traces),
-            "variants": {n: h.id for n, h in self.aegis.variants.harnesses.items()},
+            "variants": {n: h.id for n, h in self.aegis.current().items()},
             "by_variant": {v: {"pass_rate": sum(t.passed for t in ts) / len(ts), "n_traces": len(ts)}
                            for v, ts in by_variant.items()},
             "evolve": evolved.to_dict() if evolved else None,
             "grpo": grpo,
-            "meta_tokens": self.aegis.meta.ledger.as_dict(),
+            "meta_tokens": self.aegis.meta_tokens(),
             "buffer": {"size": len(self.buffer), "lag": self.buffer.lag(self.trainer.version)} if self.trains else None,
         }
 

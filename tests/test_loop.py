@@ -198,11 +198,11 @@ def test_epoch_end_selects_snapshots_on_validation(tmp_path, monkeypatch):
 
     calls, original = [], AEGIS.select
 
-    def spy(self, evaluate):
-        calls.append(evaluate(self.harness("base")))
-        return original(self, evaluate)
+    def spy(self, evaluate, *, round):
+        calls.append((round, evaluate(self.harness("base"))))
+        return original(self, evaluate, round=round)
 
     monkeypatch.setattr(AEGIS, "select", spy)
     # 19 train tasks in batches of 9: two batches per epoch, so round 1 ends the first epoch
     coevo.run(smoke(tmp_path / "run", "batch_tasks=9", "rounds=3", "buffer.capacity=64"))
-    assert len(calls) == 1 and 0.0 <= calls[0] <= 1.0
+    assert len(calls) == 1 and calls[0][0] == 1 and 0.0 <= calls[0][1] <= 1.0

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from coevo.evolution.engine import EvolveReport
-from coevo.evolution.types import IMPLICATED, Cluster, Digest, Proposal, QualityReport, Verdict
+from coevo.evolution.types import IMPLICATED, Cluster, Digest, HarnessEvent, Proposal, QualityReport, Verdict
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
 from coevo.evolution.meta_agent import TokenLedger
@@ -74,7 +74,8 @@ def round_record(round: int = 1) -> dict[str, Any]:
             _verdict("base", False, "seesaw", "t3 regressed", ["t1"], ["t3"]),
             _verdict("v1", False, "quality", "leaks the answer", [], []),
         ],
-        shipped=["c1"], spawned=[], warnings=["drift"], stopped=None, seconds={"digest": 0.1},
+        events=[HarnessEvent("shipped", round, "base", base_harness(), "p0")], warnings=["drift"], stopped=None,
+        seconds={"digest": 0.1},
     )
     return {
         "round": round,

@@ -16,6 +16,12 @@ user's own): when a call to it fails, the variant goes without that round's prop
 rejected proposal without its revision), the failure is one of the round's ``warnings``, and the
 run goes on.
 
+What happened to the harnesses comes back as ``HarnessEvent``s (``start_events``, the report of
+``evolve``, ``select``, ``release``): callers record lineage from them and read the engine only
+through its methods (``current``, ``meta_tokens``). Rates measured outside the engine (a round's
+train and validation pass rates) come back in through ``observe_rates``, so the reward-hacking
+monitor (train up, validation down) sees every validation the caller runs.
+
 Everything a resumed run needs is in ``state_dict`` (plain JSON-able data).
 """
 
@@ -38,7 +44,7 @@ from coevo.evolution.meta_agent import Demo, MetaAgent, MetaAgentError, PlanCont
 from coevo.evolution.monitors import Monitors
 from coevo.evolution.pool import Patience, SnapshotPool
 from coevo.evolution.reference import reference_demo
-from coevo.evolution.types import Digest, Proposal, Verdict
+from coevo.evolution.types import Digest, HarnessEvent, Proposal, Verdict
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import demo_problem
@@ -55,11 +61,20 @@ class EvolveReport:
     round: int
     digests: list[Digest] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
-    shipped: list[str] = field(default_factory=list)  # candidate ids that became a variant's harness
-    spawned: list[str] = field(default_factory=list)  # new variant names
+    events: list[HarnessEvent] = field(default_factory=list)  # shipped, spawned and rejected candidates
     warnings: list[str] = field(default_factory=list)
     stopped: str | None = None  # which patience ran out, when the search is over
     seconds: dict[str, float] = field(default_factory=dict)  # digest / plan / critic
+
+    @property
+    def shipped(self) -> list[str]:
+        """Candidate ids that became a variant's harness."""
+        return [e.harness.id for e in self.events if e.how == "shipped"]
+
+    @property
+    def spawned(self) -> list[str]:
+        """Names of the variants the round created."""
+        return [e.variant for e in self.events if e.how == "spawned"]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +147,36 @@ class AEGIS:
     def harness(self, variant: str = BASE) -> Harness:
         return self.variants.harnesses[variant]
 
+    def current(self) -> dict[str, Harness]:
+        """variant → its current harness (a copy of the mapping)."""
+        return dict(self.variants.harnesses)
+
+    def meta_tokens(self) -> dict[str, Any]:
+        """The meta-agent's token ledger (prompt/completion tokens and calls so far)."""
+        return self.meta.ledger.as_dict()
+
+    def start_events(self) -> list[HarnessEvent]:
+        """One ``start`` event per variant: what a run records before its first round."""
+        return [HarnessEvent("start", -1, name, h, None) for name, h in self.variants.harnesses.items()]
+
+    def release(self, change: Callable[[Harness], Harness], *, round: int, note: str) -> list[HarnessEvent]:
+        """Every variant's harness replaced by ``change(harness)`` (a stream stage releasing new
+        capabilities into the carried harnesses); a ``released`` event per variant it changed."""
+        events = []
+        for name, before in list(self.variants.harnesses.items()):
+            after = change(before)
+            self.variants.harnesses[name] = after
+            if after.id != before.id:
+                events.append(HarnessEvent("released", round, name, after, before.id, hypothesis=note))
+        return events
+
+    def observe_rates(self, round: int, *, train_pass_rate: float | None,
+                      val_pass_rate: float | None) -> list[str]:
+        """A round's pass rates measured by the caller (train on the routed batch, validation when it
+        ran) for the reward-hacking trend monitor; returns the alerts' messages."""
+        alerts = self.monitors.observe_round(round, train_pass_rate=train_pass_rate, val_pass_rate=val_pass_rate)
+        return [a.message for a in alerts]
+
     def assign(self, tasks: Sequence[Task]) -> dict[str, str]:
         """task id → the variant it runs on this round."""
         return self.variants.assign(tasks, router=self.router, threshold=self.router_threshold,
@@ -179,8 +224,7 @@ class AEGIS:
             self._remember_batch(variant, dict(outcomes))
             shipped = next((v for v in report.verdicts if v.ship and v.variant == variant), None)
             alerts = self.monitors.observe_round(
-                round, train_pass_rate=sum(t.passed for t in judged) / len(judged),
-                harness_id=self.variants.harnesses[variant].id, outcomes=dict(outcomes),
+                round, harness_id=self.variants.harnesses[variant].id, outcomes=dict(outcomes),
                 shipped_dimension=shipped.proposal.dimension if shipped else None)
             report.warnings += [a.message for a in alerts]
         if self.patience is not None:
@@ -222,14 +266,18 @@ class AEGIS:
                 self.variants.harnesses[variant] = candidate
                 self.variants.record(variant, verdict.after)
                 self.pool.add(candidate, round=report.round, variant=variant, score=pass_at_k(verdict.after))
-                report.shipped.append(candidate.id)
+                report.events.append(HarnessEvent.from_verdict("shipped", verdict, candidate))
                 return
             if (candidate is not None and verdict.fail_to_pass and verdict.pass_to_fail
                     and self.variants.can_spawn()):
                 name = self.variants.spawn(candidate, {t: verdict.after[t] for t in verdict.fail_to_pass})
                 self.pool.add(candidate, round=report.round, variant=name, score=pass_at_k(verdict.after))
-                report.spawned.append(name)
+                spawned = HarnessEvent.from_verdict("spawned", verdict, candidate)
+                spawned.variant = name
+                report.events.append(spawned)
                 verdict.reason += f"; kept as variant {name} for {', '.join(verdict.fail_to_pass)}"
+            elif not verdict.undecided:
+                report.events.append(HarnessEvent.from_verdict("rejected", verdict, candidate))
 
     def _judge_with_revisions(self, proposal: Proposal, parent: Harness, dig: Digest, context: PlanContext,
                               before: dict[str, list[bool]], tasks: dict[str, Task], recent: list[RecentBatch],
@@ -305,19 +353,23 @@ class AEGIS:
         return [d for d in demos if demo_problem(d) is None][:limit]
 
     # ------------------------------------------------------------------ epoch end
-    def select(self, evaluate: Callable[[Harness], float]) -> dict[str, str]:
+    def select(self, evaluate: Callable[[Harness], float], *, round: int) -> list[HarnessEvent]:
         """Per variant, the best of its current harness and its pool snapshots on validation
-        (``evaluate`` returns a pass rate) becomes current. Returns variant → chosen harness id."""
-        chosen, best_scores = {}, []
+        (``evaluate`` returns a pass rate) becomes current. Returns a ``selected`` event for each
+        variant whose harness changed."""
+        events, best_scores = [], []
         for variant in list(self.variants.harnesses):
             scores = {s.harness_id: evaluate(s.harness) for s in self.pool.of_variant(variant)}
             best = self.pool.best(scores, variant=variant)
+            before = self.variants.harnesses[variant]
             self.variants.harnesses[variant] = best.harness
-            chosen[variant] = best.harness_id
+            if best.harness_id != before.id:
+                events.append(HarnessEvent("selected", round, variant, best.harness, before.id,
+                                           hypothesis="best snapshot on validation at epoch end"))
             best_scores.append(scores[best.harness_id])
         if self.patience is not None:
             self.patience.update(epoch_score=max(best_scores))
-        return chosen
+        return events
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The values AEGIS passes between its stages: failures and digests, proposals, verdicts.
+"""The values AEGIS passes between its stages: failures and digests, proposals, verdicts, and the
+``HarnessEvent`` records it returns to its caller.
 
 Digester → ``Digest`` → Planner (a meta-agent) → ``Proposal`` (typed edits + change manifest) →
 Evolver → candidate ``Harness`` → Critic → ``Verdict``. They are plain dataclasses with
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from coevo.harness.edits import Edit
+from coevo.harness.harness import Harness
 
 CAUSES = (
     "format_error",  # neither a parseable tool call nor an answer
@@ -223,3 +225,44 @@ class Verdict:
         d = asdict(self)
         d["proposal"] = self.proposal.to_dict()
         return d
+
+
+LINEAGE_EVENTS = ("start", "shipped", "spawned", "selected", "released")
+"""Events that make ``harness`` a variant's current harness (the run's lineage records each)."""
+
+
+@dataclass
+class HarnessEvent:
+    """One thing that happened to a variant's harness, as AEGIS reports it to its caller, so the
+    caller records lineage without diffing harness ids or reading the engine's fields.
+
+    ``how``: ``start`` (a variant's harness when the run began), ``shipped`` (an edit the Critic
+    accepted replaced it), ``spawned`` (a rejected-for-seesaw edit became a new variant),
+    ``selected`` (epoch end: a pool snapshot did better on validation), ``released`` (a stream
+    stage gave it new capabilities), ``rejected`` (an edit the Critic refused; ``harness`` is the
+    candidate, None when the edit did not build). ``edits`` and ``hypothesis`` are the proposal's
+    change manifest; ``parent_id`` the harness it replaced or was built from.
+    """
+
+    how: str
+    round: int
+    variant: str
+    harness: Harness | None
+    parent_id: str | None
+    edits: list[str] = field(default_factory=list)
+    hypothesis: str = ""
+
+    @property
+    def changes_variant(self) -> bool:
+        return self.how in LINEAGE_EVENTS
+
+    def lineage_row(self) -> dict[str, Any]:
+        """The ``lineage.jsonl`` row (the harness itself is saved as ``lineage/<id>.yaml``)."""
+        return {"id": self.harness.id if self.harness is not None else None, "parent_id": self.parent_id,
+                "round": self.round, "variant": self.variant, "how": self.how, "edits": list(self.edits),
+                "hypothesis": self.hypothesis}
+
+    @classmethod
+    def from_verdict(cls, how: str, verdict: Verdict, candidate: Harness | None) -> HarnessEvent:
+        return cls(how, verdict.round, verdict.variant, candidate, verdict.parent_id,
+                   [e.describe() for e in verdict.proposal.edits], verdict.proposal.hypothesis)

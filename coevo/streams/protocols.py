@@ -138,9 +138,8 @@ def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, poli
     round_no = 0
     for s in range(stream.n_stages):
         if s > 0:  # the new capabilities arrive in the carried harnesses, evolved processors stay
-            for name in aegis.variants.names():
-                aegis.variants.harnesses[name] = axis_harness(aegis.variants.harnesses[name], stream.cumulative[s],
-                                                              universe, distractors_per_stage * s)
+            aegis.release(lambda h: axis_harness(h, stream.cumulative[s], universe, distractors_per_stage * s),
+                          round=round_no, note=f"stage {s} released")
         aegis.references = {tid: r for tid, r in (references or {}).items() if cohort_of.get(tid, s + 1) <= s}
         aegis.tools = exposed_tools(aegis.harness(), env, probe)
         reruns = critic.reruns
@@ -160,5 +159,5 @@ def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, poli
                                           description=f"self-evolving stage {s}: evaluate", batch_size=batch_size,
                                           max_steps=max_steps, workers=workers)
         result.harness_ids[s] = sorted({h.id for _, _, _, h, _ in items})
-        result.harnesses.append(dict(aegis.variants.harnesses))
+        result.harnesses.append(aegis.current())
     return result

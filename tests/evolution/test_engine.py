@@ -172,11 +172,14 @@ def test_epoch_end_selection_keeps_the_best_snapshot_on_validation(env):
     run_round(aegis, env.tasks("train")[:6], policy, env, round=0, attempts=1, max_steps=6)
     shipped = aegis.harness("base").id
     # the pool holds the starting harness and the shipped one; selection follows the val score
-    chosen = aegis.select(lambda h: 0.0 if h.id == shipped else 1.0)
-    assert chosen["base"] == base_harness().id == aegis.harness("base").id
-    chosen = aegis.select(lambda h: 1.0 if h.id == shipped else 0.0)
-    assert chosen["base"] == shipped == aegis.harness("base").id
-    assert aegis.select(lambda h: 0.5)["base"] == base_harness().id  # a tie goes to the earlier snapshot
+    (event,) = aegis.select(lambda h: 0.0 if h.id == shipped else 1.0, round=1)
+    assert (event.how, event.variant, event.parent_id, event.round) == ("selected", "base", shipped, 1)
+    assert event.harness.id == base_harness().id == aegis.harness("base").id
+    (event,) = aegis.select(lambda h: 1.0 if h.id == shipped else 0.0, round=2)
+    assert event.harness.id == shipped == aegis.harness("base").id and event.parent_id == base_harness().id
+    assert aegis.select(lambda h: 1.0 if h.id == shipped else 0.0, round=3) == []  # unchanged: no event
+    aegis.select(lambda h: 0.5, round=4)
+    assert aegis.harness("base").id == base_harness().id  # a tie goes to the earlier snapshot
 
 
 def test_infrastructure_failures_give_the_planner_nothing(env):
