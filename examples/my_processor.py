@@ -33,7 +33,9 @@ from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.library import ArgumentGuard
 from coevo.harness.processor import Param, Processor
 from coevo.evolution.meta_agent import PlanContext
-from coevo.meta.rule import CATALOGUE, TEMPLATES, Draft, RuleMetaAgent, Template, find_kind, insert_edit
+from coevo.meta.drafts import Draft, Template, find_kind, insert_edit
+from coevo.meta.rule import RuleMetaAgent
+from coevo.meta.templates import CATALOGUE, TEMPLATES
 
 REMINDER = "You have used your tool calls for this task. Give your final answer now as <answer>...</answer>."
 

@@ -30,7 +30,7 @@ RIGHT_NAME = {**WRONG_NAME, "processor": "answer_extraction"}
 
 
 def proposal(edit: dict[str, Any], hypothesis: str) -> dict[str, Any]:
-    """One item of the plan stage's ``proposals`` (PROPOSAL_SCHEMA in coevo/meta/llm.py)."""
+    """One item of the plan stage's ``proposals`` (PROPOSAL_SCHEMA in coevo/meta/schema.py)."""
     return {"hypothesis": hypothesis, "dimension": "evaluation_reward", "cluster": "format_error",
             "target_tasks": [], "predicted_flips": [], "at_risk": [], "edits": [edit]}
 

@@ -218,7 +218,8 @@ def planted_edits(start: Any, demos: list[list[dict[str, Any]]]) -> dict[str, An
     from coevo.evolution.types import Proposal
     from coevo.harness.edits import apply_edit
     from coevo.harness.library import FewShotDemos, ToolChoice
-    from coevo.meta.rule import demo_tools, flatten, insert_edit, set_edit
+    from coevo.meta.drafts import flatten, insert_edit, set_edit
+    from coevo.meta.templates import demo_tools
 
     tools = sorted(set().union(*map(demo_tools, demos)))
     forced = insert_edit(start, ToolChoice(tool=tools[0] if len(tools) == 1 else ""))
@@ -242,7 +243,8 @@ def planted_edits(start: Any, demos: list[list[dict[str, Any]]]) -> dict[str, An
 def quoted_tasks(proposal: Any, setup: Setup) -> set[str]:
     """Train tasks whose answer the edit's text quotes (a demonstration's numbers): the quality gate
     would refuse to judge the edit on many of them, so its runs leave them out."""
-    from coevo.evolution.gates import edit_text, leakage_detail
+    from coevo.evolution.added_text import edit_text
+    from coevo.evolution.leakage import leakage_detail
 
     text = edit_text(proposal.edits, setup.start)
     return set(leakage_detail(text, {t.task_id: t.answer for t in setup.train}, {}).answers_leaked)

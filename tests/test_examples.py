@@ -214,7 +214,7 @@ def test_train_py_and_coevo_evolve_take_the_custom_agent_by_config(tmp_path):
 # ---------------------------------------------------------------------------- docs/meta-agents.md
 def test_openai_meta_agent_example_plans_revises_routes_and_hits_the_cache(tmp_path):
     from coevo.harness.edits import apply_edit
-    from coevo.meta.llm import PLAN_SCHEMA
+    from coevo.meta.schema import PLAN_SCHEMA
     from examples.openai_meta_agent import main
 
     out = main(tmp_path / "cache")

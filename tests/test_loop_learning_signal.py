@@ -14,7 +14,7 @@ from coevo.envs.base import Score, Task
 from coevo.evolution.critic import Critic
 from coevo.evolution.driver import rollout_fn
 from coevo.evolution.engine import AEGIS
-from coevo.evolution.gates import edit_text
+from coevo.evolution.added_text import edit_text
 from coevo.evolution.reference import ReferenceStore, build_references, split_reference_pool
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit

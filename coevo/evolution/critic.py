@@ -9,7 +9,7 @@ Two kinds of gate follow (``gate``):
   on the same tasks — the tasks the edit claims, the tasks that passed before, then other train
   tasks (``extra``) up to ``n_tasks`` — ``k`` attempts each, in stages until a decision or the
   per-decision ``budget`` of episodes is spent. The paired outcomes feed a sequential likelihood
-  ratio test (``gates.stat_gate``) whose false-ship rate is at most ``alpha`` however many
+  ratio test (``coevo.evolution.stat_gate``) whose false-ship rate is at most ``alpha`` however many
   rounds the edit is judged. A task that flipped pass→fail is re-run ``confirm_attempts`` more
   times before it counts as a regression; a confirmed regression rejects. An edit without
   enough evidence is *undecided*: its pairs are kept (``evidence``, keyed by parent and
@@ -40,9 +40,18 @@ from typing import Any
 from coevo.agent.outcomes import pass_at_k
 from coevo.config import EvolutionConfig
 from coevo.envs.base import Task
-from coevo.evolution import gates
 from coevo.evolution.evolver import BuildError, build_candidate
-from coevo.evolution.gates import Pair
+from coevo.evolution.outcome_gates import PerformanceResult, combine, performance_gate, seesaw_gate
+from coevo.evolution.quality_gate import quality_gate
+from coevo.evolution.stat_gate import (
+    Pair,
+    apparent_regression,
+    log_likelihood_ratio,
+    pair_counts,
+    regression_confirmed,
+    stat_gate,
+    stat_thresholds,
+)
 from coevo.evolution.types import Proposal, QualityReport, Verdict
 from coevo.harness.harness import Harness
 
@@ -130,8 +139,8 @@ class Critic:
             raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
-        gates.stat_thresholds(self.alpha, self.beta)
-        gates.log_likelihood_ratio(0, 0, self.win_share)
+        stat_thresholds(self.alpha, self.beta)
+        log_likelihood_ratio(0, 0, self.win_share)
         if self.n_tasks < 1:
             raise ValueError(f"n_tasks must be >= 1, got {self.n_tasks}")
         if self.budget < 2 * self.k:
@@ -151,7 +160,7 @@ class Critic:
         (the demonstrations' own questions), whose shared phrasing is the env's template."""
         answers = {tid: str(t.answer) for tid, t in tasks.items()}
         texts = {tid: tasks[tid].instruction for tid in failed if tid in tasks}
-        return gates.quality_gate(proposal.edits, parent, answers, texts, eta_leak=self.eta_leak,
+        return quality_gate(proposal.edits, parent, answers, texts, eta_leak=self.eta_leak,
                                   eta_bloat=self.eta_bloat, allowed=allowed)
 
     def judge(
@@ -204,10 +213,10 @@ class Critic:
         after, infra = judged_outcomes(self._run(candidate, [tasks[tid] for tid in evaluated]))
         verdict.before = {tid: list(before[tid]) for tid in evaluated}
         verdict.after = after
-        seesaw = gates.seesaw_gate(verdict.before, after, scope=[tid for tid in scope if tid in after])
+        seesaw = seesaw_gate(verdict.before, after, scope=[tid for tid in scope if tid in after])
         verdict.fail_to_pass, verdict.pass_to_fail = seesaw.fail_to_pass, seesaw.pass_to_fail
         performance = self._performance(candidate, before, after, recent) if self.gate != "seesaw" else None
-        decision = gates.combine(self.gate, seesaw=seesaw, performance=performance)
+        decision = combine(self.gate, seesaw=seesaw, performance=performance)
         verdict.ship, verdict.gate, verdict.reason = decision.ship, decision.gate, decision.reason
         if infra:
             verdict.reason += f"; {infra} infrastructure-failed attempt(s) left out"
@@ -226,7 +235,7 @@ class Critic:
         return core + others[: max(0, self.n_tasks - len(core))]
 
     def _judge_stat(self, verdict: Verdict, parent: Harness, candidate: Harness, tasks: list[Task]) -> None:
-        """Stages of ``k`` paired attempts per task until ``gates.stat_gate`` decides or the
+        """Stages of ``k`` paired attempts per task until ``stat_gate`` decides or the
         budget is spent; apparent regressions are re-run in between. Fills ``verdict``."""
         key = f"{parent.id}>{candidate.id}"
         pooled = self.evidence.setdefault(key, Evidence())
@@ -244,31 +253,31 @@ class Critic:
             pairs, dropped = self._paired(parent, candidate, stage, self.k)
             spent, infra = spent + 2 * self.k * len(stage), infra + dropped
             pooled.add(pairs)
-            suspects = [tid for tid in pairs if tid not in checked and gates.apparent_regression(pairs[tid])]
-            for tid in sorted(suspects, key=lambda t: -gates.pair_counts(pairs[t]).losses):
+            suspects = [tid for tid in pairs if tid not in checked and apparent_regression(pairs[tid])]
+            for tid in sorted(suspects, key=lambda t: -pair_counts(pairs[t]).losses):
                 if not self.confirm_attempts or self.budget - spent < 2 * self.confirm_attempts:
                     break
                 fresh, dropped = self._paired(parent, candidate, [by_id[tid]], self.confirm_attempts)
                 spent, infra = spent + 2 * self.confirm_attempts, infra + dropped
                 pooled.add(fresh)
                 checked.add(tid)
-                counts = gates.pair_counts(fresh.get(tid, []))
-                is_confirmed = gates.regression_confirmed(fresh.get(tid, []), self.alpha)
+                counts = pair_counts(fresh.get(tid, []))
+                is_confirmed = regression_confirmed(fresh.get(tid, []), self.alpha)
                 confirmations[tid] = {"wins": counts.wins, "losses": counts.losses, "pairs": counts.pairs,
                                       "confirmed": is_confirmed}
                 if is_confirmed:
                     confirmed.append(tid)
-            result = gates.stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
+            result = stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
                                      win_share=self.win_share)
             if result.decision != "undecided":
                 break
         pooled.episodes += spent
         if result is None or result.decision == "undecided":
-            result = gates.stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
+            result = stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
                                      win_share=self.win_share, exhausted=pooled.episodes >= self.max_episodes)
         if result.decision == "ship":  # the parent is replaced: nothing will be compared with it again
             del self.evidence[key]
-        counts = {tid: gates.pair_counts(ps) for tid, ps in pooled.pairs.items()}
+        counts = {tid: pair_counts(ps) for tid, ps in pooled.pairs.items()}
         verdict.before = {tid: [a for a, _ in ps] for tid, ps in pooled.pairs.items()}
         verdict.after = {tid: [b for _, b in ps] for tid, ps in pooled.pairs.items()}
         verdict.fail_to_pass = sorted(tid for tid, c in counts.items() if c.wins > c.losses)
@@ -316,13 +325,13 @@ class Critic:
         return {t.task_id: list(out[t.task_id]) for t in tasks}
 
     def _performance(self, candidate: Harness, before: Mapping[str, Sequence[bool]],
-                     after: Mapping[str, Sequence[bool]], recent: Sequence[RecentBatch]) -> gates.PerformanceResult:
+                     after: Mapping[str, Sequence[bool]], recent: Sequence[RecentBatch]) -> PerformanceResult:
         """Current batch: tasks not re-run (failed before and outside scope) keep their outcomes."""
         merged = {tid: list(after.get(tid, outs)) for tid, outs in before.items()}
         cur_before = pass_at_k(before)
         cur_after = pass_at_k(merged)
         recent_after = [pass_at_k(judged_outcomes(self._run(candidate, b.tasks))[0]) for b in recent]
-        return gates.performance_gate(cur_before, cur_after, [b.score for b in recent], recent_after,
+        return performance_gate(cur_before, cur_after, [b.score for b in recent], recent_after,
                                       delta=self.delta, epsilon=self.epsilon)
 
     # ------------------------------------------------------------------ resume

@@ -8,20 +8,13 @@ also be the import path of a no-argument factory of your own (``load_meta_agent`
 from typing import Any
 
 from coevo.config import MetaAgentConfig
-from coevo.evolution.meta_agent import MetaAgent, PlanContext, TokenLedger
+from coevo.evolution.meta_agent import MetaAgent, MetaAgentError, PlanContext, TokenLedger
 from coevo.imports import import_object
 from coevo.meta.cache import CachedCall, CallCache
-from coevo.meta.llm import (
-    ChatClient,
-    HFClient,
-    LLMConnectionError,
-    LLMMetaAgent,
-    MetaAgentError,
-    OpenAIClient,
-    hf_meta_agent,
-    openai_meta_agent,
-)
-from coevo.meta.rule import CATALOGUE, TEMPLATES, RuleMetaAgent
+from coevo.meta.clients import ChatClient, HFClient, LLMConnectionError, OpenAIClient
+from coevo.meta.llm import LLMMetaAgent, hf_meta_agent, openai_meta_agent
+from coevo.meta.rule import RuleMetaAgent
+from coevo.meta.templates import CATALOGUE, TEMPLATES
 
 BACKENDS = {"rule": RuleMetaAgent, "openai": openai_meta_agent, "hf": hf_meta_agent}
 """backend name → constructor of its meta-agent."""

@@ -7,22 +7,11 @@ from fractions import Fraction
 
 import pytest
 
-from coevo.evolution.gates import (
-    ETA_BLOAT,
-    ETA_LEAK,
-    added_segments,
-    added_words,
-    bloat,
-    combine,
-    edit_text,
-    leakage,
-    leakage_detail,
-    normalise_answer,
-    performance_gate,
-    quality_gate,
-    seesaw_gate,
-    words,
-)
+from coevo.evolution.added_text import added_segments, added_words, edit_text
+from coevo.evolution.bloat import bloat
+from coevo.evolution.leakage import leakage, leakage_detail, normalise_answer, words
+from coevo.evolution.outcome_gates import combine, performance_gate, seesaw_gate
+from coevo.evolution.quality_gate import ETA_BLOAT, ETA_LEAK, quality_gate
 from coevo.evolution.types import QualityReport
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit, apply_edit

@@ -8,12 +8,12 @@ import random
 
 import pytest
 
-from coevo.evolution.gates import Added
-from coevo.evolution.monitors import (
+from coevo.evolution.added_text import Added
+from coevo.evolution.monitors import Monitors
+from coevo.evolution.pathologies import (
     DIMENSIONS,
     Alert,
     ForgettingMonitor,
-    Monitors,
     dimension_concentration,
     hacking_matches,
     prediction_accuracy,

@@ -15,13 +15,13 @@ import pytest
 from coevo.envs.base import Task
 from coevo.evolution.critic import Critic, Evidence
 from coevo.evolution.evolver import build_candidate
-from coevo.evolution.gates import (
+from coevo.evolution.outcome_gates import seesaw_gate
+from coevo.evolution.stat_gate import (
     STAT_ALPHA,
     apparent_regression,
     log_likelihood_ratio,
     pair_counts,
     regression_confirmed,
-    seesaw_gate,
     sign_test,
     stat_gate,
     stat_thresholds,

@@ -43,7 +43,7 @@ def test_unloadable_kinds_name_the_processor_and_the_allowed_forms(kind, message
 
 
 def test_the_bloat_gate_counts_prompt_growth_of_an_import_path_processor():
-    from coevo.evolution.gates import bloat
+    from coevo.evolution.bloat import bloat
 
     spec = {"kind": KIND, "name": "budget", "params": {"message": "x" * 800}}
     assert bloat([Edit("insert", "budget", spec=spec)], base_harness()).prompt_growth >= 800

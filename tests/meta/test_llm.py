@@ -18,18 +18,10 @@ from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.library import PROCESSORS
 from coevo.meta import BACKENDS, RuleMetaAgent
 from coevo.evolution.meta_agent import PlanContext
-from coevo.meta.llm import (
-    PLAN_SCHEMA,
-    REVISE_SCHEMA,
-    ROUTE_SCHEMA,
-    HFClient,
-    LLMConnectionError,
-    LLMMetaAgent,
-    MetaAgentError,
-    OpenAIClient,
-    parse_reply,
-    schema_errors,
-)
+from coevo.evolution.meta_agent import MetaAgentError
+from coevo.meta.clients import HFClient, LLMConnectionError, OpenAIClient
+from coevo.meta.llm import LLMMetaAgent
+from coevo.meta.schema import PLAN_SCHEMA, REVISE_SCHEMA, ROUTE_SCHEMA, parse_reply, schema_errors
 
 SECRET = "sk-test-7f3a9c-do-not-log"
 KEY_ENV = "COEVO_TEST_META_KEY"

@@ -20,16 +20,8 @@ from coevo.harness.library import (
     ToolChoice,
 )
 from coevo.evolution.meta_agent import PlanContext
-from coevo.meta.rule import (
-    CATALOGUE,
-    FORMAT_PROMPT,
-    TEMPLATES,
-    RuleMetaAgent,
-    leaked_strings,
-    order_clusters,
-    quotes,
-    states_numbers,
-)
+from coevo.meta.rule import RuleMetaAgent, leaked_strings, order_clusters, quotes
+from coevo.meta.templates import CATALOGUE, FORMAT_PROMPT, TEMPLATES, states_numbers
 
 DEMOS = [("What is 2 + 3?", "<answer>5</answer>"), ("What is 10 - 4?", "<answer>6</answer>")]
 TOOL_DEMO = [{"role": "user", "content": "What is 17 * 23?"},

@@ -8,7 +8,9 @@ from coevo.evolution.types import IMPLICATED, Cluster, Digest
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import apply_edit
 from coevo.evolution.meta_agent import PlanContext
-from coevo.meta.rule import CATALOGUE, TEMPLATES, RuleMetaAgent, Template, insert_edit
+from coevo.meta.drafts import Template, insert_edit
+from coevo.meta.rule import RuleMetaAgent
+from coevo.meta.templates import CATALOGUE, TEMPLATES
 
 
 def digest(*causes: str) -> Digest:
