@@ -42,7 +42,7 @@ def check(cfg: TrainConfig) -> None:
     from coevo.kernels.objective import AGGREGATIONS, KL_ESTIMATORS, REMOVED_AGGREGATIONS
     from coevo.meta import BACKENDS, meta_agent_factory
     from coevo.policy.hf import ENGINES
-    from coevo.secrets import refuse_secrets
+    from coevo.secret_refusal import refuse_secrets
     from coevo.tracking import MODES as WANDB_MODES
 
     refuse_secrets(asdict(cfg))

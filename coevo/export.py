@@ -32,12 +32,12 @@ the buffer does not hold is an error that lists the values it does hold. The out
 temporary file and renamed, so a failed export leaves no partial file.
 
 Secrets: a run stores its traces with secret values already redacted, token ids included
-(``coevo.secrets.redact_trace``), so its export has none to leak even where the variables are no
+(``coevo.secret_traces.redact_trace``), so its export has none to leak even where the variables are no
 longer set. As a second line, every string written is cleared of the secret values this process
 knows (``coevo.secrets.secret_env_values``), and a model call whose text shows one keeps no token
 ids (no tokenizer is at hand here to re-encode them, and they would decode to the key: a buffer
 written before traces were redacted): ``grpo`` leaves its record out (with a warning), ``jsonl``
-writes it with empty ids (``coevo.secrets.redact_trace`` without a tokenizer).
+writes it with empty ids (``coevo.secret_traces.redact_trace`` without a tokenizer).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ import yaml
 
 from coevo.agent.trace import Trace
 from coevo.buffers import BufferEntry, ReplayBuffer
-from coevo.secrets import contains_secret, redact, redact_trace, secret_env_values
+from coevo.secret_traces import redact_trace
+from coevo.secrets import contains_secret, redact, secret_env_values
 
 log = logging.getLogger("coevo.export")
 

@@ -17,7 +17,7 @@ the same run directory, the loop restores the last complete round; if the killed
 already committed its traces to the buffer, they are reused, otherwise they are sampled again —
 identically, because every phase of a round reseeds the policy from (seed, round, phase).
 
-Secrets: the round's traces are cleared of secret values (``coevo.secrets.redact_trace``, token ids
+Secrets: the round's traces are cleared of secret values (``coevo.secret_traces.redact_trace``, token ids
 included, with the policy's ``tokenizer``) as soon as the rollout returns, before the replay buffer,
 AEGIS, records or the tracker see them; ``rounds.jsonl``, ``lineage.jsonl`` and the checkpoint state
 are redacted again where they are written, and harness YAML by ``Harness.to_yaml``.
@@ -45,7 +45,8 @@ from coevo.evolution.driver import rollout_round
 from coevo.evolution.engine import AEGIS, EvolveReport
 from coevo.evolution.types import HarnessEvent
 from coevo.harness.harness import Harness
-from coevo.secrets import contains_secret, redact, redact_trace, secret_env_values
+from coevo.secret_traces import redact_trace
+from coevo.secrets import contains_secret, redact, secret_env_values
 from coevo.tracking import edit_rows
 
 log = logging.getLogger("coevo.loop")
@@ -124,7 +125,7 @@ class Coevolution:
     """Runs rounds. Flat collaborators: ``aegis`` (always present: static and model-only runs
     simply never call ``evolve``), ``trainer`` and ``buffer`` (None unless the mode trains),
     ``tracker`` (a ``coevo.tracking.Tracker``; the null one by default), ``console`` for progress.
-    ``tokenizer``: the policy's, to redact secrets from token ids (``coevo.secrets.redact_trace``);
+    ``tokenizer``: the policy's, to redact secrets from token ids (``coevo.secret_traces.redact_trace``);
     without it a model call that showed a secret keeps no token ids.
 
     The settings that mirror config fields have no default here, so the config (``coevo.config``, via

@@ -98,7 +98,7 @@ def scrub(config: Mapping[str, Any]) -> dict[str, Any]:
     authorization, as a word of the key) becomes ``"<redacted>"``, at any depth of dicts and
     lists. Strings are also cleared of the value of any secret-named environment variable of 8+
     characters, which is how a key pasted into a config or a URL would otherwise leak
-    (``coevo.secrets.redact``; ``coevo.secrets.refuse_secrets`` refuses such configs earlier).
+    (``coevo.secrets.redact``; ``coevo.secret_refusal.refuse_secrets`` refuses such configs earlier).
     """
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping, got {type(config).__name__}")

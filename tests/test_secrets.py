@@ -19,19 +19,16 @@ from hydra import compose, initialize_config_dir
 
 import coevo
 from coevo.config import register
-from coevo.secrets import (
-    REDACTED,
-    RedactingFilter,
+from coevo.secret_refusal import (
     RefuseSecrets,
     SecretInConfigError,
     find_in_overrides,
     find_secrets,
-    is_secret_name,
     looks_like_key,
-    redact,
     refuse_secrets,
     secret_reason,
 )
+from coevo.secrets import REDACTED, RedactingFilter, is_secret_name, redact
 from tests.test_config import CONFIGS, EXTRA, compose_cfg, options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +198,7 @@ def decoded(tok, ids: list[int]) -> str:
 
 def test_redact_trace_re_encodes_only_the_tokens_that_show_the_key() -> None:
     from coevo.policy.tiny import tiny_tokenizer
-    from coevo.secrets import redact_trace
+    from coevo.secret_traces import redact_trace
 
     tok = tiny_tokenizer()
     trace = keyed_trace(OPENAI_KEY, tok)

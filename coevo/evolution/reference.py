@@ -37,7 +37,7 @@ from coevo.evolution.digest import trace_steps
 from coevo.harness.events import Message, ToolCall, ToolResult
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import InstructionTemplate
-from coevo.secrets import redact_trace
+from coevo.secret_traces import redact_trace
 
 HINT = "The correct answer is {answer}. Solve it step by step with the tools, then give the answer."
 """Appended to the task message for a policy reference; {answer} is the ground truth."""
@@ -229,7 +229,7 @@ class ReferenceStore:
     Writes are atomic (a temporary file, then ``os.replace``), so a crash leaves the previous
     reference or none, never half a file. File names are the percent-encoded task ids (shortened
     with a hash when too long for a file system); each file also holds its task id. What is stored
-    holds no secret value (``coevo.secrets.redact_trace``, token ids re-encoded with ``tokenizer``
+    holds no secret value (``coevo.secret_traces.redact_trace``, token ids re-encoded with ``tokenizer``
     when given, else dropped from the calls that showed a secret); ``put`` returns what it stored.
     """
 

@@ -1,6 +1,6 @@
 """The agent's ``python`` tool: run a code cell in a fresh, isolated, resource-limited interpreter.
 
-Unlike ``coevo.sandbox.restricted`` there is no static policy here: the agent may use the whole
+Unlike ``coevo.sandbox.source_policy`` there is no static policy here: the agent may use the whole
 standard library. What keeps the host safe is process isolation and limits. Every cell runs in a
 separate ``python -I -S`` process (no site-packages, no PYTHON* variables, no user directories)
 with a minimal environment, closed stdin, and address-space, CPU, file-size, process-count and

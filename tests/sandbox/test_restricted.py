@@ -8,14 +8,8 @@ import time
 
 import pytest
 
-from coevo.sandbox.restricted import (
-    SandboxError,
-    SandboxMemoryError,
-    SandboxRefusal,
-    SandboxTimeout,
-    call_in_sandbox,
-    check_source,
-)
+from coevo.sandbox.child_runner import SandboxError, SandboxMemoryError, SandboxTimeout, call_in_sandbox
+from coevo.sandbox.source_policy import SandboxRefusal, check_source
 
 
 class Base:
