@@ -2,24 +2,9 @@
 ``python`` tool.
 
 ``source_policy`` checks processor source against a static policy and ``child_runner`` runs it in
-a forked, time- and memory-limited child; ``python_tool`` runs free-form agent code in an
-isolated interpreter subprocess with resource limits. Neither is an OS-level jail (same user, same
-filesystem and network): the policy and the limits guard against mistakes and casual escapes, not against a
-determined attacker with a kernel or interpreter bug.
+a forked, time- and memory-limited child (same user and filesystem: the policy and the limits guard
+against mistakes and casual escapes, not a kernel or interpreter bug). ``python_tool`` runs
+free-form agent code in a Linux namespace jail where the kernel allows one (no network, a read-only
+root, its own PID space), and in a limited process with a loud warning where it does not.
+Import from those modules; this package re-exports nothing.
 """
-
-from coevo.sandbox.child_runner import SandboxError, SandboxMemoryError, SandboxTimeout, call_in_sandbox
-from coevo.sandbox.python_tool import PythonResult, run_python
-from coevo.sandbox.source_policy import ALLOWED_MODULES, SandboxRefusal, check_source
-
-__all__ = [
-    "ALLOWED_MODULES",
-    "PythonResult",
-    "SandboxError",
-    "SandboxMemoryError",
-    "SandboxRefusal",
-    "SandboxTimeout",
-    "call_in_sandbox",
-    "check_source",
-    "run_python",
-]

@@ -230,7 +230,7 @@ def test_the_child_dies_with_the_process_that_forked_it(tmp_path):
 
     marker = tmp_path / "child.pid"
     trainer = (
-        "import os\nfrom coevo.sandbox import call_in_sandbox\n"
+        "import os\nfrom coevo.sandbox.child_runner import call_in_sandbox\n"
         f"def entry(ns):\n    open({str(marker)!r}, 'w').write(str(os.getpid()))\n    while True:\n        pass\n"
         "call_in_sandbox('x = 1', entry, time_limit_s=60)\n"
     )
