@@ -134,6 +134,11 @@ def check(cfg: TrainConfig) -> None:
                              + ("/v1" if key == "meta_agent.url" else ""))
     if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
         raise ValueError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
+    if cfg.model.name == "scripted" and cfg.mode in ("coevolve", "model_only"):
+        raise ValueError(f"config model.name='scripted' has no weights to train in mode={cfg.mode!r}; use "
+                         "mode=harness_only or mode=static, or name a model")
+    if cfg.model.name == "scripted" and cfg.rollout.backend != "transformers":
+        raise ValueError("config model.name='scripted' runs without a serving backend; leave rollout=transformers")
     if cfg.evolution.router and cfg.meta_agent.backend == "rule":
         raise ValueError("evolution.router=true needs an LLM meta-agent (meta_agent=openai or hf); rule cannot route")
     if cfg.trainer.beta > 0 and not cfg.model.lora and cfg.mode in ("coevolve", "model_only"):
@@ -252,7 +257,8 @@ def run(cfg: Any) -> Path:
 
     from coevo.buffers import ReplayBuffer
     from coevo.envs.load import make_env
-    from coevo.evolution.driver import rollout_fn, session_tools
+    from coevo.agent.rollouts import RolloutService
+    from coevo.envs.base import session_tools
     from coevo.evolution.engine import AEGIS
     from coevo.evolution.pool import Patience
     from coevo.evolution.reference import ReferenceStore, build_references, split_reference_pool
@@ -295,11 +301,13 @@ def run(cfg: Any) -> Path:
     accelerator.wait_for_everyone()
 
     trains = cfg.mode in ("coevolve", "model_only")
-    try:
-        model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype,
-                                seed=cfg.model.init_seed)
-    except ValueError as err:  # the loader names the allowed values; the field is named here
-        raise ValueError(f"config model.name={cfg.model.name!r}: {err}") from err
+    model, tok = None, None
+    if cfg.model.name != "scripted":
+        try:
+            model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype,
+                                    seed=cfg.model.init_seed)
+        except ValueError as err:  # the loader names the allowed values; the field is named here
+            raise ValueError(f"config model.name={cfg.model.name!r}: {err}") from err
     if trains and cfg.model.lora:
         model = apply_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha, dropout=cfg.model.lora_dropout)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
@@ -309,7 +317,7 @@ def run(cfg: Any) -> Path:
                               total_steps=cfg.rounds * cfg.trainer.steps_per_round, temperature=temperature,
                               loss_horizon=cfg.rollout.max_new_tokens)
         model = trainer.unwrapped
-    policy, sync = build_policy(cfg, model, tok)
+    policy, sync = build_policy(cfg, model, tok) if model is not None else (scripted_policy(cfg.env.name), None)
 
     progress = RichProgress() if is_main else NullProgress()
     tasks = {t.task_id: t for t in train}
@@ -320,15 +328,11 @@ def run(cfg: Any) -> Path:
         # remaining round trains on may become demonstrations (Coevolution.withheld)
         references = build_references(env, [*train, *pool], ReferenceStore(run_dir / "references", tokenizer=tok))
 
-    def critic_rollout(harness: Any, judged: Any, k: int) -> dict[str, list[bool | None]]:
-        with progress.task(f"critic: re-run {harness.id[:8]}", len(judged) * k) as advance:
-            run = rollout_fn(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
-                             workers=cfg.rollout.workers, on_trace=lambda _t: advance())
-            return run(harness, judged, k)
-
+    rollouts = RolloutService(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
+                              workers=cfg.rollout.workers, seed=cfg.seed, progress=progress)
     e = cfg.evolution
     meta = build_meta(cfg, run_dir)
-    critic = make_critic(e, critic_rollout)
+    critic = make_critic(e, rollouts.critic_rollout())
     aegis = AEGIS(start, meta, critic, tasks=tasks, critic_pool=tasks, references=references,
                   tools=session_tools(env, train[0]), max_variants=e.max_variants, max_proposals=e.max_proposals,
                   max_revisions=e.max_revisions,
@@ -337,14 +341,13 @@ def run(cfg: Any) -> Path:
     tracker = make_tracker(cfg.logger.kind, **tracker_kwargs(cfg, run_dir)) if is_main else NullTracker()
     buffer = ReplayBuffer(run_dir / "buffer", capacity=cfg.buffer.capacity) if trains and is_main else None
     loop = Coevolution(
-        mode=cfg.mode, env=env, policy=policy, aegis=aegis, run_dir=run_dir, train_tasks=train,
+        mode=cfg.mode, rollouts=rollouts, aegis=aegis, run_dir=run_dir, train_tasks=train,
         val_tasks=env.tasks("val")[: cfg.val_limit], test_tasks=env.tasks("test")[: cfg.test_limit] if cfg.test else (),
         rounds=cfg.rounds, batch_tasks=cfg.batch_tasks, attempts=cfg.rollout.attempts, seed=cfg.seed,
         trainer=trainer, buffer=buffer,
         logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=temperature,
                               batch_size=cfg.buffer.logprob_batch_size) if trains else None,
         steps_per_round=cfg.trainer.steps_per_round, val_every=cfg.val_every, eval_attempts=cfg.eval_attempts,
-        rollout_batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps, workers=cfg.rollout.workers,
         tracker=tracker, progress=progress, is_main=is_main,
         share=(lambda obj: broadcast_object_list([obj], from_process=0)[0]) if accelerator.num_processes > 1 else None,
         sync_weights=sync, tokenizer=tok,
@@ -446,6 +449,18 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
         raise ValueError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose one of ['colocate', 'server']")
     policy = VLLMPolicy(engine, tok, model_version="0")
     return policy, lambda: policy.sync_weights(model, policy.model_version)
+
+
+def scripted_policy(env_name: str) -> Any:
+    """``model.name=scripted``: the env's scripted solver as the policy (no weights, so no training:
+    ``check`` allows it only in the harness_only and static modes). For plumbing checks and tests."""
+    from coevo.agent.policy import ScriptedPolicy
+    from coevo.envs.load import scripted_solver
+
+    solver = scripted_solver(env_name)
+    if solver is None:
+        raise ValueError(f"config model.name='scripted': env {env_name!r} has no scripted solver; name a model")
+    return ScriptedPolicy(solver, model_version=f"scripted-{env_name}")
 
 
 def build_meta(cfg: TrainConfig, run_dir: Path) -> Any:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from coevo.config import EvolutionConfig, RolloutConfig
+from coevo.config import RolloutConfig
 from coevo.harness import PROCESSORS, Harness, format_diff
 from coevo.harness.defaults import BUILTIN_HARNESSES
 from coevo.harness.hooks import HOOK_ORDER, Dimension
@@ -173,12 +172,16 @@ def eval_cmd(
     temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
     limit: Optional[int] = typer.Option(None, min=1, help="evaluate only the first N tasks of the split"),
     batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
+    max_steps: int = typer.Option(RolloutConfig.max_steps, min=1, help="model calls per episode at most (the "
+                                  "harness's own step budget may end an episode sooner)"),
     seed: int = typer.Option(0, help="sampling seed"),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
     """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
+    from coevo.agent.rollouts import RolloutService
     from coevo.envs.base import SPLITS
     from coevo.evaluate import evaluate, write_eval
+    from coevo.progress import RichProgress
 
     if split not in SPLITS:
         raise typer.BadParameter(f"split must be one of {list(SPLITS)}, got {split!r}", param_hint="--split")
@@ -189,14 +192,11 @@ def eval_cmd(
     except (TypeError, ValueError) as err:
         raise typer.BadParameter(f"{env_name}: {err}", param_hint="--env-arg") from None
     try:
-        n = len(env.tasks(split)[:limit]) * attempts
         with console.status(f"loading model {model}"):
             policy = build_policy(model, backend, device, adapter, env_name, seed)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as progress:
-            bar = progress.add_task(f"{env_name}/{split} episodes", total=n)
-            report, traces = evaluate(h, policy, env, split, attempts=attempts, limit=limit, batch_size=batch_size,
-                                      on_trace=lambda _t: progress.advance(bar))
+        rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps,
+                                  workers=RolloutConfig.workers, seed=seed, progress=RichProgress(console))
+        report, traces = evaluate(h, rollouts, split, attempts=attempts, limit=limit)
     finally:
         close = getattr(env, "close", None)
         if close is not None:
@@ -218,150 +218,122 @@ def eval_cmd(
 
 @app.command("evolve")
 def evolve_cmd(
-    env_name: str = typer.Option("reasoning", "--env", help=ENV_HELP),
+    env_name: Optional[str] = typer.Option(None, "--env", help=ENV_HELP + "; default: the config's (env=...)"),
     env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
-    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | a local model directory"),
-    backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
-    device: str = typer.Option("cpu", help="torch device for the transformers backend"),
-    harness: str = typer.Option("base", help="starting harness: built-in name or YAML path"),
-    meta: str = typer.Option("rule", help="meta-agent backend: rule | openai | hf, or package.module:factory"),
+    model: Optional[str] = typer.Option(None, help="smollm2 | tiny | scripted | a local model directory"),
+    backend: Optional[str] = typer.Option(None, help="transformers (CPU/GPU) | vllm (GPU)"),
+    device: Optional[str] = typer.Option(None, help="torch device (auto: cuda when available)"),
+    harness: Optional[str] = typer.Option(None, help="starting harness: built-in name or YAML path"),
+    meta: Optional[str] = typer.Option(None, help="meta-agent backend: rule | openai | hf, or package.module:factory"),
     meta_url: Optional[str] = typer.Option(None, help="openai backend: base URL of the endpoint"),
     meta_model: Optional[str] = typer.Option(None, help="openai: model name; hf: model name or path"),
-    rounds: int = typer.Option(3, min=1, help="evolution rounds (one train batch each)"),
-    batch_tasks: int = typer.Option(8, min=1, help="train tasks per round"),
-    attempts: int = typer.Option(2, "--k", "--attempts", min=1, help="attempts per task (pass@k in the gates)"),
-    temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
-    gate: str = typer.Option("stat", help="stat (paired re-runs, sequential test; undecided edits are judged again) "
-                             "| seesaw | performance | both"),
-    max_variants: int = typer.Option(EvolutionConfig.max_variants, min=1, help="harness variants K"),
-    max_proposals: int = typer.Option(EvolutionConfig.max_proposals, min=1,
-                                      help="proposals judged per variant per round"),
-    val_limit: Optional[int] = typer.Option(None, min=1, help="validation tasks for the before/after comparison"),
-    test_limit: Optional[int] = typer.Option(None, min=0, help="test tasks for the before/after comparison (0: skip)"),
-    max_steps: int = typer.Option(32, min=1, help="model calls per episode at most"),
-    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
-    batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
-    seed: int = typer.Option(0, help="sampling seed"),
-    out: Optional[Path] = typer.Option(None, help="output directory (default runs/evolve-<env>-<time>)"),
+    rounds: Optional[int] = typer.Option(None, min=1, help="evolution rounds (one train batch each)"),
+    batch_tasks: Optional[int] = typer.Option(None, min=1, help="train tasks per round"),
+    attempts: Optional[int] = typer.Option(None, "--k", "--attempts", min=1,
+                                           help="attempts per task in rollouts, the Critic and evaluation (pass@k)"),
+    temperature: Optional[float] = typer.Option(None, help="sampling temperature set on the harness"),
+    gate: Optional[str] = typer.Option(None, help="stat (paired re-runs, sequential test; undecided edits are judged "
+                                       "again) | seesaw | performance | both"),
+    max_variants: Optional[int] = typer.Option(None, min=1, help="harness variants K"),
+    max_proposals: Optional[int] = typer.Option(None, min=1, help="proposals judged per variant per round"),
+    val_limit: Optional[int] = typer.Option(None, min=1, help="validation tasks for the start/end comparison"),
+    test_limit: Optional[int] = typer.Option(None, min=0, help="test tasks for the start/end comparison (0: skip; "
+                                             "default: all)"),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="model calls per episode at most"),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="completion budget per model call"),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="model calls per generate() batch"),
+    seed: Optional[int] = typer.Option(None, help="sampling seed and task order"),
+    overrides: list[str] = typer.Option([], "--override", "-o", help="any other config override, e.g. "
+                                        "evolution.stat_budget=32 (coevo config show lists them)"),
+    out: Optional[Path] = typer.Option(None, help="run directory (default runs/evolve-<env>-<time>); started "
+                                       "again on it, the run resumes"),
 ) -> None:
-    """Evolve the harness with AEGIS on the train split (no weight updates), then compare the
-    starting and evolved harnesses by pass@1 and pass@k (k = --k) on validation and test.
-    Writes rounds.jsonl, the harnesses, summary.json and summary.md (every edit with its verdict)."""
+    """Evolve the harness with AEGIS, the model frozen: the co-evolution loop of ``train.py`` in
+    ``mode=harness_only``, composed from configs/train.yaml with these options as overrides (an
+    option left out keeps the config's value). Then the starting and the evolved harness compared by
+    pass@1 and pass@k on validation and test. The run directory is a train.py run directory
+    (rounds.jsonl, lineage, harness-<variant>.yaml, report/) plus summary.json and summary.md."""
     import json
 
-    from coevo.evolution.critic import GATES, Critic
-    from coevo.evolution.driver import batches, rollout_fn, routed_outcomes, run_round, session_tools
-    from coevo.evolution.engine import AEGIS
-    from coevo.evolution.reference import ReferenceStore, build_references
-    from coevo.meta import BACKENDS, make_meta_agent, meta_agent_factory
+    from coevo.build import run
+    from coevo.config_show import CONFIGS, compose_run_config
+    from coevo.report import load_run
 
-    env_cls = resolve_env(env_name)
-    if gate not in GATES:
-        raise typer.BadParameter(f"gate must be one of {list(GATES)}, got {gate!r}", param_hint="--gate")
-    if meta not in BACKENDS:
-        if ":" not in meta:
-            raise typer.BadParameter(f"meta must be one of {sorted(BACKENDS)} or package.module:factory, got {meta!r}",
-                                     param_hint="--meta")
-        try:
-            meta_agent_factory(meta)
-        except ValueError as err:
-            raise typer.BadParameter(str(err), param_hint="--meta") from None
-    if meta == "openai" and not (meta_url and meta_model):
-        raise typer.BadParameter("the openai backend needs --meta-url and --meta-model", param_hint="--meta")
-    start = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts)
-    env = env_cls(**parse_env_args(env_args))
-    out = out or Path("runs") / time.strftime(f"evolve-{env.name}-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    options = {"model.name": model, "rollout.backend": backend, "model.device": device, "harness.start": harness,
+               "meta_agent.backend": meta, "meta_agent.url": meta_url, "meta_agent.model": meta_model,
+               "rounds": rounds, "batch_tasks": batch_tasks, "rollout.attempts": attempts,
+               "evolution.critic_attempts": attempts, "eval_attempts": attempts, "rollout.temperature": temperature,
+               "evolution.gate": gate, "evolution.max_variants": max_variants,
+               "evolution.max_proposals": max_proposals, "val_limit": val_limit, "rollout.max_steps": max_steps,
+               "rollout.max_new_tokens": max_new_tokens, "rollout.batch_size": batch_size, "seed": seed}
+    cli = ["mode=harness_only", "test=" + ("false" if test_limit == 0 else "true")]
+    if test_limit:
+        cli.append(f"test_limit={test_limit}")
+    if env_name is not None:  # a built-in env's config file brings its arguments; an import path starts with none
+        cli += ([f"env={env_name}"] if (CONFIGS / "env" / f"{env_name}.yaml").is_file()
+                else ["~env", f"env.name={json.dumps(env_name)}"])
+    cli += [f"{key}={json.dumps(value)}" for key, value in options.items() if value is not None]
+    for pair in env_args:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--env-arg")
+        cli.append(f"++env.args.{key}={value}")
+    out = out or Path("runs") / time.strftime(f"evolve-{(env_name or 'config').rsplit(':', 1)[-1]}-%Y%m%d-%H%M%S")
     try:
-        with console.status(f"loading model {model}"):
-            policy = build_policy(model, backend, device, None, env_name, seed)
-        train = env.tasks("train")
-        plan = batches(train, batch_tasks)[:rounds]
-        used = {t.task_id for b in plan for t in b}
-        refs = build_references(env, [t for t in train if t.task_id not in used], ReferenceStore(out / "references"))
-        agent = make_meta_agent(meta, url=meta_url, model=meta_model, cache_dir=out / "meta_cache")
-        critic = Critic(rollout_fn(policy, env, batch_size=batch_size, max_steps=max_steps), k=attempts, gate=gate)
-        train_tasks = {t.task_id: t for t in train}
-        aegis = AEGIS(start, agent, critic, tasks=train_tasks, critic_pool=train_tasks, references=refs,
-                      tools=session_tools(env, train[0]), max_variants=max_variants,
-                      max_proposals=max_proposals)
-        splits = {"val": env.tasks("val")[:val_limit], "test": env.tasks("test")[:test_limit]}
-        splits = {name: tasks for name, tasks in splits.items() if tasks}
-
-        def measure(when: str) -> dict[str, dict[str, list[bool]]]:
-            with console.status(f"{when}: pass@{attempts} on " + ", ".join(f"{len(t)} {n}" for n, t in splits.items())):
-                return {name: routed_outcomes(aegis, tasks, policy, env, attempts=attempts, batch_size=batch_size,
-                                              max_steps=max_steps) for name, tasks in splits.items()}
-
-        before = measure("starting harness")
-        table = Table(title=f"AEGIS on {env_name} ({meta} meta-agent, {gate} gate, k={attempts})")
-        for col in ("round", "train pass", "clusters", "verdicts", "shipped", "harness", "warnings", "seconds"):
-            table.add_column(col)
-        verdicts_all = []
-        with (out / "rounds.jsonl").open("w") as log:
-            for r, batch in enumerate(plan):
-                began = time.perf_counter()
-                with console.status(f"round {r}: {len(batch)} tasks x {attempts} attempts, then AEGIS"):
-                    traces, report = run_round(aegis, batch, policy, env, round=r, attempts=attempts,
-                                               batch_size=batch_size, max_steps=max_steps)
-                log.write(json.dumps(report.to_dict(), default=str) + "\n")
-                log.flush()
-                verdicts_all += report.verdicts
-                for cid in report.shipped:
-                    next(h for h in aegis.variants.harnesses.values() if h.id == cid).save(out / "lineage" / f"{cid}.yaml")
-                rate = sum(t.passed for t in traces) / len(traces)
-                clusters = ", ".join(f"{c.cause}:{c.count}" for d in report.digests for c in d.clusters) or "-"
-                verdicts = ", ".join("ship" if v.ship else "undecided" if v.undecided else v.gate
-                                     for v in report.verdicts) or "-"
-                table.add_row(str(r), f"{rate:.2f}", clusters, verdicts, str(len(report.shipped)),
-                              aegis.harness().id, str(len(report.warnings)), f"{time.perf_counter() - began:.0f}")
-                console.print(f"round {r}: train pass {rate:.2f}; {verdicts}")
-                for warning in report.warnings:  # e.g. a failed meta-agent call: the round went on without it
-                    console.print(f"round {r}: warning: {warning}", markup=False, style="yellow", soft_wrap=True)
-        after = measure("evolved harness")
-    finally:
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
-    for name, h in aegis.variants.harnesses.items():
-        h.save(out / f"harness-{name}.yaml")
-    (out / "aegis_state.json").write_text(json.dumps(aegis.state_dict(), indent=1, default=str))
-    console.print(table)
-    summary = evolve_summary(env_name, attempts, len(plan), before, after, verdicts_all, agent.ledger.as_dict())
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(evolve_markdown(summary))
+        cfg = compose_run_config([*cli, *overrides], out)
+    except Exception as err:  # noqa: BLE001 - Hydra's override and composition errors name the key
+        raise typer.BadParameter(str(err), param_hint="--override") from None
+    k, repeats = cfg.eval_attempts, max(cfg.rollout.attempts, cfg.eval_attempts, cfg.evolution.critic_attempts)
+    if repeats > 1 and cfg.rollout.temperature == 0:
+        console.print(f"[yellow]note: greedy decoding makes the {repeats} attempts of a task identical; pass "
+                      "--temperature[/yellow]")
+    try:
+        run_dir = run(cfg)
+    except ValueError as err:  # a config value no component accepts: the message names the field
+        raise typer.BadParameter(str(err)) from None
+    summary = evolve_summary(load_run(run_dir), json.loads((run_dir / "start.json").read_text()), k, cfg.env.name)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    (run_dir / "summary.md").write_text(evolve_markdown(summary))
     for name, row in summary["splits"].items():
-        console.print(f"{name} pass@1 {row['pass@1'][0]:.3f} -> {row['pass@1'][1]:.3f}   pass@{attempts} "
-                      f"{row[f'pass@{attempts}'][0]:.3f} -> {row[f'pass@{attempts}'][1]:.3f}   ({row['tasks']} tasks)")
+        console.print(f"{name} pass@1 {row['pass@1'][0]:.3f} -> {row['pass@1'][1]:.3f}   pass@{k} "
+                      f"{row[f'pass@{k}'][0]:.3f} -> {row[f'pass@{k}'][1]:.3f}   ({row['tasks']} tasks)")
     console.print(f"edits: {len(summary['shipped'])} shipped, {len(summary['rejected'])} rejected, "
-                  f"{len(summary['undecided'])} undecided   ({out / 'summary.md'})")
+                  f"{len(summary['undecided'])} undecided   ({run_dir / 'summary.md'})")
 
 
-def evolve_summary(env_name: str, k: int, rounds: int, before: dict[str, dict[str, list[bool]]],
-                   after: dict[str, dict[str, list[bool]]], verdicts: list, tokens: dict) -> dict:
-    """What ``coevo evolve`` reports: pass@1 and pass@k before → after per split, and every
-    judged edit with its verdict (shipped ones with their flips, rejected ones with the reason,
-    the statistical gate's evidence: counts, statistic, episodes)."""
-    from coevo.evaluate import pass_rates
+def evolve_summary(run: Any, start: dict, k: int, env_name: str) -> dict:
+    """What ``coevo evolve`` reports from its run directory (``run``: ``coevo.report.load_run``;
+    ``start``: its start.json): pass@1 and pass@k of the starting → the final harness per split,
+    and every judged edit with its verdict (shipped ones with their flips, rejected ones with the
+    reason, the statistical gate's evidence: counts, statistic, episodes)."""
+    from coevo.agent.outcomes import pass_rates
+    from coevo.harness.edits import Edit
 
+    last = run.records[-1]
     splits = {}
-    for name, outcomes in before.items():
-        (b1, bk), (a1, ak) = pass_rates(outcomes), pass_rates(after[name])
-        splits[name] = {"tasks": len(outcomes), "pass@1": [b1, a1], f"pass@{k}": [bk, ak]}
-    edits = [{"round": v.round, "variant": v.variant, "edits": [e.describe() for e in v.proposal.edits],
-              "cluster": v.proposal.cluster, "gate": v.gate, "reason": v.reason,
-              "fail_to_pass": v.fail_to_pass, "pass_to_fail": v.pass_to_fail, "evidence": v.evidence}
+    for name in ("val", "test"):
+        before, after = start.get(name), last[name]
+        if before is None or after is None:
+            continue
+        (b1, bk), (a1, ak) = pass_rates(before["outcomes"]), pass_rates(after["outcomes"])
+        splits[name] = {"tasks": len(before["outcomes"]), "pass@1": [b1, a1], f"pass@{k}": [bk, ak]}
+    verdicts = [v for r in run.records for v in (r["evolve"] or {}).get("verdicts", [])]
+    edits = [{"round": v["round"], "variant": v["variant"],
+              "edits": [Edit.from_dict(dict(e)).describe() for e in v["proposal"]["edits"]],
+              "cluster": v["proposal"].get("cluster"), "gate": v["gate"], "reason": v["reason"],
+              "fail_to_pass": v["fail_to_pass"], "pass_to_fail": v["pass_to_fail"], "evidence": v.get("evidence")}
              for v in verdicts]
-    return {"env": env_name, "k": k, "rounds": rounds, "splits": splits,
-            "shipped": [e for e, v in zip(edits, verdicts) if v.ship],
-            "rejected": [e for e, v in zip(edits, verdicts) if not v.ship and not v.undecided],
-            "undecided": [e for e, v in zip(edits, verdicts) if v.undecided], "meta_tokens": tokens}
+    return {"env": env_name, "k": k, "rounds": len(run.records), "splits": splits,
+            "shipped": [e for e, v in zip(edits, verdicts) if v["ship"]],
+            "rejected": [e for e, v in zip(edits, verdicts) if not v["ship"] and not v.get("undecided")],
+            "undecided": [e for e, v in zip(edits, verdicts) if v.get("undecided")],
+            "meta_tokens": last["meta_tokens"]}
 
 
 def evolve_markdown(summary: dict) -> str:
     k = summary["k"]
     lines = [f"# coevo evolve: {summary['env']}", "",
-             f"{summary['rounds']} rounds; routed variants before → after.", "",
+             f"{summary['rounds']} rounds (mode=harness_only); the starting → the final harness (routed variants).", "",
              f"| split | tasks | pass@1 before | pass@1 after | pass@{k} before | pass@{k} after |",
              "|---|---|---|---|---|---|"]
     for name, row in summary["splits"].items():

@@ -25,8 +25,9 @@ def opt(default: Any, help: str) -> Any:
 
 @dataclass
 class ModelConfig:
-    name: str = opt("???", "smollm2 (embedded SmolLM2-135M-Instruct), tiny (random test model) or a local "
-                    "save_pretrained directory / hub id already in the cache")
+    name: str = opt("???", "smollm2 (embedded SmolLM2-135M-Instruct), tiny (random test model), a local "
+                    "save_pretrained directory / hub id already in the cache, or scripted (the env's scripted "
+                    "solver; harness_only and static modes)")
     device: str = opt("auto", "torch device; auto = cuda when available, else cpu")
     dtype: str = opt("auto", "float32 | bfloat16 | auto (bfloat16 on cuda, float32 on cpu: bf16 is slow and "
                      "inaccurate on CPUs without native support)")
@@ -177,9 +178,10 @@ class TrainConfig:
     seed: int = opt(0, "seed of sampling, task order and the tiny model")
     rounds: int = opt(4, "co-evolution rounds")
     batch_tasks: int = opt(8, "train tasks per round (batches walk the shuffled train split, epoch after epoch)")
-    val_every: int = opt(0, "evaluate validation every N rounds (0: before the first and after the last round)")
+    val_every: int = opt(0, "evaluate validation every N rounds besides before the first and after the last (0: "
+                         "only those two)")
     val_limit: int | None = opt(None, "validation tasks evaluated (None: all)")
-    test: bool = opt(False, "evaluate the sealed test split once at the end")
+    test: bool = opt(False, "evaluate the sealed test split with the starting and the final harness and model")
     test_limit: int | None = opt(None, "test tasks evaluated (None: all)")
     eval_attempts: int = opt(2, "attempts per task in validation/test evaluation (pass@1 and pass@k)")
 

@@ -8,6 +8,7 @@ values from Hydra's composition of ``configs/train.yaml``, so what they print is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -33,6 +34,18 @@ def compose_defaults(overrides: Sequence[str] = (), config_dir: Path = CONFIGS) 
     values = OmegaConf.to_container(cfg, resolve=False)
     values.pop("hydra")
     return values, {k: v for k, v in choices.items() if not k.startswith("hydra/")}
+
+
+def compose_run_config(overrides: Sequence[str], run_dir: str | Path, config_dir: Path = CONFIGS) -> TrainConfig:
+    """The ``TrainConfig`` ``python train.py <overrides>`` would run with, living in ``run_dir``
+    (outside ``@hydra.main`` there is no Hydra output directory to default to)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register()
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, f"run_dir={json.dumps(str(run_dir))}"])
+    return OmegaConf.to_object(cfg)
 
 
 def _helps() -> dict[str, str]:

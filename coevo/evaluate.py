@@ -6,14 +6,11 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-from coevo.agent.outcomes import pass_rates, task_outcomes
-from coevo.agent.policy import Policy
-from coevo.agent.runtime import run_attempts
+from coevo.agent.rollouts import RolloutService
 from coevo.agent.trace import Trace
-from coevo.config import RolloutConfig
-from coevo.envs.base import Env, check_split
+from coevo.envs.base import check_split
 from coevo.harness.harness import Harness
 
 
@@ -37,29 +34,25 @@ class EvalReport:
 
 def evaluate(
     harness: Harness,
-    policy: Policy,
-    env: Env,
+    rollouts: RolloutService,
     split: str = "test",
     *,
     attempts: int = 1,
     limit: int | None = None,
-    batch_size: int = RolloutConfig.batch_size,  # the schema's defaults, stated there only
-    workers: int = RolloutConfig.workers,
-    on_trace: Callable[[Trace], None] | None = None,
 ) -> tuple[EvalReport, list[Trace]]:
-    """Run every task of ``split`` (the first ``limit``) ``attempts`` times on ``harness``."""
+    """Run every task of ``split`` (the first ``limit``) ``attempts`` times on ``harness``, through
+    ``rollouts`` (its policy, env, batching, step limit and progress display)."""
     check_split(split)
     if attempts < 1:
         raise ValueError("attempts must be >= 1")
+    env, policy = rollouts.env, rollouts.policy
     tasks = env.tasks(split)[: limit if limit is not None else None]
     if not tasks:
         raise ValueError(f"env {env.name!r} has no tasks in split {split!r}")
     start = time.perf_counter()
-    groups = run_attempts(tasks, harness, policy, env, attempts=attempts, batch_size=batch_size, workers=workers,
-                          on_trace=on_trace)
-    traces = [t for group in groups for t in group]
-    outcomes = task_outcomes(traces, [t.task_id for t in tasks])
-    p1, pk = pass_rates(outcomes)
+    done = rollouts.run(harness, tasks, attempts=attempts, phase=None, label=f"{env.name}/{split} episodes")
+    traces, outcomes = done.traces, done.outcomes()
+    p1, pk = done.pass_at_1, done.pass_at_k
     report = EvalReport(
         env=env.name,
         split=split,

@@ -36,12 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from coevo import checkpoint
-from coevo.agent.outcomes import pass_rates, task_outcomes
-from coevo.agent.policy import Policy
-from coevo.agent.runtime import run_attempts
+from coevo.agent.outcomes import task_outcomes
+from coevo.agent.rollouts import Rollout, RolloutService, tool_use_rate
 from coevo.agent.trace import Trace
-from coevo.envs.base import Env, Task
-from coevo.evolution.driver import rollout_round
+from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS, EvolveReport
 from coevo.evolution.types import HarnessEvent
 from coevo.harness.harness import Harness
@@ -50,15 +48,6 @@ from coevo.secrets import contains_secret, redact, secret_env_values
 from coevo.tracking import edit_rows
 
 log = logging.getLogger("coevo.loop")
-
-PHASES = {"rollout": 0, "critic": 1, "eval": 2, "test": 3}
-"""Policy sampling streams within a round (see ``phase_seed``)."""
-
-
-def phase_seed(seed: int, round: int, phase: str) -> int:
-    """A distinct, reproducible sampling seed per (run seed, round, phase)."""
-    return seed * 1_000_003 + round * 1_009 + PHASES[phase] * 100_003
-
 
 def batches_per_epoch(n_tasks: int, batch_tasks: int) -> int:
     return max(1, n_tasks // batch_tasks)
@@ -93,12 +82,6 @@ def infra_failures(traces: Sequence[Trace]) -> dict[str, Any]:
     return {"count": len(bad), "by_source": dict(sorted(by_source.items())), "trace_ids": [t.trace_id for t in bad]}
 
 
-def tool_use_rate(traces: Sequence[Trace]) -> float:
-    """Share of episodes that called at least one tool themselves (a processor answering in the
-    tool's place does not count): the behaviour issue 12 expects harness demos and GRPO to raise."""
-    return sum(any(not c.blocked for c in t.tool_calls) for t in traces) / len(traces) if traces else 0.0
-
-
 @dataclass
 class Evaluation:
     pass_at_1: float
@@ -119,26 +102,28 @@ class LoopState:
     next_round: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
     lineage: list[dict[str, Any]] = field(default_factory=list)
+    start: dict[str, Any] = field(default_factory=dict)  # the starting harness and model on val/test (start.json)
 
 
 class Coevolution:
-    """Runs rounds. Flat collaborators: ``aegis`` (always present: static and model-only runs
-    simply never call ``evolve``), ``trainer`` and ``buffer`` (None unless the mode trains),
-    ``tracker`` (a ``coevo.tracking.Tracker``; the null one by default), ``console`` for progress.
+    """Runs rounds. Flat collaborators: ``rollouts`` (the ``RolloutService`` every episode of the
+    run goes through: its policy, env, batching and seed), ``aegis`` (always present: static and
+    model-only runs simply never call ``evolve``), ``trainer`` and ``buffer`` (None unless the mode
+    trains), ``tracker`` (a ``coevo.tracking.Tracker``), ``progress`` (``coevo.progress``).
     ``tokenizer``: the policy's, to redact secrets from token ids (``coevo.secret_traces.redact_trace``);
     without it a model call that showed a secret keeps no token ids.
 
     The settings that mirror config fields have no default here, so the config (``coevo.config``, via
-    ``coevo.build``) is their only source: ``rounds``, ``batch_tasks``, ``seed``, ``attempts`` and
-    ``rollout_batch_size``/``max_steps``/``workers`` (``rollout.*``), ``steps_per_round``
-    (``trainer.steps_per_round``), ``val_every`` and ``eval_attempts``."""
+    ``coevo.build``) is their only source: ``rounds``, ``batch_tasks``, ``seed``, ``attempts``,
+    ``steps_per_round`` (``trainer.steps_per_round``), ``val_every`` and ``eval_attempts``.
+    ``first_round``: the number of the first round, for a loop that continues an engine's history
+    (a stream's next stage: AEGIS's monitors need round numbers that only grow)."""
 
     def __init__(
         self,
         *,
         mode: str,
-        env: Env,
-        policy: Policy,
+        rollouts: RolloutService,
         aegis: AEGIS,
         run_dir: Path,
         train_tasks: Sequence[Task],
@@ -154,29 +139,28 @@ class Coevolution:
         steps_per_round: int,
         val_every: int,
         eval_attempts: int,
-        rollout_batch_size: int,
-        max_steps: int,
-        workers: int,
         tracker: Any,
         progress: Any,
         is_main: bool = True,
         share: Callable[[Any], Any] | None = None,
         sync_weights: Callable[[], None] | None = None,
         tokenizer: Any | None = None,
+        first_round: int = 0,
     ) -> None:
         trains = mode in ("coevolve", "model_only")
         if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
             raise ValueError(f"mode {mode!r} trains the model: it needs a trainer, and on rank 0 a buffer and a "
                              "logprob_fn")
-        self.mode, self.env, self.policy, self.aegis, self.run_dir = mode, env, policy, aegis, run_dir
+        self.mode, self.rollouts, self.aegis, self.run_dir = mode, rollouts, aegis, run_dir
+        self.policy = rollouts.policy
         self.evolves, self.trains = mode in ("coevolve", "harness_only"), trains
         self.batches = round_batches(train_tasks, batch_tasks, seed, rounds)
         self.per_epoch = batches_per_epoch(len(train_tasks), batch_tasks)
         self.val_tasks, self.test_tasks = list(val_tasks), list(test_tasks)
         self.rounds, self.attempts, self.seed = rounds, attempts, seed
+        self.first, self.end = first_round, first_round + rounds  # round numbers [first, end)
         self.trainer, self.buffer, self.logprob_fn, self.steps_per_round = trainer, buffer, logprob_fn, steps_per_round
         self.val_every, self.eval_attempts = val_every, eval_attempts
-        self.rollout_kwargs = {"batch_size": rollout_batch_size, "max_steps": max_steps, "workers": workers}
         self.tracker, self.progress, self.is_main = tracker, progress, is_main
         self.share = share or (lambda obj: obj)  # rank 0's object on every rank (identity on one process)
         self.sync_weights = sync_weights or (lambda: None)
@@ -207,7 +191,7 @@ class Coevolution:
             self.sync_weights()
         self.aegis.load_state_dict(state["aegis"])
         checkpoint.set_rng_state(state["rng"])
-        self.state = LoopState(state["next_round"], state["records"], state["lineage"])
+        self.state = LoopState(state["next_round"], state["records"], state["lineage"], state.get("start", {}))
         self._write_logs()
         log.info("resumed %s after round %d", self.run_dir, self.state.next_round - 1)
         return self.state.next_round
@@ -235,7 +219,7 @@ class Coevolution:
     def _commit(self) -> None:
         aegis = self.aegis.state_dict()
         state = {"next_round": self.state.next_round, "records": self.state.records, "lineage": self.state.lineage,
-                 "aegis": aegis, "rng": checkpoint.rng_state()}
+                 "start": self.state.start, "aegis": aegis, "rng": checkpoint.rng_state()}
         if contains_secret([aegis.get("variants"), aegis.get("pool")]):  # checkpoint.commit redacts them
             state["harnesses_redacted"] = True
         if self.buffer is not None:
@@ -252,7 +236,9 @@ class Coevolution:
             self.trainer.save(self.run_dir / "checkpoint" / "unused")  # joins the collective barrier only
 
     def _write_logs(self) -> None:
-        """rounds.jsonl and lineage.jsonl, rewritten whole from the committed state (redacted)."""
+        """rounds.jsonl, lineage.jsonl and start.json, rewritten whole from the committed state
+        (redacted), and each variant's current harness as ``harness-<variant>.yaml``: where a run's
+        final harness is, without reading the lineage."""
         if not self.is_main:
             return
         secrets = secret_env_values()
@@ -260,13 +246,22 @@ class Coevolution:
             tmp = self.run_dir / (name + ".tmp")
             tmp.write_text("".join(json.dumps(redact(r, secrets), default=str) + "\n" for r in rows))
             tmp.replace(self.run_dir / name)
+        if self.state.start:
+            tmp = self.run_dir / "start.json.tmp"
+            tmp.write_text(json.dumps(redact(self.state.start, secrets), indent=1, default=str) + "\n")
+            tmp.replace(self.run_dir / "start.json")
+        for name, harness in self.aegis.current().items():
+            harness.save(self.run_dir / f"harness-{name}.yaml")
 
     # ------------------------------------------------------------------ rounds
     def run(self) -> list[dict[str, Any]]:
         start = self.resume()
         if start == 0:
-            self._lineage(self.aegis.start_events())
-        for r in range(start, self.rounds):
+            start = self.first
+            self._lineage(self.aegis.start_events(round=self.first - 1))
+            if self.is_main:
+                self.state.start = self.evaluate_start()
+        for r in range(start, self.end):
             self.run_round(r)
         return self.state.records
 
@@ -278,14 +273,13 @@ class Coevolution:
         seconds: dict[str, float] = defaultdict(float)
         began = time.perf_counter()
         generating = getattr(self.policy, "seconds", 0.0)  # policies that time their generate()
-        batch = self.batches[r]
+        batch = self.batches[r - self.first]
         version = self.trainer.version if self.trainer is not None else 0
 
         tick = time.perf_counter()
         traces = self._buffered(r)
         if traces is None:
-            self._reseed(r, "rollout")
-            traces = self._redacted(self._rollout(batch, r))
+            traces = self._redacted(self._routed(batch, r, "rollout", self.attempts, f"round {r}: rollouts").traces)
             seconds["rollout"] = time.perf_counter() - tick
             if self.trains:
                 tick = time.perf_counter()
@@ -294,12 +288,12 @@ class Coevolution:
 
         evolved: EvolveReport | None = None
         if self.evolves:
-            self._reseed(r, "critic")
+            self.rollouts.reseed(r, "critic")  # the Critic's re-runs go on from here
             evolved = self.aegis.evolve(traces, round=r, withheld=self.withheld(r))
             for key in ("digest", "plan", "critic"):
                 seconds[key] = evolved.seconds.get(key, 0.0)
             self._lineage(evolved.events)
-            if self.val_tasks and (r + 1) % self.per_epoch == 0:  # epoch end: best snapshot on validation
+            if self.val_tasks and (r - self.first + 1) % self.per_epoch == 0:  # epoch end: best snapshot on validation
                 tick = time.perf_counter()
                 self._lineage(self.aegis.select(lambda h: self._harness_pass_rate(h, self.val_tasks, r), round=r))
                 seconds["eval"] += time.perf_counter() - tick
@@ -311,12 +305,12 @@ class Coevolution:
             seconds["grpo"] = time.perf_counter() - tick
 
         val = None
-        if self.val_tasks and ((self.val_every and (r + 1) % self.val_every == 0) or r == self.rounds - 1):
+        if self.val_tasks and ((self.val_every and (r + 1) % self.val_every == 0) or r == self.end - 1):
             tick = time.perf_counter()
             val = self.evaluate(self.val_tasks, r, "eval")
             seconds["eval"] = time.perf_counter() - tick
         test = None
-        if self.test_tasks and r == self.rounds - 1:
+        if self.test_tasks and r == self.end - 1:
             tick = time.perf_counter()
             test = self.evaluate(self.test_tasks, r, "test")
             seconds["eval"] += time.perf_counter() - tick
@@ -345,11 +339,23 @@ class Coevolution:
         self.progress.round_done(record)
         return record
 
+    def evaluate_start(self) -> dict[str, Any]:
+        """The starting harness (routed variants) and model on validation, and on test when the run
+        tests: the row every later round is compared with (``start.json``). Sampled in a round -1 of
+        its own, so it shifts no round's sampling."""
+        began = time.perf_counter()
+        val = self.evaluate(self.val_tasks, -1, "eval") if self.val_tasks else None
+        test = self.evaluate(self.test_tasks, -1, "test") if self.test_tasks else None
+        return {"val": val.to_dict() if val else None, "test": test.to_dict() if test else None,
+                "variants": {n: h.id for n, h in self.aegis.current().items()},
+                "model_version": self.trainer.version if self.trainer is not None else 0,
+                "seconds": time.perf_counter() - began}
+
     def withheld(self, r: int) -> set[str]:
         """Task ids whose references may not become demonstrations in round ``r``: every task that
         round ``r`` or a later round trains on (epochs repeat tasks), and the validation and test
         tasks (which never have references; named anyway, so the guarantee does not rest on that)."""
-        ids = {t.task_id for batch in self.batches[r:] for t in batch}
+        ids = {t.task_id for batch in self.batches[r - self.first :] for t in batch}
         return ids | {t.task_id for t in self.val_tasks} | {t.task_id for t in self.test_tasks}
 
     def _buffered(self, r: int) -> list[Trace] | None:
@@ -359,11 +365,12 @@ class Coevolution:
         entries = self.buffer.query(round=r)
         return self.buffer.load(entries) if entries else None
 
-    def _rollout(self, batch: Sequence[Task], r: int) -> list[Trace]:
-        with self.progress.task(f"round {r}: rollouts", len(batch) * self.attempts) as advance:
-            return rollout_round(self.aegis, batch, self.policy, self.env, attempts=self.attempts,
-                                 trace_id=lambda t, a: f"r{r:04d}-{t.task_id}-{a}", on_trace=lambda _t: advance(),
-                                 **self.rollout_kwargs)
+    def _routed(self, tasks: Sequence[Task], r: int, phase: str, attempts: int, label: str) -> Rollout:
+        """``attempts`` episodes of each task on the variant AEGIS routes it to."""
+        harnesses, variants = self.aegis.routed(tasks)
+        prefix = "r" if phase == "rollout" else phase
+        return self.rollouts.run(harnesses, tasks, attempts=attempts, phase=phase, round=r, variant=variants, label=label,
+                                 trace_id=lambda t, a: f"{prefix}{r:04d}-{t.task_id}-{a}")
 
     def _redacted(self, traces: list[Trace]) -> list[Trace]:
         """The traces with no secret value in their strings or token ids (the same objects when they
@@ -400,30 +407,16 @@ class Coevolution:
 
     def evaluate(self, tasks: Sequence[Task], r: int, phase: str) -> Evaluation:
         """pass@1 and pass@k of the routed variants (k = eval_attempts)."""
-        self._reseed(r, phase)
-        with self.progress.task(f"round {r}: {'validation' if phase == 'eval' else 'test'}",
-                                len(tasks) * self.eval_attempts) as advance:
-            traces = rollout_round(self.aegis, tasks, self.policy, self.env, attempts=self.eval_attempts,
-                                   trace_id=lambda t, a: f"{phase}{r:04d}-{t.task_id}-{a}",
-                                   on_trace=lambda _t: advance(), **self.rollout_kwargs)
-        outcomes = task_outcomes(traces, [t.task_id for t in tasks])
-        return Evaluation(*pass_rates(outcomes), self.eval_attempts, outcomes, tool_use_rate(traces))
+        label = f"{f'round {r}' if r >= 0 else 'start'}: {'validation' if phase == 'eval' else 'test'}"
+        done = self._routed(tasks, r, phase, self.eval_attempts, label)
+        return Evaluation(done.pass_at_1, done.pass_at_k, self.eval_attempts, done.outcomes(), done.tool_use_rate)
 
     def _harness_pass_rate(self, harness: Harness, tasks: Sequence[Task], r: int) -> float:
         """pass@1 of one harness on ``tasks`` (epoch-end snapshot selection)."""
-        self._reseed(r, "eval")
-        with self.progress.task(f"round {r}: snapshot {harness.id[:8]} on validation",
-                                len(tasks) * self.eval_attempts) as advance:
-            groups = run_attempts(tasks, harness, self.policy, self.env, attempts=self.eval_attempts, variant="select",
-                                  trace_id=lambda t, a: f"select{r:04d}-{harness.id}-{t.task_id}-{a}",
-                                  on_trace=lambda _t: advance(), **self.rollout_kwargs)
-        traces = [t for group in groups for t in group]
-        return sum(t.passed for t in traces) / len(traces)  # over traces: every task has eval_attempts of them
-
-    def _reseed(self, r: int, phase: str) -> None:
-        reseed = getattr(self.policy, "reseed", None)  # scripted policies are deterministic anyway
-        if reseed is not None:
-            reseed(phase_seed(self.seed, r, phase))
+        done = self.rollouts.run(harness, tasks, attempts=self.eval_attempts, phase="eval", round=r, variant="select",
+                                 label=f"round {r}: snapshot {harness.id[:8]} on validation",
+                                 trace_id=lambda t, a: f"select{r:04d}-{harness.id}-{t.task_id}-{a}")
+        return sum(t.passed for t in done.traces) / len(done.traces)  # every task has eval_attempts of them
 
     # ------------------------------------------------------------------ records
     def _lineage(self, events: Sequence[HarnessEvent]) -> None:
@@ -450,6 +443,8 @@ class Coevolution:
             "train": {"pass_rate": sum(t.passed for t in traces) / len(traces),
                       "mean_reward": sum(t.reward for t in traces) / len(traces),
                       "n_traces": len(traces), "tool_use_rate": tool_use_rate(traces),
+                      "tokens": int(sum(t.cost.get("prompt_tokens", 0) + t.cost.get("completion_tokens", 0)
+                                        for t in traces)),
                       "outcomes": task_outcomes(traces)},
             "val": val.to_dict() if val else None,
             "test": test.to_dict() if test else None,

@@ -17,11 +17,11 @@ import re
 from typing import Any
 
 from coevo.agent.policy import ScriptedPolicy
+from coevo.agent.rollouts import RolloutService
 from coevo.envs import ArithmeticEnv
 from coevo.evaluate import evaluate
 from coevo.evolution.critic import Critic
 from coevo.evolution.digest import digest
-from coevo.evolution.driver import rollout_fn, run_round
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.types import Cluster
 from coevo.harness.defaults import base_harness
@@ -141,7 +141,8 @@ def main() -> dict[str, Any]:
         print(f"refused ({rule}): {message}")
 
     env, policy = ArithmeticEnv(n_tasks=12, max_terms=2, seed=1), ScriptedPolicy(stubborn)
-    before, traces = evaluate(base, policy, env, "train")
+    rollouts = RolloutService(policy, env, batch_size=32, max_steps=32, workers=8, seed=0)
+    before, traces = evaluate(base, rollouts, "train")
     found = digest(traces, round=0, variant="base")
     print("digest:", [(c.cause, c.count) for c in found.clusters])
     (proposal,) = budget_agent().propose(found, base, PlanContext(tools=["calculator"], max_proposals=1))
@@ -150,7 +151,7 @@ def main() -> dict[str, Any]:
     for edit in proposal.edits:
         evolved = apply_edit(evolved, edit)  # the spec's import-path kind is resolved here
     reloaded = Harness.from_yaml(evolved.to_yaml())
-    after, evolved_traces = evaluate(evolved, policy, env, "train")
+    after, evolved_traces = evaluate(evolved, rollouts, "train")
     blocked = sum(e.get("blocked", False) for t in evolved_traces for e in t.events if e.get("hook") == "before_tool")
     print(f"train pass@1: base {before.pass_at_1:.2f} -> with the budget {after.pass_at_1:.2f}; "
           f"blocked tool calls: {blocked}; YAML round trip keeps the id: {reloaded.id == evolved.id}")
@@ -158,10 +159,12 @@ def main() -> dict[str, Any]:
     # The whole AEGIS round, as `coevo evolve --meta examples.my_processor:budget_agent` runs it: digest, the
     # agent's proposal, the Critic's re-run and seesaw gate (no task may flip to fail), then ship.
     train = env.tasks("train")
-    critic = Critic(rollout_fn(policy, env), k=1, gate="seesaw")
+    critic = Critic(rollouts.critic_rollout(), k=1, gate="seesaw")
     aegis = AEGIS(base, budget_agent(), critic, tasks={t.task_id: t for t in train}, tools=["calculator"],
                   max_proposals=1)
-    _, report = run_round(aegis, train, policy, env, round=0, attempts=1)
+    harnesses, variants = aegis.routed(train)
+    round_traces = rollouts.run(harnesses, train, attempts=1, phase=None, variant=variants).traces
+    report = aegis.evolve(round_traces, round=0)
     print("AEGIS verdict:", [(v.gate, v.reason) for v in report.verdicts], "-> shipped", report.shipped)
     return {"refusals": refusals, "causes": [c.cause for c in found.clusters], "proposal": proposal,
             "evolved": evolved, "reloaded": reloaded, "before": before, "after": after, "blocked": blocked,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from coevo.agent.policy import ScriptedPolicy
+from coevo.agent.rollouts import RolloutService
 from coevo.envs import ArithmeticEnv
 from coevo.evaluate import evaluate
 from coevo.evolution.digest import digest
@@ -98,7 +99,8 @@ def one_run(url: str, cache_dir: Path) -> dict[str, Any]:
     """Plan, revise and route once, with a fresh agent on ``cache_dir``; returns what it produced."""
     harness = base_harness()
     env = ArithmeticEnv(n_tasks=10, max_terms=2, seed=3)
-    _, traces = evaluate(harness, ScriptedPolicy(prose_answers), env, "train")
+    rollouts = RolloutService(ScriptedPolicy(prose_answers), env, batch_size=32, max_steps=6, workers=8, seed=0)
+    _, traces = evaluate(harness, rollouts, "train")
     found = digest(traces, round=0, variant="base")
     agent = openai_meta_agent(url, "stub-model", timeout_s=5.0, cache_dir=cache_dir, max_retries=2)
     context = PlanContext(tools=["calculator"], max_proposals=1)

@@ -252,28 +252,25 @@ def quoted_tasks(proposal: Any, setup: Setup) -> set[str]:
 
 def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> Run:
     """One edit's life under the gate (see the module docstring)."""
-    from coevo.agent.outcomes import task_outcomes
-    from coevo.agent.runtime import run_attempts
+    from coevo.agent.rollouts import RolloutService
     from coevo.build import make_critic
-    from coevo.evolution.driver import rollout_fn
     from coevo.evolution.meta_agent import demo_question
 
     cfg = setup.cfg
     quoted = quoted_tasks(proposal, setup)
     train = [t for t in setup.train if t.task_id not in quoted]
-    limits = {"batch_size": cfg.rollout.batch_size, "max_steps": cfg.rollout.max_steps,
-              "workers": cfg.rollout.workers}
-    critic = make_critic(cfg.evolution, rollout_fn(setup.policy, setup.env, **limits))
+    rollouts = RolloutService(setup.policy, setup.env, batch_size=cfg.rollout.batch_size,
+                              max_steps=cfg.rollout.max_steps, workers=cfg.rollout.workers, seed=seed)
+    critic = make_critic(cfg.evolution, rollouts.critic_rollout())
     reseed = getattr(setup.policy, "reseed", None)
     if reseed is not None:
-        reseed(seed)
+        reseed(seed)  # once: every rollout and re-run of the edit's life draws from this one stream
     rng = random.Random(seed)
     run = Run(edit, seed)
     began = time.perf_counter()
     for r in range(rounds):
         batch = rng.sample(train, cfg.batch_tasks)
-        groups = run_attempts(batch, setup.start, setup.policy, setup.env, attempts=cfg.rollout.attempts, **limits)
-        outcomes = task_outcomes((t for g in groups for t in g), [t.task_id for t in batch], infra="drop")
+        outcomes = rollouts.run(setup.start, batch, attempts=cfg.rollout.attempts, phase=None).outcomes(infra="drop")
         before = {tid: outs for tid, outs in outcomes.items() if outs}
         batch_ids = set(before)
         tick, episodes = time.perf_counter(), critic.reruns

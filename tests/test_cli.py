@@ -1,8 +1,10 @@
 """The command line: help lists the commands; harness show/diff/id; eval writes a summary."""
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from typer.testing import CliRunner
 
@@ -77,10 +79,15 @@ def test_evolve_with_a_scripted_policy_writes_rounds_harnesses_and_summary(tmp_p
                                  "--batch-tasks", "4", "--k", "2", "--val-limit", "4", "--test-limit", "3",
                                  "--out", str(out)])
     assert result.exit_code == 0, result.output
+    # a train.py run directory of mode=harness_only: the same round, records and report
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rounds] == [0, 1]
-    assert rounds[0]["digests"][0]["n_traces"] == 8 and rounds[0]["digests"][0]["n_failed"] == 0
-    assert (out / "harness-base.yaml").is_file() and (out / "aegis_state.json").is_file()
+    assert [(r["round"], r["mode"], r["grpo"]) for r in rounds] == [(0, "harness_only", None), (1, "harness_only", None)]
+    assert rounds[0]["evolve"]["digests"][0]["n_traces"] == 8 and rounds[0]["evolve"]["digests"][0]["n_failed"] == 0
+    assert (out / "harness-base.yaml").is_file() and (out / "report" / "summary.md").is_file()
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert (config["mode"], config["rollout"]["attempts"], config["evolution"]["critic_attempts"]) == ("harness_only", 2, 2)
+    start = json.loads((out / "start.json").read_text())
+    assert len(start["val"]["outcomes"]) == 4 and len(start["test"]["outcomes"]) == 3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["splits"] == {name: {"tasks": n, "pass@1": [1.0, 1.0], "pass@2": [1.0, 1.0]}
                                  for name, n in (("val", 4), ("test", 3))}
@@ -91,17 +98,18 @@ def test_evolve_summary_reports_pass_at_1_and_k_and_every_verdict():
     from coevo.cli import evolve_markdown, evolve_summary
     from coevo.evolution.types import Proposal, Verdict
     from coevo.harness.edits import Edit
+    from coevo.report import Run
 
-    def verdict(ship: bool, reason: str) -> Verdict:
+    def verdict(ship: bool, reason: str) -> dict:
         proposal = Proposal(hypothesis="h", edits=[Edit("set_param", "sampling", param="temperature", value=0.1)],
                             dimension="model_selection", cluster="format_error")
-        return Verdict(proposal, "p", "c", "base", ship, reason, gate="seesaw", round=1,
-                       fail_to_pass=["a"] if ship else [])
+        return json.loads(json.dumps(Verdict(proposal, "p", "c", "base", ship, reason, gate="seesaw", round=1,
+                                             fail_to_pass=["a"] if ship else []).to_dict()))
 
-    before = {"val": {"a": [False, False], "b": [True, False]}}
-    after = {"val": {"a": [True, False], "b": [True, True]}}
-    summary = evolve_summary("arithmetic", 2, 3, before, after, [verdict(True, "ship: 1 fail→pass"),
-                                                                 verdict(False, "reject: no fail→pass")], {"total": 0})
+    start = {"val": {"outcomes": {"a": [False, False], "b": [True, False]}}, "test": None}
+    last = {"val": {"outcomes": {"a": [True, False], "b": [True, True]}}, "test": None, "meta_tokens": {"total": 0},
+            "evolve": {"verdicts": [verdict(True, "ship: 1 fail→pass"), verdict(False, "reject: no fail→pass")]}}
+    summary = evolve_summary(Run(Path("run"), [last], []), start, 2, "arithmetic")
     assert summary["splits"] == {"val": {"tasks": 2, "pass@1": [0.25, 0.75], "pass@2": [0.5, 1.0]}}
     assert [e["reason"] for e in summary["shipped"]] == ["ship: 1 fail→pass"]
     assert [e["reason"] for e in summary["rejected"]] == ["reject: no fail→pass"]
@@ -158,8 +166,8 @@ def test_stream_runs_both_protocols_on_the_reasoning_tool_axis(tmp_path):
 
 def test_evolve_notes_that_greedy_attempts_are_identical(tmp_path):
     args = ["evolve", "--env", "arithmetic", "--model", "scripted", "--rounds", "1", "--batch-tasks", "2",
-            "--val-limit", "1", "--test-limit", "0", "--out", str(tmp_path / "e")]
-    greedy = runner.invoke(app, [*args, "--temperature", "0"])
-    sampled = runner.invoke(app, [*args, "--temperature", "0.7"])
+            "--val-limit", "1", "--test-limit", "0"]
+    greedy = runner.invoke(app, [*args, "--temperature", "0", "--out", str(tmp_path / "greedy")])
+    sampled = runner.invoke(app, [*args, "--temperature", "0.7", "--out", str(tmp_path / "sampled")])
     assert greedy.exit_code == 0 and sampled.exit_code == 0, greedy.output + sampled.output
     assert "greedy decoding" in greedy.output and "greedy decoding" not in sampled.output

@@ -1,6 +1,7 @@
 import pytest
 
 from coevo.agent import ScriptedPolicy
+from coevo.agent.rollouts import RolloutService
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
 from coevo.evaluate import evaluate
 from coevo.harness.defaults import base_harness
@@ -18,9 +19,10 @@ def test_evaluate_counts_attempts_and_failures():
                 return "<answer>-1</answer>"
         return reply
 
-    report, traces = evaluate(base_harness(), ScriptedPolicy(respond), env, "val", attempts=2, batch_size=1, workers=1)
+    rollouts = RolloutService(ScriptedPolicy(respond), env, batch_size=1, max_steps=6, workers=1, seed=0)
+    report, traces = evaluate(base_harness(), rollouts, "val", attempts=2)
     assert report.n_tasks == len(env.tasks("val")) and len(traces) == 2 * report.n_tasks
     assert report.pass_at_1 == pytest.approx(0.5)
     assert report.mean_reward == pytest.approx(0.5)
     with pytest.raises(ValueError, match="attempts"):
-        evaluate(base_harness(), ScriptedPolicy(respond), env, attempts=0)
+        evaluate(base_harness(), rollouts, attempts=0)

@@ -108,7 +108,7 @@ def test_coevo_evolve_runs_on_the_env_by_its_import_path(tmp_path):
     out = tmp_path / "evolve"
     result = CliRunner().invoke(app, ["evolve", "--env", COUNTDOWN, "--env-arg", "n_tasks=30", "--model", "scripted",
                                       "--rounds", "1", "--batch-tasks", "4", "--val-limit", "3", "--test-limit", "0",
-                                      "--out", str(out)])
+                                      "--max-steps", "6", "--out", str(out)])  # train.yaml's 3 cut a tool episode
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 1 and summary["splits"]["val"]["pass@1"] == [1.0, 1.0]

@@ -12,7 +12,7 @@ from pathlib import Path
 from coevo.agent.policy import ScriptedPolicy
 from coevo.envs.base import Score, Task
 from coevo.evolution.critic import Critic
-from coevo.evolution.driver import rollout_fn
+from tests.aegis_helpers import critic_rollout, service
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.added_text import edit_text
 from coevo.evolution.reference import ReferenceStore, build_references, split_reference_pool
@@ -82,13 +82,13 @@ def looks_up_then_misreads(messages: list[dict]) -> str:
 def loop(tmp_path: Path, env: CodeWords, policy, *, train: list[Task], pool: list[Task], rounds: int) -> Coevolution:
     """A harness-only loop as ``coevo.build`` makes one: references of every train task and of the pool."""
     references = build_references(env, [*train, *pool], ReferenceStore(tmp_path / "references"))
-    critic = Critic(rollout_fn(policy, env, max_steps=3), k=1)
+    critic = Critic(critic_rollout(policy, env, max_steps=3), k=1)
     aegis = AEGIS(base_harness(), RuleMetaAgent(), critic, tasks={t.task_id: t for t in train}, references=references,
                   tools=["lookup"], max_proposals=2)
-    return Coevolution(mode="harness_only", env=env, policy=policy, aegis=aegis, run_dir=tmp_path, train_tasks=train,
-                       val_tasks=env.tasks("val"), test_tasks=env.tasks("test"), rounds=rounds, batch_tasks=2,
-                       attempts=1, seed=0, steps_per_round=1, val_every=0, eval_attempts=1, rollout_batch_size=32,
-                       max_steps=3, workers=8, tracker=NullTracker(), progress=NullProgress())
+    return Coevolution(mode="harness_only", rollouts=service(policy, env, max_steps=3), aegis=aegis, run_dir=tmp_path,
+                       train_tasks=train, val_tasks=env.tasks("val"), test_tasks=env.tasks("test"), rounds=rounds,
+                       batch_tasks=2, attempts=1, seed=0, steps_per_round=1, val_every=0, eval_attempts=1,
+                       tracker=NullTracker(), progress=NullProgress())
 
 
 def test_no_gold_answer_of_a_task_still_to_train_validate_or_test_on_enters_any_edit(tmp_path):
@@ -157,7 +157,7 @@ def test_each_round_counts_its_infrastructure_failures(tmp_path):
             return self.scripted.generate(requests)
 
     coevo_loop = loop(tmp_path, env, OutOfMemoryOnBox2(), train=train, pool=[], rounds=4)
-    coevo_loop.rollout_kwargs["batch_size"] = 1  # a crash takes only its own episode's model call
+    coevo_loop.rollouts.batch_size = 1  # a crash takes only its own episode's model call
     records = coevo_loop.run()
     for r, record in enumerate(records):
         crashed = [t for t in coevo_loop.batches[r] if t.task_id == "box-2"]

@@ -319,7 +319,7 @@ def run_episodes(
     *,
     batch_size: int = RolloutConfig.batch_size,  # the schema's defaults, stated there only
     workers: int = RolloutConfig.workers,
-    max_steps: int = 32,
+    max_steps: int = RolloutConfig.max_steps,
     on_trace: Callable[[Trace], None] | None = None,
 ) -> list[Trace]:
     """Run every job to completion; traces come back in job order.
@@ -376,7 +376,7 @@ def run_attempts(
     trace_id: Callable[[Task, int], str] | None = None,
     batch_size: int = RolloutConfig.batch_size,  # the schema's defaults, stated there only
     workers: int = RolloutConfig.workers,
-    max_steps: int = 32,
+    max_steps: int = RolloutConfig.max_steps,
     on_trace: Callable[[Trace], None] | None = None,
 ) -> list[list[Trace]]:
     """``attempts`` episodes of every task in one ``run_episodes`` call; per task (in the order of

@@ -75,3 +75,12 @@ def check_split(split: str) -> str:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
     return split
+
+
+def session_tools(env: Env, task: Task) -> list[str]:
+    """The tool names an env session offers (envs declare tools per session, not per env)."""
+    session = env.reset(task)
+    try:
+        return sorted(session.tools)
+    finally:
+        session.close()

@@ -155,9 +155,10 @@ class AEGIS:
         """The meta-agent's token ledger (prompt/completion tokens and calls so far)."""
         return self.meta.ledger.as_dict()
 
-    def start_events(self) -> list[HarnessEvent]:
-        """One ``start`` event per variant: what a run records before its first round."""
-        return [HarnessEvent("start", -1, name, h, None) for name, h in self.variants.harnesses.items()]
+    def start_events(self, round: int = -1) -> list[HarnessEvent]:
+        """One ``start`` event per variant: what a run records before its first round (``round``:
+        the one before it)."""
+        return [HarnessEvent("start", round, name, h, None) for name, h in self.variants.harnesses.items()]
 
     def release(self, change: Callable[[Harness], Harness], *, round: int, note: str) -> list[HarnessEvent]:
         """Every variant's harness replaced by ``change(harness)`` (a stream stage releasing new
@@ -181,6 +182,12 @@ class AEGIS:
         """task id → the variant it runs on this round."""
         return self.variants.assign(tasks, router=self.router, threshold=self.router_threshold,
                                     lessons=self.routing_lessons.items, notes=self.notes)
+
+    def routed(self, tasks: Sequence[Task]) -> tuple[list[Harness], list[str]]:
+        """Per task (parallel to ``tasks``), the harness of the variant it runs on, and that variant."""
+        routed = self.assign(tasks)
+        variants = [routed[t.task_id] for t in tasks]
+        return [self.variants.harnesses[v] for v in variants], variants
 
     # ------------------------------------------------------------------ one round
     def evolve(self, traces: Sequence[Trace], *, round: int, withheld: Collection[str] = ()) -> EvolveReport:

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from coevo.agent.policy import Policy
-from coevo.agent.runtime import run_attempts, tool_message
+from coevo.agent.rollouts import RolloutService
+from coevo.agent.runtime import tool_message
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.digest import trace_steps
@@ -196,19 +196,20 @@ def is_genuine(trace: Trace, task: Task, offered: Iterable[str] | None = None) -
     return True, "genuine"
 
 
-def _policy_references(env: Env, tasks: Sequence[Task], harness: Harness, policy: Policy,
+def _policy_references(tasks: Sequence[Task], harness: Harness, rollouts: RolloutService,
                        attempts: int) -> dict[str, Trace]:
-    """All attempts of all tasks in one ``run_attempts`` call (one batch for the policy); per task,
-    the first passing genuine trace in attempt order."""
+    """All attempts of all tasks in one rollout (one batch for the policy); per task, the first
+    passing genuine trace in attempt order."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     for task in tasks:
         _require_train(task)
-    groups = run_attempts(tasks, [hinted_harness(harness, task) for task in tasks], policy, env, attempts=attempts,
-                          variant=REFERENCE_VARIANT, trace_id=lambda task, k: f"policy:{task.task_id}:{k}")
+    done = rollouts.run([hinted_harness(harness, task) for task in tasks], tasks, attempts=attempts, phase=None,
+                        variant=REFERENCE_VARIANT, label="policy references",
+                        trace_id=lambda task, k: f"policy:{task.task_id}:{k}")
     by_id = {t.task_id: t for t in tasks}
     found: dict[str, Trace] = {}
-    for trace in (t for group in groups for t in group):
+    for trace in done.traces:
         if trace.task_id in found or not trace.passed:
             continue
         task = by_id[trace.task_id]
@@ -217,10 +218,11 @@ def _policy_references(env: Env, tasks: Sequence[Task], harness: Harness, policy
     return found
 
 
-def policy_reference(env: Env, task: Task, harness: Harness, policy: Policy, attempts: int) -> Trace | None:
+def policy_reference(task: Task, harness: Harness, rollouts: RolloutService, attempts: int) -> Trace | None:
     """The policy's own solution with the answer in its context (see ``hinted_harness``): the
-    first of ``attempts`` tries that passes and ``is_genuine``, or None."""
-    return _policy_references(env, [task], harness, policy, attempts).get(task.task_id)
+    first of ``attempts`` tries that passes and ``is_genuine``, or None (episodes run through
+    ``rollouts``: its policy and env)."""
+    return _policy_references([task], harness, rollouts, attempts).get(task.task_id)
 
 
 class ReferenceStore:
@@ -286,16 +288,16 @@ def build_references(
     store: ReferenceStore,
     *,
     harness: Harness | None = None,
-    policy: Policy | None = None,
+    rollouts: RolloutService | None = None,
     attempts: int = 2,
 ) -> dict[str, Trace]:
     """References for ``tasks`` (train only), by task id: cached ones, else the gold trajectory,
-    else (with ``harness`` and ``policy``) a genuine policy reference. New ones are cached, and
-    returned as cached (secret values redacted, ``ReferenceStore.put``)."""
+    else (with ``harness`` and ``rollouts``, whose env is ``env``) a genuine policy reference. New
+    ones are cached, and returned as cached (secret values redacted, ``ReferenceStore.put``)."""
     for task in tasks:
         _require_train(task)
-    if (harness is None) != (policy is None):
-        raise ValueError("harness and policy go together: give both to build policy references, or neither")
+    if (harness is None) != (rollouts is None):
+        raise ValueError("harness and rollouts go together: give both to build policy references, or neither")
     found: dict[str, Trace] = {}
     todo: list[Task] = []
     for task in tasks:
@@ -308,8 +310,8 @@ def build_references(
             found[task.task_id] = store.put(task.task_id, gold)
         else:
             todo.append(task)
-    if todo and harness is not None and policy is not None:
-        for task_id, trace in _policy_references(env, todo, harness, policy, attempts).items():
+    if todo and harness is not None and rollouts is not None:
+        for task_id, trace in _policy_references(todo, harness, rollouts, attempts).items():
             found[task_id] = store.put(task_id, trace)
     return found
 

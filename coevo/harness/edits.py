@@ -23,10 +23,6 @@ def check_proposed(harness: Harness, edit: Edit) -> None:
     import-path kind imports its module, so a kind invented by a meta-agent could run any module of
     the host at the Critic's build step. The user's own processors stay proposable: their module is
     loaded already (the starting harness names them, or the user's meta-agent imports them)."""
-    import sys
-
-    from coevo.harness.library import PROCESSORS
-
     kind = (edit.spec or {}).get("kind") if edit.op in ("insert", "replace") else None
     if not isinstance(kind, str) or kind in PROCESSORS or kind in {p.kind for p in harness}:
         return

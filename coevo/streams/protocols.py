@@ -5,40 +5,43 @@
   between stages, so any change is harness-induced.
 - ``self_evolving``: one AEGIS engine carried across stages. Its current harness (every variant)
   gains each stage's newly released capabilities through the same axis function, which edits only
-  the axis's own processors, so evolved processors are kept; then it adapts with ``run_round`` on
-  the stage's adaptation split for ``rounds_per_stage`` rounds, and is evaluated (each task on the
-  variant AEGIS routes it to) on every cohort released so far. The evaluation split is held out:
-  AEGIS never sees its traces.
+  the axis's own processors, so evolved processors are kept; then it adapts on the stage's
+  adaptation split for ``rounds_per_stage`` rounds of the co-evolution loop in ``harness_only``
+  mode (``coevo.loop.Coevolution``: the same round, batching and reference policy as ``train.py``
+  and ``coevo evolve``; each stage's run directory is ``<run_dir>/stage-<s>``), and is evaluated
+  (each task on the variant AEGIS routes it to) on every cohort released so far. The evaluation
+  split is held out: AEGIS never sees its traces.
 - ``task_specific_reference``: each evaluation task on the base harness exposing only its own
   annotated capabilities (no distractors), once per cohort; the ã_j of forward transfer.
 
 Each returns a ``ProtocolResult`` with one ``Outcome`` per (stage, cohort, task) and token costs.
-Policy, env, meta-agent and critic come in as arguments.
+Every episode runs through the ``RolloutService`` given (its policy, env, limits and progress);
+meta-agent and critic come in as arguments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from coevo.agent.policy import Policy
-from coevo.agent.runtime import run_attempts
+from coevo.agent.rollouts import RolloutService
 from coevo.agent.trace import Trace
-from coevo.config import EvolutionConfig, RolloutConfig
-from coevo.envs.base import Env, Task
+from coevo.config import EvolutionConfig
+from coevo.envs.base import Task
 from coevo.evolution.critic import Critic
-from coevo.evolution.driver import run_round
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.meta_agent import MetaAgent
 from coevo.harness.harness import Harness
-from coevo.progress import NullProgress, RichProgress
+from coevo.loop import Coevolution
+from coevo.progress import NullProgress
 from coevo.streams.axes import AxisHarness, exposed_tools
 from coevo.streams.construct import Stream
 from coevo.streams.outcomes import Outcome, ProtocolResult
+from coevo.tracking import NullTracker
 
 PROTOCOLS = ("deployment", "self_evolving")
 """Protocols ``run_stream`` can run; the task-specific reference always runs (FWT needs it)."""
 
-Progress = RichProgress | NullProgress
 Item = tuple[int, int, Task, Harness, str]  # (stage, cohort, task, harness, variant)
 
 
@@ -46,18 +49,16 @@ def trace_tokens(traces: Sequence[Trace]) -> int:
     return int(sum(t.cost.get("prompt_tokens", 0) + t.cost.get("completion_tokens", 0) for t in traces))
 
 
-def evaluate_items(items: Sequence[Item], policy: Policy, env: Env, *, attempts: int, description: str,
-                   progress: Progress, batch_size: int = RolloutConfig.batch_size, max_steps: int = 32,
-                   workers: int = RolloutConfig.workers) -> list[Outcome]:
+def evaluate_items(items: Sequence[Item], rollouts: RolloutService, *, attempts: int,
+                   description: str) -> list[Outcome]:
     """``attempts`` episodes per item in one batched run; one Outcome per item."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     if not items:
         return []
-    with progress.task(description, len(items) * attempts) as advance:
-        groups = run_attempts([task for _, _, task, _, _ in items], [harness for _, _, _, harness, _ in items], policy,
-                              env, attempts=attempts, variant=[variant for *_, variant in items], batch_size=batch_size,
-                              workers=workers, max_steps=max_steps, on_trace=lambda _t: advance())
+    done = rollouts.run([harness for _, _, _, harness, _ in items], [task for _, _, task, _, _ in items],
+                        attempts=attempts, phase=None, variant=[variant for *_, variant in items], label=description)
+    groups = [done.traces[i * attempts : (i + 1) * attempts] for i in range(len(items))]
     return [Outcome(stage, cohort, task.task_id, tuple(bool(t.passed) for t in mine), trace_tokens(mine), harness.id)
             for (stage, cohort, task, harness, _), mine in zip(items, groups, strict=True)]
 
@@ -73,28 +74,22 @@ def stage_harnesses(stream: Stream, base: Harness, axis_harness: AxisHarness,
             for s in range(stream.n_stages)]
 
 
-def deployment(stream: Stream, base: Harness, axis_harness: AxisHarness, policy: Policy, env: Env, *,
-               attempts: int = 1, distractors_per_stage: int = 0, batch_size: int = RolloutConfig.batch_size,
-               max_steps: int = 32, workers: int = RolloutConfig.workers,
-               progress: Progress | None = None) -> ProtocolResult:
+def deployment(stream: Stream, base: Harness, axis_harness: AxisHarness, rollouts: RolloutService, *,
+               attempts: int = 1, distractors_per_stage: int = 0) -> ProtocolResult:
     """A fresh system per stage from ``base``; every released cohort evaluated at every stage."""
-    progress = progress or NullProgress()
     result = ProtocolResult("deployment", stream.n_stages)
     for s, harness in enumerate(stage_harnesses(stream, base, axis_harness, distractors_per_stage)):
         items = [(s, j, t, harness, "base") for j in range(s + 1) for t in stream.evaluate[j]]
-        result.outcomes += evaluate_items(items, policy, env, attempts=attempts, progress=progress,
-                                          description=f"deployment stage {s}: evaluate", batch_size=batch_size,
-                                          max_steps=max_steps, workers=workers)
+        result.outcomes += evaluate_items(items, rollouts, attempts=attempts,
+                                          description=f"deployment stage {s}: evaluate")
         result.harness_ids[s] = [harness.id]
         result.harnesses.append({"base": harness})
     return result
 
 
-def task_specific_reference(stream: Stream, base: Harness, axis_harness: AxisHarness, policy: Policy, env: Env, *,
-                            attempts: int = 1, batch_size: int = RolloutConfig.batch_size, max_steps: int = 32,
-                            workers: int = RolloutConfig.workers, progress: Progress | None = None) -> ProtocolResult:
+def task_specific_reference(stream: Stream, base: Harness, axis_harness: AxisHarness, rollouts: RolloutService, *,
+                            attempts: int = 1) -> ProtocolResult:
     """Each evaluation task on ``base`` exposing only its own capabilities; outcomes at stage = cohort."""
-    progress = progress or NullProgress()
     universe = frozenset(stream.universe)
     result = ProtocolResult("reference", stream.n_stages)
     cache: dict[frozenset[str], Harness] = {}
@@ -107,27 +102,25 @@ def task_specific_reference(stream: Stream, base: Harness, axis_harness: AxisHar
             items.append((j, j, task, cache[needs], "reference"))
             if cache[needs].id not in result.harness_ids[j]:
                 result.harness_ids[j].append(cache[needs].id)
-    result.outcomes = evaluate_items(items, policy, env, attempts=attempts, progress=progress,
-                                     description="task-specific reference: evaluate", batch_size=batch_size,
-                                     max_steps=max_steps, workers=workers)
+    result.outcomes = evaluate_items(items, rollouts, attempts=attempts,
+                                     description="task-specific reference: evaluate")
     return result
 
 
-def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, policy: Policy, env: Env,
-                  meta: MetaAgent, critic: Critic, *, rounds_per_stage: int = 1, attempts: int = 1,
-                  references: Mapping[str, Trace] | None = None, distractors_per_stage: int = 0,
+def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, rollouts: RolloutService,
+                  meta: MetaAgent, critic: Critic, run_dir: str | Path, *, rounds_per_stage: int = 1,
+                  attempts: int = 1, references: Mapping[str, Trace] | None = None, distractors_per_stage: int = 0,
                   max_variants: int = EvolutionConfig.max_variants, max_proposals: int = EvolutionConfig.max_proposals,
-                  batch_size: int = RolloutConfig.batch_size, max_steps: int = 32, workers: int = RolloutConfig.workers,
-                  progress: Progress | None = None) -> ProtocolResult:
+                  seed: int = 0) -> ProtocolResult:
     """AEGIS carried across stages (see the module docstring).
 
     ``references``: task id → reference trajectory of adaptation-split (train) tasks; at stage s
     AEGIS sees only those of cohorts ≤ s, so no demonstration uses a capability not yet released.
     ``rounds_per_stage`` = 0 evaluates the carried harness without adapting (a control).
+    ``run_dir``: where each stage's loop writes its run directory (records, lineage, checkpoints).
     """
     if rounds_per_stage < 0:
         raise ValueError(f"rounds_per_stage must be >= 0, got {rounds_per_stage}")
-    progress = progress or NullProgress()
     starts = stage_harnesses(stream, base, axis_harness, distractors_per_stage)  # checks every stage up front
     universe = frozenset(stream.universe)
     cohort_of = {t.task_id: s for s, cohort in enumerate(stream.cohorts) for t in cohort}
@@ -135,29 +128,32 @@ def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, poli
     aegis = AEGIS(starts[0], meta, critic, tasks={t.task_id: t for c in stream.adapt for t in c},
                   max_variants=max_variants, max_proposals=max_proposals)
     result = ProtocolResult("self_evolving", stream.n_stages)
-    round_no = 0
+    progress = rollouts.progress or NullProgress()
+    next_round = 0  # AEGIS numbers its rounds across stages (its monitors need them to increase)
     for s in range(stream.n_stages):
         if s > 0:  # the new capabilities arrive in the carried harnesses, evolved processors stay
             aegis.release(lambda h: axis_harness(h, stream.cumulative[s], universe, distractors_per_stage * s),
-                          round=round_no, note=f"stage {s} released")
+                          round=next_round - 1, note=f"stage {s} released")
         aegis.references = {tid: r for tid, r in (references or {}).items() if cohort_of.get(tid, s + 1) <= s}
-        aegis.tools = exposed_tools(aegis.harness(), env, probe)
+        aegis.tools = exposed_tools(aegis.harness(), rollouts.env, probe)
         reruns = critic.reruns
         batch = list(stream.adapt[s])
-        for _ in range(rounds_per_stage if batch else 0):
-            with progress.task(f"self-evolving stage {s} round {round_no}: adapt", len(batch) * attempts) as advance:
-                traces, report = run_round(aegis, batch, policy, env, round=round_no, attempts=attempts,
-                                           batch_size=batch_size, max_steps=max_steps, on_trace=lambda _t: advance())
-            result.adapt_tokens[s] += trace_tokens(traces)
-            result.evolve_reports.append({"stage": s, **report.to_dict()})
-            round_no += 1
+        if batch and rounds_per_stage:
+            loop = Coevolution(mode="harness_only", rollouts=rollouts, aegis=aegis,
+                               run_dir=Path(run_dir) / f"stage-{s}", train_tasks=batch, val_tasks=(),
+                               rounds=rounds_per_stage, batch_tasks=len(batch), attempts=attempts, seed=seed,
+                               steps_per_round=0, val_every=0, eval_attempts=attempts, tracker=NullTracker(),
+                               progress=progress, first_round=next_round)
+            next_round += rounds_per_stage
+            for record in loop.run():
+                result.adapt_tokens[s] += record["train"]["tokens"]
+                result.evolve_reports.append({"stage": s, **record["evolve"]})
         result.critic_episodes[s] = critic.reruns - reruns
         tasks = [(j, t) for j in range(s + 1) for t in stream.evaluate[j]]
-        routed = aegis.assign([t for _, t in tasks])
-        items = [(s, j, t, aegis.harness(routed[t.task_id]), routed[t.task_id]) for j, t in tasks]
-        result.outcomes += evaluate_items(items, policy, env, attempts=attempts, progress=progress,
-                                          description=f"self-evolving stage {s}: evaluate", batch_size=batch_size,
-                                          max_steps=max_steps, workers=workers)
+        harnesses, variants = aegis.routed([t for _, t in tasks])
+        items = [(s, j, t, h, v) for (j, t), h, v in zip(tasks, harnesses, variants, strict=True)]
+        result.outcomes += evaluate_items(items, rollouts, attempts=attempts,
+                                          description=f"self-evolving stage {s}: evaluate")
         result.harness_ids[s] = sorted({h.id for _, _, _, h, _ in items})
         result.harnesses.append(aegis.current())
     return result

@@ -16,22 +16,22 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coevo.agent.policy import Policy
 from coevo.config import EvolutionConfig, RolloutConfig
-from coevo.envs.base import Env, Task
-from coevo.evolution.critic import GATES, Critic, Rollout
-from coevo.evolution.driver import rollout_fn
+from coevo.envs.base import Env
+from coevo.evolution.critic import GATES, Critic
+from coevo.agent.rollouts import RolloutService
 from coevo.evolution.meta_agent import MetaAgent
 from coevo.evolution.reference import ReferenceStore, build_references
 from coevo.harness.defaults import base_harness
 from coevo.harness.harness import Harness
 from coevo.meta.rule import RuleMetaAgent
-from coevo.progress import RichProgress
+from coevo.progress import NullProgress, RichProgress
 from coevo.streams.axes import get_axis
 from coevo.streams.construct import ADAPT_SPLIT, Stream, build_stream, hash_order
 from coevo.streams.metrics import (
@@ -46,12 +46,13 @@ from coevo.streams.metrics import (
 from coevo.streams.outcomes import ProtocolResult
 from coevo.streams.protocols import (
     PROTOCOLS,
-    Progress,
     deployment,
     self_evolving,
     stage_harnesses,
     task_specific_reference,
 )
+
+Progress = RichProgress | NullProgress
 
 
 @dataclass
@@ -118,7 +119,8 @@ def run_stream(
     max_variants: int = EvolutionConfig.max_variants,
     max_proposals: int = EvolutionConfig.max_proposals,
     batch_size: int = RolloutConfig.batch_size,
-    max_steps: int = 32,
+    max_steps: int = RolloutConfig.max_steps,
+    workers: int = RolloutConfig.workers,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> StreamRun:
@@ -152,19 +154,21 @@ def run_stream(
     progress.message(f"{axis} stream of {env.name}: {stream.n_stages} stages, cohorts "
                      f"{[len(c) for c in stream.evaluate]} evaluation tasks")
 
-    common = {"attempts": attempts, "batch_size": batch_size, "max_steps": max_steps, "progress": progress}
+    rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps, workers=workers, seed=seed,
+                              progress=progress)
     results: dict[str, ProtocolResult] = {
-        "reference": task_specific_reference(stream, base, spec.harness, policy, env, **common)}
+        "reference": task_specific_reference(stream, base, spec.harness, rollouts, attempts=attempts)}
     if "deployment" in protocols:
-        results["deployment"] = deployment(stream, base, spec.harness, policy, env,
-                                           distractors_per_stage=distractors_per_stage, **common)
+        results["deployment"] = deployment(stream, base, spec.harness, rollouts, attempts=attempts,
+                                           distractors_per_stage=distractors_per_stage)
     if "self_evolving" in protocols:
-        critic = critic or Critic(_critic_rollout(policy, env, progress, batch_size, max_steps), k=attempts, gate=gate)
+        critic = critic or Critic(rollouts.critic_rollout(), k=attempts, gate=gate)
         references = _references(env, stream, references_per_stage, seed, out / "references")
         results["self_evolving"] = self_evolving(
-            stream, base, spec.harness, policy, env, meta or RuleMetaAgent(), critic,
-            rounds_per_stage=rounds_per_stage, references=references, distractors_per_stage=distractors_per_stage,
-            max_variants=max_variants, max_proposals=max_proposals, **common)
+            stream, base, spec.harness, rollouts, meta or RuleMetaAgent(), critic, out / "self_evolving",
+            rounds_per_stage=rounds_per_stage, attempts=attempts, references=references,
+            distractors_per_stage=distractors_per_stage, max_variants=max_variants, max_proposals=max_proposals,
+            seed=seed)
 
     reference = reference_rates(results["reference"].outcomes, stream.n_stages)
     metrics: dict[str, Any] = {
@@ -181,17 +185,6 @@ def run_stream(
     draw_stream(out / "stream.png", {name: metrics[name] for name in protocols}, stream)
     _summary_table(progress, metrics, protocols)
     return StreamRun(stream, results, metrics, out)
-
-
-def _critic_rollout(policy: Policy, env: Env, progress: Progress, batch_size: int, max_steps: int) -> Rollout:
-    """The Critic's re-runs, with a progress bar per candidate."""
-
-    def run(harness: Harness, tasks: Sequence[Task], k: int) -> Mapping[str, Sequence[bool | None]]:
-        with progress.task(f"critic: re-run {harness.id[:8]}", len(tasks) * k) as advance:
-            return rollout_fn(policy, env, batch_size=batch_size, max_steps=max_steps,
-                              on_trace=lambda _t: advance())(harness, tasks, k)
-
-    return run
 
 
 def _references(env: Env, stream: Stream, per_stage: int, seed: int, path: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 from coevo.agent.policy import ScriptedPolicy
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.evolution.critic import Critic
-from coevo.evolution.driver import rollout_fn, routed_pass_rate, run_round
+from tests.aegis_helpers import critic_rollout, evolve_round, routed_pass_rate
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.pool import Patience
 from coevo.evolution.reference import gold_reference
@@ -57,7 +57,7 @@ def env():
 def make_aegis(env, policy, meta, **kwargs) -> AEGIS:
     train = env.tasks("train")
     refs = {t.task_id: gold_reference(env, t) for t in train[-4:]}
-    critic = Critic(rollout_fn(policy, env, max_steps=6), k=kwargs.pop("k", 1), gate=kwargs.pop("gate", "seesaw"))
+    critic = Critic(critic_rollout(policy, env, max_steps=6), k=kwargs.pop("k", 1), gate=kwargs.pop("gate", "seesaw"))
     return AEGIS(base_harness(), meta, critic, tasks={t.task_id: t for t in train}, references=refs,
                  tools=["calculator"], **kwargs)
 
@@ -66,7 +66,7 @@ def test_rule_agent_ships_a_demonstration_that_fixes_the_format(env):
     policy = ScriptedPolicy(needs_demo)
     aegis = make_aegis(env, policy, RuleMetaAgent())
     batch = env.tasks("train")[:6]
-    traces, report = run_round(aegis, batch, policy, env, round=0, attempts=1, max_steps=6)
+    traces, report = evolve_round(aegis, batch, policy, env, round=0, attempts=1, max_steps=6)
     assert not any(t.passed for t in traces)
     assert [c.cause for c in report.digests[0].clusters] == ["format_error"]
     assert len(report.shipped) == 1
@@ -77,7 +77,7 @@ def test_rule_agent_ships_a_demonstration_that_fixes_the_format(env):
     # the demos come from references of tasks outside the batch, never from the judged tasks
     demo_text = json.dumps(dict(shipped.get(next(p.name for p in shipped if p.kind == "few_shot")).config))
     assert not any(t.instruction in demo_text for t in batch)
-    traces, report = run_round(aegis, env.tasks("train")[6:12], policy, env, round=1, attempts=1, max_steps=6)
+    traces, report = evolve_round(aegis, env.tasks("train")[6:12], policy, env, round=1, attempts=1, max_steps=6)
     assert all(t.passed for t in traces) and report.verdicts == []
     assert routed_pass_rate(aegis, env.tasks("val")[:8], policy, env, max_steps=6) == 1.0
 
@@ -128,7 +128,7 @@ def test_a_proposal_that_breaks_a_passing_task_is_rejected_and_kept_as_a_variant
     adds = sorted(t.task_id for t in batch if "+" in t.instruction)
     others = sorted(t.task_id for t in batch if "+" not in t.instruction)
     assert adds and others
-    _, report = run_round(aegis, batch, policy, env, round=0, attempts=1, max_steps=6)
+    _, report = evolve_round(aegis, batch, policy, env, round=0, attempts=1, max_steps=6)
     (verdict,) = report.verdicts
     assert not verdict.ship and verdict.gate == "seesaw"
     assert verdict.pass_to_fail == adds and verdict.fail_to_pass == others
@@ -147,7 +147,7 @@ def test_quality_rejection_goes_back_for_revision(env):
     meta = ScriptedMeta([leaked], revisions=[clean])
     policy = ScriptedPolicy(lambda m: "no idea")
     aegis = make_aegis(env, policy, meta)
-    _, report = run_round(aegis, batch, policy, env, round=0, attempts=1, max_steps=6)
+    _, report = evolve_round(aegis, batch, policy, env, round=0, attempts=1, max_steps=6)
     first, second = report.verdicts
     assert first.gate == "quality" and str(target.answer) in meta.reasons[0]
     assert second.proposal.revision == 1 and second.gate == "seesaw" and not second.ship  # nothing flipped
@@ -157,7 +157,7 @@ def test_quality_rejection_goes_back_for_revision(env):
 def test_state_dict_round_trip_restores_routing_and_harnesses(env):
     policy = ScriptedPolicy(needs_demo)
     aegis = make_aegis(env, policy, RuleMetaAgent(), patience=Patience(rounds=3, batches=3, epochs=1))
-    run_round(aegis, env.tasks("train")[:6], policy, env, round=0, attempts=1, max_steps=6)
+    evolve_round(aegis, env.tasks("train")[:6], policy, env, round=0, attempts=1, max_steps=6)
     state = json.loads(json.dumps(aegis.state_dict()))
     fresh = make_aegis(env, policy, RuleMetaAgent(), patience=Patience(rounds=3, batches=3, epochs=1))
     fresh.load_state_dict(state)
@@ -169,7 +169,7 @@ def test_state_dict_round_trip_restores_routing_and_harnesses(env):
 def test_epoch_end_selection_keeps_the_best_snapshot_on_validation(env):
     policy = ScriptedPolicy(needs_demo)
     aegis = make_aegis(env, policy, RuleMetaAgent())
-    run_round(aegis, env.tasks("train")[:6], policy, env, round=0, attempts=1, max_steps=6)
+    evolve_round(aegis, env.tasks("train")[:6], policy, env, round=0, attempts=1, max_steps=6)
     shipped = aegis.harness("base").id
     # the pool holds the starting harness and the shipped one; selection follows the val score
     (event,) = aegis.select(lambda h: 0.0 if h.id == shipped else 1.0, round=1)
@@ -203,7 +203,7 @@ def test_infrastructure_failures_give_the_planner_nothing(env):
 
     meta = ScriptedMeta([template_edit("Task: {instruction}")])
     aegis = make_aegis(env, OutOfMemoryOn(), meta)
-    traces, report = run_round(aegis, batch, OutOfMemoryOn(), env, round=0, attempts=1, batch_size=1, max_steps=6)
+    traces, report = evolve_round(aegis, batch, OutOfMemoryOn(), env, round=0, attempts=1, batch_size=1, max_steps=6)
     crashed = [t for t in traces if t.task_id in crash]
     assert all(t.infra_failure and t.error_source == "policy" for t in crashed)
     assert all(t.passed for t in traces if t.task_id not in crash)
@@ -239,7 +239,7 @@ def test_an_undecided_edit_is_judged_again_next_round_with_its_evidence_pooled(e
     edit = template_edit("Use the calculator tool. {instruction}")
     meta = ScriptedMeta([edit])
     aegis = make(meta)
-    _, first = run_round(aegis, train[:4], policy, env, round=0, attempts=1, max_steps=6)
+    _, first = evolve_round(aegis, train[:4], policy, env, round=0, attempts=1, max_steps=6)
     (verdict,) = first.verdicts
     assert verdict.undecided and not verdict.ship and verdict.gate == "stat" and first.shipped == []
     assert verdict.evidence["wins"] == 2 and edit.key() not in aegis.rejected["base"]
@@ -248,11 +248,11 @@ def test_an_undecided_edit_is_judged_again_next_round_with_its_evidence_pooled(e
     resumed = make(ScriptedMeta([]))
     resumed.load_state_dict(state)
     for engine in (aegis, resumed):
-        _, second = run_round(engine, train[4:8], policy, env, round=1, attempts=1, max_steps=6)
+        _, second = evolve_round(engine, train[4:8], policy, env, round=1, attempts=1, max_steps=6)
         (again,) = second.verdicts
         assert again.proposal.key() == edit.key() and again.undecided
         assert (again.evidence["wins"], again.evidence["judged"], again.evidence["pooled_episodes"]) == (4, 2, 8)
-    _, third = run_round(aegis, train[8:12], policy, env, round=2, attempts=1, max_steps=6)
+    _, third = evolve_round(aegis, train[8:12], policy, env, round=2, attempts=1, max_steps=6)
     (last,) = third.verdicts
     assert last.ship and third.shipped == [aegis.harness("base").id] and aegis.undecided["base"] == []
     assert meta.proposals == []  # proposed once, in round 0
@@ -275,7 +275,7 @@ def test_the_critic_widens_its_sample_with_train_tasks_that_are_no_demonstration
     pool = {t.task_id: t for t in train}
     aegis = AEGIS(base_harness(), meta, critic, tasks=pool, critic_pool=pool, references=refs, tools=["calculator"])
     batch = train[:4]
-    run_round(aegis, batch, ScriptedPolicy(lambda m: "no idea"), env, round=0, attempts=1, max_steps=6)
+    evolve_round(aegis, batch, ScriptedPolicy(lambda m: "no idea"), env, round=0, attempts=1, max_steps=6)
     first = judged[0]
     assert len(first) == 12 and first[:4] == sorted(t.task_id for t in batch)
     assert not set(first) & set(refs)  # a reference may be a demonstration: never judged on
@@ -296,5 +296,5 @@ def test_the_critic_rollout_reports_infrastructure_failures_as_none(env):
                 raise MemoryError("CUDA out of memory")
             return ScriptedPolicy(solve).generate(requests)
 
-    out = rollout_fn(CrashesOn(), env, batch_size=1, max_steps=6)(base_harness(), batch, 2)
+    out = critic_rollout(CrashesOn(), env, batch_size=1, max_steps=6)(base_harness(), batch, 2)
     assert out == {batch[0].task_id: [True, True], batch[1].task_id: [None, None], batch[2].task_id: [True, True]}

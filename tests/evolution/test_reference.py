@@ -13,6 +13,7 @@ from coevo.agent import Job, ScriptedPolicy, run_episodes
 from coevo.envs.arithmetic import ArithmeticEnv, ArithmeticSession, calculator_solver
 from coevo.envs.base import Score
 from coevo.evolution.digest import first_divergence
+from tests.aegis_helpers import service
 from coevo.evolution.reference import (
     HINT,
     ReferenceStore,
@@ -113,7 +114,7 @@ def test_references_refuse_non_train_tasks(env, tmp_path) -> None:
     with pytest.raises(ValueError, match="split 'val'.*only split 'train'"):
         gold_reference(env, val)
     with pytest.raises(ValueError, match="only split 'train'"):
-        policy_reference(env, val, base_harness(), ScriptedPolicy(calculator_solver), attempts=1)
+        policy_reference(val, base_harness(), service(ScriptedPolicy(calculator_solver), env), attempts=1)
     store = ReferenceStore(tmp_path / "refs")
     with pytest.raises(ValueError, match="only split 'train'"):
         build_references(env, [env.tasks("train")[0], val], store)
@@ -173,7 +174,7 @@ def test_hinted_harness_puts_the_answer_in_the_task_message(env, tasks) -> None:
 
 def test_policy_reference_keeps_the_first_genuine_passing_attempt(env, tasks) -> None:
     task = tasks[1]
-    assert policy_reference(env, task, base_harness(), ScriptedPolicy(bare_answer), attempts=3) is None
+    assert policy_reference(task, base_harness(), service(ScriptedPolicy(bare_answer), env), attempts=3) is None
     first_turns = []
 
     def bare_then_solve(messages):
@@ -183,13 +184,13 @@ def test_policy_reference_keeps_the_first_genuine_passing_attempt(env, tasks) ->
                 return bare_answer(messages)
         return calculator_solver(messages)
 
-    ref = policy_reference(env, task, base_harness(), ScriptedPolicy(bare_then_solve), attempts=2)
+    ref = policy_reference(task, base_harness(), service(ScriptedPolicy(bare_then_solve), env), attempts=2)
     assert ref is not None and ref.passed and ref.trace_id == f"policy:{task.task_id}:1"
     assert is_genuine(ref, task) == (True, "genuine")
     assert (ref.trainable, ref.variant) == (False, "reference")
     assert ref.metrics["reference"] == {"source": "policy", "instruction": task.instruction}
     with pytest.raises(ValueError, match="attempts must be >= 1"):
-        policy_reference(env, task, base_harness(), ScriptedPolicy(calculator_solver), attempts=0)
+        policy_reference(task, base_harness(), service(ScriptedPolicy(calculator_solver), env), attempts=0)
 
 
 def test_reference_demo_has_the_runtime_turn_structure(env, tasks) -> None:
@@ -204,7 +205,7 @@ def test_reference_demo_has_the_runtime_turn_structure(env, tasks) -> None:
         {"role": "tool", "name": "calculator", "content": str(task.answer)},
         {"role": "assistant", "content": f"<answer>{task.answer}</answer>"},
     ]
-    ref = policy_reference(env, task, base_harness(), ScriptedPolicy(calculator_solver), attempts=1)
+    ref = policy_reference(task, base_harness(), service(ScriptedPolicy(calculator_solver), env), attempts=1)
     demo = reference_demo(ref)
     assert demo[0] == {"role": "user", "content": task.instruction}  # never the hinted message
     assert [t["role"] for t in demo] == ["user", "assistant", "tool", "assistant"]
@@ -275,7 +276,7 @@ def test_build_references_gold_first_then_policy_then_cache(env, tasks, tmp_path
     assert list(only_gold) == [tasks[0].task_id]
     assert only_gold[tasks[0].task_id].metrics["reference"]["source"] == "gold"
     built = build_references(env, [tasks[0], no_gold], store, harness=base_harness(),
-                             policy=ScriptedPolicy(calculator_solver), attempts=1)
+                             rollouts=service(ScriptedPolicy(calculator_solver), env), attempts=1)
     assert built[no_gold.task_id].metrics["reference"]["source"] == "policy"
     assert built[tasks[0].task_id].to_dict() == only_gold[tasks[0].task_id].to_dict()
     assert sorted(store.task_ids()) == sorted([tasks[0].task_id, no_gold.task_id])
@@ -283,7 +284,8 @@ def test_build_references_gold_first_then_policy_then_cache(env, tasks, tmp_path
     def never(messages):
         raise AssertionError("cached references must not run the policy")
 
-    cached = build_references(env, [tasks[0], no_gold], store, harness=base_harness(), policy=ScriptedPolicy(never))
+    cached = build_references(env, [tasks[0], no_gold], store, harness=base_harness(),
+                              rollouts=service(ScriptedPolicy(never), env))
     assert {k: v.to_dict() for k, v in cached.items()} == {k: v.to_dict() for k, v in built.items()}
-    with pytest.raises(ValueError, match="harness and policy go together"):
+    with pytest.raises(ValueError, match="harness and rollouts go together"):
         build_references(env, [tasks[0]], store, harness=base_harness())

@@ -8,7 +8,7 @@ import pytest
 
 from coevo.agent.policy import ScriptedPolicy
 from coevo.evolution.critic import Critic
-from coevo.evolution.driver import rollout_fn
+from tests.aegis_helpers import critic_rollout, service
 from coevo.evolution.reference import gold_reference
 from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
@@ -69,7 +69,7 @@ def policy():
 
 
 def test_deployment_shows_harness_induced_forgetting(env, stream, policy):
-    result = deployment(stream, base_harness(), tools_harness, policy, env, distractors_per_stage=1, max_steps=6)
+    result = deployment(stream, base_harness(), tools_harness, service(policy, env), distractors_per_stage=1)
     assert pass_matrix(result.outcomes, 3) == DEPLOYMENT
     # every released cohort's evaluation tasks, and only those, at every stage
     for s in range(3):
@@ -83,7 +83,7 @@ def test_deployment_shows_harness_induced_forgetting(env, stream, policy):
 
 
 def test_the_reference_exposes_only_each_tasks_own_tools(env, stream, policy):
-    result = task_specific_reference(stream, base_harness(), tools_harness, policy, env, max_steps=6)
+    result = task_specific_reference(stream, base_harness(), tools_harness, service(policy, env))
     assert reference_rates(result.outcomes, 3) == REFERENCE
     assert all(o.stage == o.cohort for o in result.outcomes)
     universe = frozenset(stream.universe)
@@ -92,21 +92,21 @@ def test_the_reference_exposes_only_each_tasks_own_tools(env, stream, policy):
     assert result.harness_ids[2] == [own[frozenset({"neg"})].id]
     neg = stream.evaluate[2][0]
     assert exposed_tools(own[frozenset({"neg"})], env, neg) == ["neg"]
-    matrix = pass_matrix(deployment(stream, base_harness(), tools_harness, policy, env, distractors_per_stage=1,
-                                    max_steps=6).outcomes, 3)
+    matrix = pass_matrix(deployment(stream, base_harness(), tools_harness, service(policy, env),
+                                    distractors_per_stage=1).outcomes, 3)
     assert forward_transfer(matrix, REFERENCE) == pytest.approx(0.0)
     assert backward_transfer(matrix) == pytest.approx(((0.2 - 1.0) + (0.0 - 0.0)) / 2)
 
 
-def test_self_evolving_carries_the_evolved_harness_and_gains_new_tools(env, stream, policy):
+def test_self_evolving_carries_the_evolved_harness_and_gains_new_tools(env, stream, policy, tmp_path):
     meta = TemplateMeta()
-    critic = Critic(rollout_fn(policy, env, max_steps=6), k=1)
+    critic = Critic(critic_rollout(policy, env, max_steps=6), k=1)
     train = {t.task_id: t for t in env.tasks("train")}
     # references of an add task (stage 0) and of neg tasks (stage 2): at stage 1 only the first may show
     references = {tid: gold_reference(env, train[tid]) for tid in ("add-0", "neg-0", "neg-2")}
     adapt = build_stream(make_tasks(), prefix="tool:", stages=3, adapt_limit=2)  # add-0 may be outside the batch
-    result = self_evolving(adapt, base_harness(), tools_harness, policy, env, meta, critic, rounds_per_stage=1,
-                           references=references, distractors_per_stage=1, max_steps=6)
+    result = self_evolving(adapt, base_harness(), tools_harness, service(policy, env), meta, critic, tmp_path,
+                           rounds_per_stage=1, references=references, distractors_per_stage=1)
     assert pass_matrix(result.outcomes, 3) == EVOLVED
     assert [ctx.round for ctx in meta.contexts] == [1]  # stage 0 passed everything: nothing to evolve
     # add-0's; neg's are not released
@@ -125,11 +125,12 @@ def test_self_evolving_carries_the_evolved_harness_and_gains_new_tools(env, stre
     assert forward_transfer(EVOLVED, REFERENCE) == pytest.approx(0.5)
 
 
-def test_zero_rounds_is_deployment_with_a_carried_harness(env, stream, policy):
-    critic = Critic(rollout_fn(policy, env, max_steps=6), k=1)
-    result = self_evolving(stream, base_harness(), tools_harness, policy, env, TemplateMeta(), critic,
-                           rounds_per_stage=0, distractors_per_stage=1, max_steps=6)
+def test_zero_rounds_is_deployment_with_a_carried_harness(env, stream, policy, tmp_path):
+    critic = Critic(critic_rollout(policy, env, max_steps=6), k=1)
+    result = self_evolving(stream, base_harness(), tools_harness, service(policy, env), TemplateMeta(), critic,
+                           tmp_path, rounds_per_stage=0, distractors_per_stage=1)
     assert pass_matrix(result.outcomes, 3) == DEPLOYMENT
     assert result.evolve_reports == [] and result.adapt_tokens == [0, 0, 0]
     with pytest.raises(ValueError, match="rounds_per_stage must be >= 0"):
-        self_evolving(stream, base_harness(), tools_harness, policy, env, TemplateMeta(), critic, rounds_per_stage=-1)
+        self_evolving(stream, base_harness(), tools_harness, service(policy, env), TemplateMeta(), critic, tmp_path,
+                      rounds_per_stage=-1)

@@ -15,6 +15,7 @@ from coevo.harness.events import (
     ToolCall,
     ToolCallEvent,
     ToolResult,
+    ToolSpec,
 )
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor

@@ -1,0 +1,111 @@
+"""The rollout service: ``(harness, tasks, attempts, phase) → traces + per-task outcomes``.
+
+Every caller that runs episodes of a list of tasks goes through ``RolloutService.run``: the loop's
+rollouts, validation, test and snapshot selection, the Critic's re-runs (``critic_rollout``),
+``coevo eval``, the stream protocols and policy references. It holds what those calls share (the
+policy, the env, the batching and step limits, the run seed, a progress display), so a caller
+names only what differs: the harness (one, or one per task: the variant AEGIS routed it to), the
+tasks, the attempts, and the sampling phase.
+
+Sampling phases: a seeded policy is reseeded from (run seed, round, phase) before a call that
+names a phase, so rollouts, validation and test of a round draw from streams of their own and a
+resumed run samples what the killed one did. A call without a phase (the Critic's re-runs within
+a round) goes on from where the policy's generator is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from coevo.agent.outcomes import pass_rates, task_outcomes
+from coevo.agent.policy import Policy
+from coevo.agent.runtime import run_attempts
+from coevo.agent.trace import Trace
+from coevo.envs.base import Env, Task
+from coevo.harness.harness import Harness
+
+PHASES = {"rollout": 0, "critic": 1, "eval": 2, "test": 3}
+"""Policy sampling streams within a round (see ``phase_seed``)."""
+
+
+def phase_seed(seed: int, round: int, phase: str) -> int:
+    """A distinct, reproducible sampling seed per (run seed, round, phase); round -1 is the run's start."""
+    return seed * 1_000_003 + round * 1_009 + PHASES[phase] * 100_003
+
+
+def tool_use_rate(traces: Sequence[Trace]) -> float:
+    """Share of episodes that called at least one tool themselves (a processor answering in the
+    tool's place does not count): the behaviour harness demos and GRPO are expected to raise."""
+    return sum(any(not c.blocked for c in t.tool_calls) for t in traces) / len(traces) if traces else 0.0
+
+
+@dataclass
+class Rollout:
+    """The episodes of one ``run`` call: ``traces`` task by task, attempt by attempt."""
+
+    traces: list[Trace]
+    task_ids: list[str]
+    attempts: int
+
+    def outcomes(self, infra: str = "fail") -> dict[str, list[bool | None]]:
+        """task id → pass/fail per attempt (``coevo.agent.outcomes.task_outcomes``: an infrastructure
+        failure counts as a failed attempt, as None with ``infra="none"``, or not at all)."""
+        return task_outcomes(self.traces, self.task_ids, infra=infra)
+
+    @property
+    def pass_at_1(self) -> float:
+        return pass_rates(self.outcomes())[0]
+
+    @property
+    def pass_at_k(self) -> float:
+        return pass_rates(self.outcomes())[1]
+
+    @property
+    def tool_use_rate(self) -> float:
+        return tool_use_rate(self.traces)
+
+
+class RolloutService:
+    """Runs episodes with one policy on one env. ``batch_size``/``max_steps``/``workers``: as in
+    ``coevo.agent.runtime.run_episodes`` (``rollout.*`` of the config); ``seed``: the run seed the
+    phases derive from; ``progress``: anything with ``task(description, total)`` returning a
+    context that yields an ``advance()`` (``coevo.progress``), None for no display."""
+
+    def __init__(self, policy: Policy, env: Env, *, batch_size: int, max_steps: int, workers: int, seed: int,
+                 progress: Any | None = None) -> None:
+        self.policy, self.env, self.seed, self.progress = policy, env, seed, progress
+        self.batch_size, self.max_steps, self.workers = batch_size, max_steps, workers
+
+    def reseed(self, round: int, phase: str) -> None:
+        reseed = getattr(self.policy, "reseed", None)  # scripted policies are deterministic anyway
+        if reseed is not None:
+            reseed(phase_seed(self.seed, round, phase))
+
+    def run(self, harness: Harness | Sequence[Harness], tasks: Sequence[Task], *, attempts: int,
+            phase: str | None, round: int = 0, variant: str | Sequence[str] = "base", label: str = "episodes",
+            trace_id: Callable[[Task, int], str] | None = None) -> Rollout:
+        """``attempts`` episodes of every task on ``harness`` (one, or one per task with ``variant``
+        parallel to it); the policy reseeded for (``round``, ``phase``) first unless ``phase`` is None.
+        ``label`` names the progress bar; ``trace_id(task, attempt)`` each trace."""
+        if phase is not None:
+            self.reseed(round, phase)
+        bar = self.progress.task(label, len(tasks) * attempts) if self.progress is not None else nullcontext(None)
+        with bar as advance:
+            groups = run_attempts(tasks, harness, self.policy, self.env, attempts=attempts, variant=variant,
+                                  trace_id=trace_id, batch_size=self.batch_size, workers=self.workers,
+                                  max_steps=self.max_steps, on_trace=(lambda _t: advance()) if advance else None)
+        return Rollout([t for group in groups for t in group], [t.task_id for t in tasks], attempts)
+
+    def critic_rollout(self) -> Callable[[Harness, Sequence[Task], int], dict[str, list[bool | None]]]:
+        """The Critic's re-run (``coevo.evolution.critic.Rollout``): ``k`` episodes per task on one
+        harness → task id → outcomes, None for an episode that ended in an infrastructure failure
+        (no evidence about the harness). No reseeding: the loop seeds the round's critic phase once."""
+
+        def rerun(harness: Harness, tasks: Sequence[Task], k: int) -> dict[str, list[bool | None]]:
+            return self.run(harness, tasks, attempts=k, phase=None, variant="critic",
+                            label=f"critic: re-run {harness.id[:8]}").outcomes(infra="none")
+
+        return rerun
