@@ -257,7 +257,8 @@ def evolve_cmd(
 
     from coevo.build import run
     from coevo.config_show import CONFIGS, compose_run_config
-    from coevo.report import load_run
+    from coevo.records import StartRecord
+    from coevo.report_data import load_run
 
     options = {"model.name": model, "rollout.backend": backend, "model.device": device, "harness.start": harness,
                "meta_agent.backend": meta, "meta_agent.url": meta_url, "meta_agent.model": meta_model,
@@ -291,7 +292,8 @@ def evolve_cmd(
         run_dir = run(cfg)
     except ValueError as err:  # a config value no component accepts: the message names the field
         raise typer.BadParameter(str(err)) from None
-    summary = evolve_summary(load_run(run_dir), json.loads((run_dir / "start.json").read_text()), k, cfg.env.name)
+    start = StartRecord.from_dict(json.loads((run_dir / "start.json").read_text()), str(run_dir / "start.json"))
+    summary = evolve_summary(load_run(run_dir), start, k, cfg.env.name)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     (run_dir / "summary.md").write_text(evolve_markdown(summary))
     for name, row in summary["splits"].items():
@@ -301,33 +303,32 @@ def evolve_cmd(
                   f"{len(summary['undecided'])} undecided   ({run_dir / 'summary.md'})")
 
 
-def evolve_summary(run: Any, start: dict, k: int, env_name: str) -> dict:
-    """What ``coevo evolve`` reports from its run directory (``run``: ``coevo.report.load_run``;
-    ``start``: its start.json): pass@1 and pass@k of the starting → the final harness per split,
-    and every judged edit with its verdict (shipped ones with their flips, rejected ones with the
-    reason, the statistical gate's evidence: counts, statistic, episodes)."""
+def evolve_summary(run: Any, start: Any, k: int, env_name: str) -> dict:
+    """What ``coevo evolve`` reports from its run directory (``run``: ``coevo.report_data.load_run``;
+    ``start``: its ``StartRecord``): pass@1 and pass@k of the starting → the final harness per
+    split, and every judged edit with its verdict (shipped ones with their flips, rejected ones with
+    the reason, the statistical gate's evidence: counts, statistic, episodes)."""
     from coevo.agent.outcomes import pass_rates
-    from coevo.harness.edits import Edit
 
     last = run.records[-1]
     splits = {}
     for name in ("val", "test"):
-        before, after = start.get(name), last[name]
+        before, after = getattr(start, name), getattr(last, name)
         if before is None or after is None:
             continue
-        (b1, bk), (a1, ak) = pass_rates(before["outcomes"]), pass_rates(after["outcomes"])
-        splits[name] = {"tasks": len(before["outcomes"]), "pass@1": [b1, a1], f"pass@{k}": [bk, ak]}
-    verdicts = [v for r in run.records for v in (r["evolve"] or {}).get("verdicts", [])]
-    edits = [{"round": v["round"], "variant": v["variant"],
-              "edits": [Edit.from_dict(dict(e)).describe() for e in v["proposal"]["edits"]],
-              "cluster": v["proposal"].get("cluster"), "gate": v["gate"], "reason": v["reason"],
-              "fail_to_pass": v["fail_to_pass"], "pass_to_fail": v["pass_to_fail"], "evidence": v.get("evidence")}
+        (b1, bk), (a1, ak) = pass_rates(before.outcomes), pass_rates(after.outcomes)
+        splits[name] = {"tasks": len(before.outcomes), "pass@1": [b1, a1], f"pass@{k}": [bk, ak]}
+    verdicts = [v for r in run.records for v in r.verdicts]
+    edits = [{"round": v.round, "variant": v.variant, "edits": [e.describe() for e in v.edits],
+              "cluster": v.proposal.get("cluster"), "gate": v.gate, "reason": v.reason,
+              "fail_to_pass": v.fail_to_pass, "pass_to_fail": v.pass_to_fail,
+              "evidence": v.evidence.to_dict() if v.evidence is not None else None}
              for v in verdicts]
     return {"env": env_name, "k": k, "rounds": len(run.records), "splits": splits,
-            "shipped": [e for e, v in zip(edits, verdicts) if v["ship"]],
-            "rejected": [e for e, v in zip(edits, verdicts) if not v["ship"] and not v.get("undecided")],
-            "undecided": [e for e, v in zip(edits, verdicts) if v.get("undecided")],
-            "meta_tokens": last["meta_tokens"]}
+            "shipped": [e for e, v in zip(edits, verdicts) if v.ship],
+            "rejected": [e for e, v in zip(edits, verdicts) if not v.ship and not v.undecided],
+            "undecided": [e for e, v in zip(edits, verdicts) if v.undecided],
+            "meta_tokens": last.meta_tokens}
 
 
 def evolve_markdown(summary: dict) -> str:

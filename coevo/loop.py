@@ -43,6 +43,18 @@ from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS, EvolveReport
 from coevo.evolution.types import HarnessEvent
 from coevo.harness.harness import Harness
+from coevo.records import (
+    BufferStats,
+    Evaluation,
+    EvolveRecord,
+    GRPOMetrics,
+    InfraFailures,
+    LineageRow,
+    RoundRecord,
+    StartRecord,
+    TrainStats,
+    VariantStats,
+)
 from coevo.secret_traces import redact_trace
 from coevo.secrets import contains_secret, redact, secret_env_values
 from coevo.tracking import edit_rows
@@ -71,7 +83,7 @@ def round_batches(tasks: Sequence[Task], batch_tasks: int, seed: int, rounds: in
     return out[:rounds]
 
 
-def infra_failures(traces: Sequence[Trace]) -> dict[str, Any]:
+def infra_failures(traces: Sequence[Trace]) -> InfraFailures:
     """The round's infrastructure failures: how many, by source (policy, env, tool), and which
     traces. They stay in ``train`` (as failed attempts) but no GRPO group or failure cluster
     holds them, so a round that lost many episodes to the machine says so here."""
@@ -79,30 +91,25 @@ def infra_failures(traces: Sequence[Trace]) -> dict[str, Any]:
     by_source: dict[str, int] = defaultdict(int)
     for t in bad:
         by_source[str(t.error_source)] += 1
-    return {"count": len(bad), "by_source": dict(sorted(by_source.items())), "trace_ids": [t.trace_id for t in bad]}
-
-
-@dataclass
-class Evaluation:
-    pass_at_1: float
-    pass_at_k: float
-    k: int
-    outcomes: dict[str, list[bool]]
-    tool_use_rate: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"pass_at_1": self.pass_at_1, "pass_at_k": self.pass_at_k, "k": self.k, "outcomes": self.outcomes,
-                "tool_use_rate": self.tool_use_rate}
+    return InfraFailures(len(bad), dict(sorted(by_source.items())), [t.trace_id for t in bad])
 
 
 @dataclass
 class LoopState:
-    """What a checkpoint restores besides the trainer and AEGIS."""
+    """What a checkpoint restores besides the trainer and AEGIS (its state holds the records'
+    and lineage rows' ``to_dict()``)."""
 
     next_round: int = 0
-    records: list[dict[str, Any]] = field(default_factory=list)
-    lineage: list[dict[str, Any]] = field(default_factory=list)
-    start: dict[str, Any] = field(default_factory=dict)  # the starting harness and model on val/test (start.json)
+    records: list[RoundRecord] = field(default_factory=list)
+    lineage: list[LineageRow] = field(default_factory=list)
+    start: StartRecord | None = None  # the starting harness and model on val/test (start.json)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], where: str) -> LoopState:
+        return cls(state["next_round"],
+                   [RoundRecord.from_dict(r, f"{where}: records[{i}]") for i, r in enumerate(state["records"])],
+                   [LineageRow.from_dict(r, f"{where}: lineage[{i}]") for i, r in enumerate(state["lineage"])],
+                   StartRecord.from_dict(state["start"], f"{where}: start") if state.get("start") else None)
 
 
 class Coevolution:
@@ -191,7 +198,7 @@ class Coevolution:
             self.sync_weights()
         self.aegis.load_state_dict(state["aegis"])
         checkpoint.set_rng_state(state["rng"])
-        self.state = LoopState(state["next_round"], state["records"], state["lineage"], state.get("start", {}))
+        self.state = LoopState.from_state(state, str(directory / "state.json"))
         self._write_logs()
         log.info("resumed %s after round %d", self.run_dir, self.state.next_round - 1)
         return self.state.next_round
@@ -218,8 +225,10 @@ class Coevolution:
 
     def _commit(self) -> None:
         aegis = self.aegis.state_dict()
-        state = {"next_round": self.state.next_round, "records": self.state.records, "lineage": self.state.lineage,
-                 "start": self.state.start, "aegis": aegis, "rng": checkpoint.rng_state()}
+        state = {"next_round": self.state.next_round, "records": [r.to_dict() for r in self.state.records],
+                 "lineage": [r.to_dict() for r in self.state.lineage],
+                 "start": self.state.start.to_dict() if self.state.start else None, "aegis": aegis,
+                 "rng": checkpoint.rng_state()}
         if contains_secret([aegis.get("variants"), aegis.get("pool")]):  # checkpoint.commit redacts them
             state["harnesses_redacted"] = True
         if self.buffer is not None:
@@ -244,17 +253,17 @@ class Coevolution:
         secrets = secret_env_values()
         for name, rows in (("rounds.jsonl", self.state.records), ("lineage.jsonl", self.state.lineage)):
             tmp = self.run_dir / (name + ".tmp")
-            tmp.write_text("".join(json.dumps(redact(r, secrets), default=str) + "\n" for r in rows))
+            tmp.write_text("".join(json.dumps(redact(r.to_dict(), secrets), default=str) + "\n" for r in rows))
             tmp.replace(self.run_dir / name)
         if self.state.start:
             tmp = self.run_dir / "start.json.tmp"
-            tmp.write_text(json.dumps(redact(self.state.start, secrets), indent=1, default=str) + "\n")
+            tmp.write_text(json.dumps(redact(self.state.start.to_dict(), secrets), indent=1, default=str) + "\n")
             tmp.replace(self.run_dir / "start.json")
         for name, harness in self.aegis.current().items():
             harness.save(self.run_dir / f"harness-{name}.yaml")
 
     # ------------------------------------------------------------------ rounds
-    def run(self) -> list[dict[str, Any]]:
+    def run(self) -> list[RoundRecord]:
         start = self.resume()
         if start == 0:
             start = self.first
@@ -265,7 +274,7 @@ class Coevolution:
             self.run_round(r)
         return self.state.records
 
-    def run_round(self, r: int) -> dict[str, Any]:
+    def run_round(self, r: int) -> RoundRecord | None:
         """One round. Under several processes rank 0 rolls out, evolves, evaluates and writes;
         every rank takes part in the GRPO step on the traces rank 0 shares."""
         if not self.is_main:
@@ -322,16 +331,16 @@ class Coevolution:
                 val_pass_rate=val.pass_at_1 if val is not None else None)
         record = self._record(r, traces, evolved, grpo, val, test, seconds, version)
         # inside rollout, critic and eval: the share spent in the model's generate() (not a phase of its own)
-        record["generation_seconds"] = getattr(self.policy, "seconds", 0.0) - generating
+        record.generation_seconds = getattr(self.policy, "seconds", 0.0) - generating
         self.state.records.append(record)
         self.state.next_round = r + 1
         tick = time.perf_counter()
         self._commit()
-        record["seconds"]["checkpoint"] = time.perf_counter() - tick
+        record.seconds["checkpoint"] = time.perf_counter() - tick
         total = time.perf_counter() - began
-        record["seconds"]["total"] = total
-        record["seconds"]["other"] = max(0.0, total - sum(v for k, v in record["seconds"].items()
-                                                         if k not in ("total", "other")))
+        record.seconds["total"] = total
+        record.seconds["other"] = max(0.0, total - sum(v for k, v in record.seconds.items()
+                                                       if k not in ("total", "other")))
         self._write_logs()  # the timing fields of the last record are known only now
         self.tracker.log_round(record)
         if evolved is not None and evolved.verdicts:
@@ -339,17 +348,15 @@ class Coevolution:
         self.progress.round_done(record)
         return record
 
-    def evaluate_start(self) -> dict[str, Any]:
+    def evaluate_start(self) -> StartRecord:
         """The starting harness (routed variants) and model on validation, and on test when the run
         tests: the row every later round is compared with (``start.json``). Sampled in a round -1 of
         its own, so it shifts no round's sampling."""
         began = time.perf_counter()
         val = self.evaluate(self.val_tasks, -1, "eval") if self.val_tasks else None
         test = self.evaluate(self.test_tasks, -1, "test") if self.test_tasks else None
-        return {"val": val.to_dict() if val else None, "test": test.to_dict() if test else None,
-                "variants": {n: h.id for n, h in self.aegis.current().items()},
-                "model_version": self.trainer.version if self.trainer is not None else 0,
-                "seconds": time.perf_counter() - began}
+        return StartRecord(val, test, {n: h.id for n, h in self.aegis.current().items()},
+                           self.trainer.version if self.trainer is not None else 0, time.perf_counter() - began)
 
     def withheld(self, r: int) -> set[str]:
         """Task ids whose references may not become demonstrations in round ``r``: every task that
@@ -378,20 +385,20 @@ class Coevolution:
         secrets = secret_env_values()
         return [redact_trace(t, self.tokenizer, secrets) for t in traces] if secrets else traces
 
-    def _follow_round(self, r: int) -> dict[str, Any]:
-        """A non-main rank's round: the GRPO step on rank 0's batch, then the checkpoint barrier."""
+    def _follow_round(self, r: int) -> None:
+        """A non-main rank's round: the GRPO step on rank 0's batch, then the checkpoint barrier
+        (no record: rank 0 keeps them)."""
         if self.trains:
             self._train(self.share(None))
         self.state.next_round = r + 1
         self._commit()
-        return {"round": r}
 
     def _training_batch(self, task_ids: set[str]) -> tuple[list[Trace], list[int]]:
         """Every buffered trace of the round's tasks (cross-harness, cross-checkpoint groups)."""
         entries = [e for e in self.buffer.entries() if e.task_id in task_ids]
         return self.buffer.load(entries), [e.model_version for e in entries]
 
-    def _train(self, batch: tuple[list[Trace], list[int]]) -> dict[str, Any]:
+    def _train(self, batch: tuple[list[Trace], list[int]]) -> GRPOMetrics:
         """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each)."""
         traces, versions = batch
         metrics = None
@@ -401,9 +408,7 @@ class Coevolution:
                 advance()
         self.policy.model_version = str(self.trainer.version)
         self.sync_weights()
-        out = metrics.as_dict() if metrics is not None else {}
-        out["buffer_traces"] = len(traces)
-        return out
+        return GRPOMetrics.from_dict((metrics.as_dict() if metrics is not None else {}) | {"buffer_traces": len(traces)})
 
     def evaluate(self, tasks: Sequence[Task], r: int, phase: str) -> Evaluation:
         """pass@1 and pass@k of the routed variants (k = eval_attempts)."""
@@ -429,32 +434,32 @@ class Coevolution:
                 event.harness.save(self.run_dir / "lineage" / f"{event.harness.id}.yaml")
             self.tracker.log_harness(event.harness, round=event.round, variant=event.variant, how=event.how)
 
-    def _record(self, r: int, traces: Sequence[Trace], evolved: EvolveReport | None, grpo: dict[str, Any] | None,
+    def _record(self, r: int, traces: Sequence[Trace], evolved: EvolveReport | None, grpo: GRPOMetrics | None,
                 val: Evaluation | None, test: Evaluation | None, seconds: dict[str, float], version: int
-                ) -> dict[str, Any]:
+                ) -> RoundRecord:
         by_variant: dict[str, list[Trace]] = defaultdict(list)
         for t in traces:
             by_variant[t.variant].append(t)
-        return {
-            "round": r,
-            "mode": self.mode,
-            "model_version": version,
-            "seconds": dict(seconds),
-            "train": {"pass_rate": sum(t.passed for t in traces) / len(traces),
-                      "mean_reward": sum(t.reward for t in traces) / len(traces),
-                      "n_traces": len(traces), "tool_use_rate": tool_use_rate(traces),
-                      "tokens": int(sum(t.cost.get("prompt_tokens", 0) + t.cost.get("completion_tokens", 0)
-                                        for t in traces)),
-                      "outcomes": task_outcomes(traces)},
-            "val": val.to_dict() if val else None,
-            "test": test.to_dict() if test else None,
-            "infra_failures": infra_failures(traces),
-            "variants": {n: h.id for n, h in self.aegis.current().items()},
-            "by_variant": {v: {"pass_rate": sum(t.passed for t in ts) / len(ts), "n_traces": len(ts)}
-                           for v, ts in by_variant.items()},
-            "evolve": evolved.to_dict() if evolved else None,
-            "grpo": grpo,
-            "meta_tokens": self.aegis.meta_tokens(),
-            "buffer": {"size": len(self.buffer), "lag": self.buffer.lag(self.trainer.version)} if self.trains else None,
-        }
+        return RoundRecord(
+            round=r,
+            mode=self.mode,
+            model_version=version,
+            seconds=dict(seconds),
+            train=TrainStats(pass_rate=sum(t.passed for t in traces) / len(traces),
+                             mean_reward=sum(t.reward for t in traces) / len(traces),
+                             n_traces=len(traces), tool_use_rate=tool_use_rate(traces),
+                             tokens=int(sum(t.cost.get("prompt_tokens", 0) + t.cost.get("completion_tokens", 0)
+                                            for t in traces)),
+                             outcomes=task_outcomes(traces)),
+            val=val,
+            test=test,
+            infra_failures=infra_failures(traces),
+            variants={n: h.id for n, h in self.aegis.current().items()},
+            by_variant={v: VariantStats(sum(t.passed for t in ts) / len(ts), len(ts)) for v, ts in by_variant.items()},
+            # the engine's report through its JSON form: verdicts and proposals as the run directory holds them
+            evolve=EvolveRecord.from_dict(evolved.to_dict()) if evolved else None,
+            grpo=grpo,
+            meta_tokens=self.aegis.meta_tokens(),
+            buffer=BufferStats(len(self.buffer), self.buffer.lag(self.trainer.version)) if self.trains else None,
+        )
 

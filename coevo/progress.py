@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coevo.records import RoundRecord
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -24,7 +27,7 @@ class RichProgress:
             bar = progress.add_task(description, total=total)
             yield lambda: progress.advance(bar)
 
-    def round_done(self, record: dict[str, Any]) -> None:
+    def round_done(self, record: RoundRecord) -> None:
         from coevo.report import round_table
 
         self.console.print(round_table(record))
@@ -38,7 +41,7 @@ class NullProgress:
     def task(self, description: str, total: int) -> Iterator[Callable[[], None]]:
         yield lambda: None
 
-    def round_done(self, record: dict[str, Any]) -> None:
+    def round_done(self, record: RoundRecord) -> None:
         pass
 
     def message(self, text: str) -> None:

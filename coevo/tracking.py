@@ -3,8 +3,8 @@
 The loop calls its tracker once per round whatever the logger is (``logger=none`` gives the
 ``NullTracker``), so no caller ever branches on whether W&B is in use. What reaches W&B:
 
-- per-round scalars: ``flatten`` turns a RoundRecord (docs/run-directory.md) into "/"-separated
-  keys logged at ``step=record["round"]``; per-task outcomes and other lists are left out (they
+- per-round scalars: ``flatten`` turns a ``coevo.records.RoundRecord`` (docs/run-directory.md) into
+  "/"-separated keys logged at ``step=record.round``; per-task outcomes and other lists are left out (they
   are large and live in ``rounds.jsonl`` anyway), the evolve report is summarised as counts;
 - a table of edits with their verdicts (``EDIT_COLUMNS``; ``edit_rows`` builds its rows from a
   RoundRecord), logged again whole each time because a logged W&B table cannot grow;
@@ -18,7 +18,6 @@ is kept in ``RUN_DIR/wandb_id`` so that a resumed ``train.py`` continues the sam
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import Counter
@@ -26,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
+from coevo.records import LINEAGE_HOWS, EvolveRecord, RoundRecord, read_rounds
 from coevo.secrets import REDACTED, redact  # noqa: F401 - REDACTED re-exported: the marker scrub writes
 
 Scalar = float | int | str
@@ -36,7 +35,7 @@ EDIT_COLUMNS = ("round", "variant", "edits", "gate", "ship", "fail_to_pass", "pa
 """The columns of the edits table: one row per Critic verdict."""
 
 MODES = ("auto", "online", "offline", "disabled")
-HARNESS_HOW = ("start", "shipped", "spawned", "selected")
+HARNESS_HOW = LINEAGE_HOWS
 WANDB_ID_FILE = "wandb_id"
 _ARTIFACT_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]+")
@@ -50,8 +49,8 @@ class Tracker(Protocol):
 
     run_id: str | None
 
-    def log_round(self, record: dict[str, Any]) -> None:
-        """One RoundRecord, as appended to ``rounds.jsonl``."""
+    def log_round(self, record: RoundRecord) -> None:
+        """One round's record, as appended to ``rounds.jsonl``."""
         ...
 
     def log_edits(self, rows: list[dict[str, Any]]) -> None:
@@ -77,7 +76,7 @@ class NullTracker:
     def __init__(self, **ignored: object) -> None:
         self.run_id = None
 
-    def log_round(self, record: dict[str, Any]) -> None:
+    def log_round(self, record: RoundRecord) -> None:
         pass
 
     def log_edits(self, rows: list[dict[str, Any]]) -> None:
@@ -119,28 +118,28 @@ def _walk(prefix: str, value: Any, out: dict[str, Scalar]) -> None:
     # lists (outcomes, ids, digests...) are not metrics
 
 
-def _evolve_metrics(evolve: Mapping[str, Any]) -> dict[str, Scalar]:
+def _evolve_metrics(evolve: EvolveRecord) -> dict[str, Scalar]:
     """The evolve report as counts: verdicts, accepted / rejected (and rejected per gate) / undecided,
     shipped, spawned, warnings, failures per root cause and each variant's digest compression.
     Its ``seconds`` are left out: the RoundRecord's own ``seconds`` hold digest/plan/critic."""
-    verdicts = evolve.get("verdicts") or []
-    accepted = sum(1 for v in verdicts if v["ship"])
-    undecided = sum(1 for v in verdicts if v.get("undecided"))
+    verdicts = evolve.verdicts
+    accepted = sum(1 for v in verdicts if v.ship)
+    undecided = sum(1 for v in verdicts if v.undecided)
     out: dict[str, Scalar] = {
         "evolve/verdicts": len(verdicts),
         "evolve/accepted": accepted,
         "evolve/rejected": len(verdicts) - accepted - undecided,
         "evolve/undecided": undecided,
-        "evolve/shipped": len(evolve.get("shipped") or []),
-        "evolve/spawned": len(evolve.get("spawned") or []),
-        "evolve/warnings": len(evolve.get("warnings") or []),
+        "evolve/shipped": len(evolve.shipped),
+        "evolve/spawned": len(evolve.spawned),
+        "evolve/warnings": len(evolve.warnings),
     }
-    if evolve.get("stopped") is not None:
-        out["evolve/stopped"] = str(evolve["stopped"])
-    by_gate = Counter(v.get("gate") or "none" for v in verdicts if not v["ship"] and not v.get("undecided"))
+    if evolve.stopped is not None:
+        out["evolve/stopped"] = evolve.stopped
+    by_gate = Counter(v.gate or "none" for v in verdicts if not v.ship and not v.undecided)
     out.update({f"evolve/rejected_by/{gate}": n for gate, n in sorted(by_gate.items())})
     failures: Counter[str] = Counter()
-    for digest in evolve.get("digests") or []:
+    for digest in evolve.digests:
         for cluster in digest["clusters"]:
             failures[cluster["cause"]] += int(cluster["count"])
         out[f"evolve/compression/{digest['variant']}"] = float(digest["compression"])
@@ -148,42 +147,29 @@ def _evolve_metrics(evolve: Mapping[str, Any]) -> dict[str, Scalar]:
     return out
 
 
-def flatten(record: Mapping[str, Any]) -> dict[str, Scalar]:
+def flatten(record: RoundRecord) -> dict[str, Scalar]:
     """A RoundRecord as scalar metrics with "/"-separated keys (``train/pass_rate``,
     ``by_variant/base/pass_rate``, ``meta_tokens/plan/calls``, ``grpo/staleness/1``...).
 
-    Nested dicts are walked, booleans become 0/1, None and lists are dropped, per-task
+    Its ``to_dict()`` is walked: booleans become 0/1, None and lists are dropped, per-task
     ``outcomes`` are skipped, and ``evolve`` is replaced by the counts of ``_evolve_metrics``.
     """
     out: dict[str, Scalar] = {}
-    for key, value in record.items():
+    for key, value in record.to_dict().items():
         if key == "evolve":
-            if value is not None:
-                out.update(_evolve_metrics(value))
+            if record.evolve is not None:
+                out.update(_evolve_metrics(record.evolve))
         elif key not in _SKIPPED_KEYS:
             _walk(str(key), value, out)
     return out
 
 
-def edit_rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+def edit_rows(record: RoundRecord) -> list[dict[str, Any]]:
     """The edits-table rows of a RoundRecord: one per verdict of its evolve report (none when the
     round did not evolve). ``edits`` joins ``Edit.describe()`` of the proposal's edits."""
-    evolve = record.get("evolve")
-    if not evolve:
-        return []
-    rows = []
-    for v in evolve.get("verdicts") or []:
-        rows.append({
-            "round": int(record["round"]),
-            "variant": v["variant"],
-            "edits": "; ".join(Edit.from_dict(e).describe() for e in v["proposal"]["edits"]),
-            "gate": v.get("gate") or "",
-            "ship": bool(v["ship"]),
-            "fail_to_pass": len(v.get("fail_to_pass") or []),
-            "pass_to_fail": len(v.get("pass_to_fail") or []),
-            "reason": v.get("reason") or "",
-        })
-    return rows
+    return [{"round": record.round, "variant": v.variant, "edits": v.describe_edits(), "gate": v.gate,
+             "ship": v.ship, "fail_to_pass": len(v.fail_to_pass), "pass_to_fail": len(v.pass_to_fail),
+             "reason": v.reason} for v in record.verdicts]
 
 
 def _check_rows(rows: Sequence[Mapping[str, Any]]) -> None:
@@ -241,14 +227,7 @@ def run_id_for(run_dir: Path) -> str:
 def _rows_from_rounds(run_dir: Path) -> list[dict[str, Any]]:
     """Edit rows of the rounds already committed in ``run_dir/rounds.jsonl``: a resumed tracker
     starts its table from them, so the table logged after a resume still holds every round."""
-    path = run_dir / "rounds.jsonl"
-    if not path.exists():
-        return []
-    rows: list[dict[str, Any]] = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rows.extend(edit_rows(json.loads(line)))
-    return rows
+    return [row for record in read_rounds(run_dir / "rounds.jsonl") for row in edit_rows(record)]
 
 
 class WandbTracker:
@@ -304,12 +283,12 @@ class WandbTracker:
             raise RuntimeError(f"tracker of W&B run {self.run_id} is finished; nothing more can be logged")
         return self._run
 
-    def log_round(self, record: dict[str, Any]) -> None:
-        if not isinstance(record.get("round"), int) or isinstance(record.get("round"), bool):
-            raise TypeError(f"record['round'] must be an int, got {record.get('round')!r}")
+    def log_round(self, record: RoundRecord) -> None:
+        if not isinstance(record, RoundRecord):
+            raise TypeError(f"record must be a coevo.records.RoundRecord, got {type(record).__name__}")
         run = self._live()
-        self._step = max(self._step, record["round"])
-        run.log(redact(flatten(record)), step=record["round"])
+        self._step = max(self._step, record.round)
+        run.log(redact(flatten(record)), step=record.round)
 
     def log_edits(self, rows: list[dict[str, Any]]) -> None:
         _check_rows(rows)

@@ -37,6 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from coevo.records import RoundRecord
+from coevo.report_data import load_run
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("static", "harness_only", "model_only", "coevolve")
 DIFFERENCES = (("harness_only", "static"), ("model_only", "static"), ("coevolve", "harness_only"),
@@ -53,7 +56,8 @@ RESAMPLES = 10_000
 
 
 # ------------------------------------------------------------------------------------ runs
-def run_one(mode: str, seed: int, out: Path, overrides: Sequence[str], threads: int | None = None) -> list[dict]:
+def run_one(mode: str, seed: int, out: Path, overrides: Sequence[str], threads: int | None = None
+            ) -> list[RoundRecord]:
     """Run (or resume, or just read) one arm; returns its round records (the last holds the test).
     With ``threads`` the run gets that many intra-op threads and writes its console to
     ``<run_dir>.log`` (runs side by side would interleave it)."""
@@ -69,22 +73,22 @@ def run_one(mode: str, seed: int, out: Path, overrides: Sequence[str], threads: 
             env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
             with open(out / f"{mode}-s{seed}.log", "a") as log:
                 subprocess.run(cmd, cwd=ROOT, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
-    records = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    if not records[-1].get("test"):
+    records = load_run(run_dir).records
+    if records[-1].test is None:
         raise RuntimeError(f"{run_dir}: the final round has no test evaluation (the preset must set test=true)")
-    print(f"[ablation] {mode} seed {seed}: test pass@1 {records[-1]['test']['pass_at_1']:.3f} "
+    print(f"[ablation] {mode} seed {seed}: test pass@1 {records[-1].test.pass_at_1:.3f} "
           f"({time.perf_counter() - start:.0f} s)", flush=True)
     return records
 
 
 # ------------------------------------------------------------------------------------ statistics
-def task_matrix(runs: Sequence[list[dict]], metric: str) -> tuple[list[str], np.ndarray]:
+def task_matrix(runs: Sequence[list[RoundRecord]], metric: str) -> tuple[list[str], np.ndarray]:
     """(task ids, [seeds, tasks]) of one arm's per-task test score: pass@1 is the task's share of
     passing attempts, pass@k whether any attempt passed. Task ids are sorted so arms line up."""
-    tasks = sorted(runs[0][-1]["test"]["outcomes"])
+    tasks = sorted(runs[0][-1].test.outcomes)
     rows = []
     for records in runs:
-        outcomes = records[-1]["test"]["outcomes"]
+        outcomes = records[-1].test.outcomes
         if sorted(outcomes) != tasks:
             raise ValueError("the seeds of an arm were tested on different tasks; the ablation needs one sealed test split")
         rows.append([float(np.mean(outcomes[t])) if metric == "pass_at_1" else float(any(outcomes[t]))
@@ -103,21 +107,21 @@ def bootstrap(scores: np.ndarray, rng: np.random.Generator, resamples: int = RES
     return float(scores.mean()), float(lo), float(hi)
 
 
-def summarise(results: dict[str, list[list[dict]]], seed: int = 0) -> dict:
+def summarise(results: dict[str, list[list[RoundRecord]]], seed: int = 0) -> dict:
     """Per-arm rates and paired differences (in points), each with its 95% bootstrap interval."""
     rng = np.random.default_rng(seed)
     arms: dict[str, dict] = {}
     matrices: dict[tuple[str, str], np.ndarray] = {}
     for mode, runs in results.items():
-        arms[mode] = {"seeds": len(runs), "k": runs[0][-1]["test"]["k"],
-                      "minutes": float(np.mean([sum(r["seconds"].get("total", 0.0) for r in rec) / 60 for rec in runs]))}
+        arms[mode] = {"seeds": len(runs), "k": runs[0][-1].test.k,
+                      "minutes": float(np.mean([sum(r.seconds.get("total", 0.0) for r in rec) / 60 for rec in runs]))}
         for metric in ("pass_at_1", "pass_at_k"):
             tasks, m = task_matrix(runs, metric)
             matrices[(mode, metric)] = m
             arms[mode]["tasks"] = len(tasks)
             arms[mode][metric] = [100 * v for v in bootstrap(m, rng)]
-        arms[mode]["test_tool_use"] = 100 * float(np.mean([rec[-1]["test"].get("tool_use_rate", 0.0) for rec in runs]))
-        arms[mode]["curves"] = {key: [100 * float(np.mean([rec[r]["train"].get(key, 0.0) for rec in runs]))
+        arms[mode]["test_tool_use"] = 100 * float(np.mean([rec[-1].test.tool_use_rate for rec in runs]))
+        arms[mode]["curves"] = {key: [100 * float(np.mean([getattr(rec[r].train, key) for rec in runs]))
                                       for r in range(len(runs[0]))]
                                 for key in ("pass_rate", "tool_use_rate")}
     diffs = {}

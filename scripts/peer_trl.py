@@ -30,6 +30,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from coevo.records import RoundRecord
+from coevo.report_data import load_run
+
 ROOT = Path(__file__).resolve().parents[1]
 
 ARMS = ("coevo", "trl")
@@ -237,22 +240,22 @@ def watch_adapter(seen: dict[str, Any]) -> Iterator[None]:
         grpo.apply_lora = original
 
 
-def coevo_row(record: dict[str, Any]) -> dict[str, Any]:
+def coevo_row(record: RoundRecord) -> dict[str, Any]:
     """One round record of rounds.jsonl as a step row; its seconds are rollout + behaviour
     log-probs + GRPO (the checkpoint commit and bookkeeping are in seconds_round)."""
-    s, grpo = record["seconds"], record.get("grpo") or {}
+    s, grpo = record.seconds, record.grpo
     return {
-        "step": record["round"] + 1,
-        "reward": record["train"]["mean_reward"],
-        "pass_rate": record["train"]["pass_rate"],
+        "step": record.round + 1,
+        "reward": record.train.mean_reward,
+        "pass_rate": record.train.pass_rate,
         "seconds": s.get("rollout", 0.0) + s.get("logprobs", 0.0) + s.get("grpo", 0.0),
         "seconds_round": s["total"],
-        "generation_seconds": record.get("generation_seconds"),
-        "task_ids": list(record["train"]["outcomes"]),
-        "zero_variance_fraction": grpo.get("zero_variance_fraction"),
-        "trained_tokens": grpo.get("tokens"),
-        "loss": grpo.get("loss"),
-        "harness": record["variants"],
+        "generation_seconds": record.generation_seconds,
+        "task_ids": list(record.train.outcomes),
+        "zero_variance_fraction": grpo.zero_variance_fraction if grpo else None,
+        "trained_tokens": grpo.tokens if grpo else None,
+        "loss": grpo.loss if grpo else None,
+        "harness": record.variants,
     }
 
 
@@ -269,7 +272,7 @@ def run_coevo(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     with watch_adapter(seen):
         run(cfg)
     wall = time.perf_counter() - began
-    rows = [coevo_row(json.loads(line)) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    rows = [coevo_row(record) for record in load_run(run_dir).records]
     result = {"rows": rows, "wall_s": wall, "lora_change": adapter_change(seen["initial"], adapter_state(seen["model"])),
               "run_dir": str(run_dir)}
     seen.pop("model")  # frees the trained model before the TRL arm loads its own

@@ -9,18 +9,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from coevo.records import RoundRecord
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("ablation", ROOT / "scripts" / "ablation.py")
 ablation = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ablation)
 
 
-def records(outcomes: dict[str, list[bool]], train: list[float]) -> list[dict]:
+def records(outcomes: dict[str, list[bool]], train: list[float]) -> list[RoundRecord]:
     """Round records as train.py writes them: a train pass rate per round, the test in the last."""
-    out = [{"round": r, "seconds": {"total": 60.0}, "train": {"pass_rate": p, "tool_use_rate": p / 2}, "test": None}
+    out = [{"round": r, "mode": "static", "model_version": 0, "seconds": {"total": 60.0},
+            "train": {"pass_rate": p, "mean_reward": p, "n_traces": 2, "outcomes": {}, "tool_use_rate": p / 2},
+            "val": None, "test": None, "variants": {}, "by_variant": {}, "evolve": None, "grpo": None,
+            "meta_tokens": {}, "buffer": None}
            for r, p in enumerate(train)]
     out[-1]["test"] = {"k": 2, "outcomes": outcomes, "pass_at_1": 0.0, "pass_at_k": 0.0, "tool_use_rate": 0.25}
-    return out
+    return [RoundRecord.from_dict(r) for r in out]
 
 
 def test_pairing_removes_between_task_variance():

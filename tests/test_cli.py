@@ -95,20 +95,26 @@ def test_evolve_with_a_scripted_policy_writes_rounds_harnesses_and_summary(tmp_p
 
 
 def test_evolve_summary_reports_pass_at_1_and_k_and_every_verdict():
+    from types import SimpleNamespace
+
     from coevo.cli import evolve_markdown, evolve_summary
     from coevo.evolution.types import Proposal, Verdict
     from coevo.harness.edits import Edit
-    from coevo.report import Run
+    from coevo.records import Evaluation, StartRecord, VerdictRecord
+    from coevo.report_data import Run
 
-    def verdict(ship: bool, reason: str) -> dict:
+    def verdict(ship: bool, reason: str) -> VerdictRecord:
         proposal = Proposal(hypothesis="h", edits=[Edit("set_param", "sampling", param="temperature", value=0.1)],
                             dimension="model_selection", cluster="format_error")
-        return json.loads(json.dumps(Verdict(proposal, "p", "c", "base", ship, reason, gate="seesaw", round=1,
-                                             fail_to_pass=["a"] if ship else []).to_dict()))
+        return VerdictRecord.from_dict(Verdict(proposal, "p", "c", "base", ship, reason, gate="seesaw", round=1,
+                                               fail_to_pass=["a"] if ship else []).to_dict())
 
-    start = {"val": {"outcomes": {"a": [False, False], "b": [True, False]}}, "test": None}
-    last = {"val": {"outcomes": {"a": [True, False], "b": [True, True]}}, "test": None, "meta_tokens": {"total": 0},
-            "evolve": {"verdicts": [verdict(True, "ship: 1 fail→pass"), verdict(False, "reject: no fail→pass")]}}
+    def evaluation(outcomes: dict) -> Evaluation:
+        return Evaluation(0.0, 0.0, 2, outcomes)  # the summary computes the rates from the outcomes
+
+    start = StartRecord(evaluation({"a": [False, False], "b": [True, False]}), None, {"base": "h0"}, 0)
+    last = SimpleNamespace(val=evaluation({"a": [True, False], "b": [True, True]}), test=None, meta_tokens={"total": 0},
+                           verdicts=[verdict(True, "ship: 1 fail→pass"), verdict(False, "reject: no fail→pass")])
     summary = evolve_summary(Run(Path("run"), [last], []), start, 2, "arithmetic")
     assert summary["splits"] == {"val": {"tasks": 2, "pass@1": [0.25, 0.75], "pass@2": [0.5, 1.0]}}
     assert [e["reason"] for e in summary["shipped"]] == ["ship: 1 fail→pass"]

@@ -48,10 +48,24 @@ def test_round_batches_walk_epochs_of_the_shuffled_split():
     assert round_batches(tasks, 4, seed=1, rounds=5) == out
 
 
-def test_smoke_coevolution_run_writes_records_checkpoint_and_report(tmp_path):
+def test_smoke_coevolution_run_writes_records_checkpoint_and_report(tmp_path, monkeypatch):
+    from coevo.loop import Coevolution, LoopState
     from coevo.policy.tiny import tiny_model, tiny_tokenizer
+    from coevo.report_data import load_run
 
+    loops = []
+    run_loop = Coevolution.run
+    monkeypatch.setattr(Coevolution, "run", lambda self: loops.append(self) or run_loop(self))
     run_dir = Path(coevo.run(smoke(tmp_path / "run")))
+    # the typed records round-trip: rounds.jsonl and lineage.jsonl read back equal to the loop's own
+    (loop,) = loops
+    run = load_run(run_dir)
+    assert run.records == loop.state.records and run.lineage == loop.state.lineage
+    assert [type(r).__name__ for r in loop.state.records] == ["RoundRecord", "RoundRecord"]
+    latest = (run_dir / "checkpoint" / "latest").read_text().strip()
+    saved = LoopState.from_state(json.loads((run_dir / "checkpoint" / latest / "state.json").read_text()), "state")
+    assert saved.records[:-1] == loop.state.records[:-1] and saved.lineage == loop.state.lineage
+    assert saved.records[-1].train == loop.state.records[-1].train  # its timings were taken after the commit
     recs = records(run_dir)
     assert [r["round"] for r in recs] == [0, 1]
     assert all(r["grpo"]["sequences"] == 8 and r["evolve"] is not None for r in recs)

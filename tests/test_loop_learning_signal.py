@@ -17,11 +17,11 @@ from coevo.evolution.engine import AEGIS
 from coevo.evolution.added_text import edit_text
 from coevo.evolution.reference import ReferenceStore, build_references, split_reference_pool
 from coevo.harness.defaults import base_harness
-from coevo.harness.edits import Edit
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
 from coevo.loop import Coevolution
 from coevo.meta.rule import RuleMetaAgent
 from coevo.progress import NullProgress
+from coevo.records import InfraFailures
 from coevo.tracking import NullTracker
 
 LOOKUP = ToolSpec("lookup", "The code word hidden in a box.",
@@ -104,7 +104,7 @@ def test_no_gold_answer_of_a_task_still_to_train_validate_or_test_on_enters_any_
     for r, record in enumerate(records):
         still = {t.task_id for b in coevo_loop.batches[r:] for t in b} | {t.task_id for t in every
                                                                           if t.split != "train"}
-        edits = [[Edit.from_dict(e) for e in v["proposal"]["edits"]] for v in record["evolve"]["verdicts"]]
+        edits = [v.edits for v in record.verdicts]
         assert edits, f"round {r} judged no proposal"
         for proposal in edits:
             text = edit_text(proposal, None)  # everything the edits carry: prompts, demonstration turns
@@ -162,10 +162,9 @@ def test_each_round_counts_its_infrastructure_failures(tmp_path):
     for r, record in enumerate(records):
         crashed = [t for t in coevo_loop.batches[r] if t.task_id == "box-2"]
         expected = [f"r{r:04d}-box-2-0"] if crashed else []
-        assert record["infra_failures"] == {"count": len(expected), "by_source": {"policy": 1} if expected else {},
-                                            "trace_ids": expected}
-        assert record["train"]["n_traces"] == 2
-    assert sum(r["infra_failures"]["count"] for r in records) == 1
+        assert record.infra_failures == InfraFailures(len(expected), {"policy": 1} if expected else {}, expected)
+        assert record.train.n_traces == 2
+    assert sum(r.infra_failures.count for r in records) == 1
 
 
 def test_tool_use_rate_counts_episodes_that_called_a_tool_themselves():

@@ -22,17 +22,9 @@ from rich.console import Console
 
 from coevo.evolution.types import Proposal, QualityReport, Verdict
 from coevo.harness.edits import Edit
-from coevo.report import (
-    Run,
-    check_record,
-    describe_edits,
-    edit_counts,
-    lineage_layout,
-    load_run,
-    round_table,
-    task_matrix,
-    write_report,
-)
+from coevo.records import LineageRow, RoundRecord
+from coevo.report import round_table, write_report
+from coevo.report_data import Run, lineage_layout, load_run, task_matrix
 
 H0, H1, H2, H3, H4 = (c * 16 for c in "abcde")
 PHASES = ("rollout", "logprobs", "digest", "plan", "critic", "grpo", "eval", "checkpoint", "other")
@@ -177,8 +169,10 @@ def test_load_run_sorts_rounds_and_keeps_lineage(run_dir: Path):
     run = load_run(run_dir)
     assert run.rounds == [0, 1, 2, 3, 4]
     assert run.modes == ["coevolve"]
-    assert [e["id"] for e in run.lineage] == [H0, H1, H2, H4, H3]
-    assert run.records[4]["test"]["k"] == 3
+    assert [e.id for e in run.lineage] == [H0, H1, H2, H4, H3]
+    assert run.records[4].test.k == 3
+    assert run.records == [RoundRecord.from_dict(r) for r in fabricate_records()]
+    assert [e.to_dict() for e in run.lineage] == LINEAGE
 
 
 def test_missing_or_empty_rounds_say_no_completed_round(tmp_path: Path):
@@ -214,8 +208,15 @@ def _broken(tmp_path: Path, line: int, change) -> Path:
     (2, lambda r: r["evolve"]["verdicts"][0]["proposal"]["edits"][0].update(op="rename"),
      "field 'evolve.verdicts[0].proposal.edits[0]' is not an edit"),
     (3, lambda r: r["seconds"].update(rollout=True), "field 'seconds.rollout' must be int or float, got bool"),
-    (4, lambda r: r["train"]["outcomes"].update(t1=[1, 0]), "field 'train.outcomes.t1' must be a list of booleans"),
+    (4, lambda r: r["train"]["outcomes"].update(t1=[1, 0]), "field 'train.outcomes.t1[0]' must be bool, got int"),
     (2, lambda r: r.update(round=0), "round 0 repeats the record on line 1"),
+    (3, lambda r: r.update(model_version=2.0), "field 'model_version' must be int, got float"),
+    (4, lambda r: r["infra_failures"].update(count=-1) if r.get("infra_failures") else r.update(
+        infra_failures={"count": -1, "by_source": {}, "trace_ids": []}), "field 'infra_failures.count' must be >= 0"),
+    (1, lambda r: r["evolve"]["verdicts"][0].update(undecided=True),
+     "field 'evolve.verdicts[0]' is both shipped and undecided"),
+    (1, lambda r: r["evolve"]["verdicts"][0]["proposal"].pop("edits"),
+     "required field 'evolve.verdicts[0].proposal.edits' is missing"),
 ])
 def test_bad_round_record_names_file_line_and_field(tmp_path: Path, line: int, change, message: str):
     run_dir = _broken(tmp_path, line, change)
@@ -237,7 +238,7 @@ def test_malformed_json_names_file_and_line(tmp_path: Path):
 
 @pytest.mark.parametrize("index, change, message", [
     (2, lambda e: e.pop("parent_id"), "required field 'parent_id' is missing"),
-    (4, lambda e: e.update(how="forked"), "field 'how' must be one of ('start', 'shipped', 'spawned', 'selected'), got 'forked'"),
+    (4, lambda e: e.update(how="forked"), "field 'how' must be one of ('start', 'shipped', 'spawned', 'selected', 'released'), got 'forked'"),
     (1, lambda e: e.update(edits="insert"), "field 'edits' must be list, got str"),
 ])
 def test_bad_lineage_entry_names_file_and_line(tmp_path: Path, index: int, change, message: str):
@@ -369,20 +370,20 @@ def _natural_twin(task_ids: set[str]) -> list[str]:
 def _matrix_twin(run: Run) -> tuple[list[str], list[int], list[list[float | None]]]:
     source = "train"
     for rec in run.records:
-        if rec["val"] is not None:
+        if rec.val is not None:
             source = "val"
     rounds, tasks = [], set()
     for rec in run.records:
-        if rec[source] is not None:
-            rounds.append(rec["round"])
-            tasks |= set(rec[source]["outcomes"])
+        if getattr(rec, source) is not None:
+            rounds.append(rec.round)
+            tasks |= set(getattr(rec, source).outcomes)
     ordered = _natural_twin(tasks)
     values = []
     for t in ordered:
         row = []
         for rnd in rounds:
-            rec = next(x for x in run.records if x["round"] == rnd)
-            attempts = rec[source]["outcomes"].get(t)
+            rec = next(x for x in run.records if x.round == rnd)
+            attempts = getattr(rec, source).outcomes.get(t)
             if not attempts:
                 row.append(None)
             else:
@@ -429,23 +430,27 @@ def test_task_matrix_falls_back_to_train(tmp_path: Path):
 
 
 def test_lineage_layout_depth_is_ancestors_and_x_is_order():
-    assert lineage_layout(LINEAGE) == {H0: (0, 0), H1: (0, 1), H2: (0, 2), H4: (1, 2), H3: (0, 3)}
+    def layout(rows):
+        return lineage_layout([LineageRow.from_dict(r) for r in rows])
+
+    assert layout(LINEAGE) == {H0: (0, 0), H1: (0, 1), H2: (0, 2), H4: (1, 2), H3: (0, 3)}
     orphan = {"id": "x" * 16, "parent_id": "unknown", "round": 2, "variant": "base", "how": "shipped",
               "edits": [], "hypothesis": ""}
     cycle = [{"id": "p", "parent_id": "q", "round": 0, "variant": "base", "how": "shipped", "edits": [],
               "hypothesis": ""},
              {"id": "q", "parent_id": "p", "round": 1, "variant": "base", "how": "shipped", "edits": [],
               "hypothesis": ""}]
-    assert lineage_layout([*LINEAGE[:1], orphan]) == {H0: (0, 0), "x" * 16: (1, 0)}
-    assert lineage_layout(cycle) == {"p": (0, 1), "q": (1, 1)}  # each has one ancestor before the loop closes
-    assert lineage_layout([]) == {}
+    assert layout([*LINEAGE[:1], orphan]) == {H0: (0, 0), "x" * 16: (1, 0)}
+    assert layout(cycle) == {"p": (0, 1), "q": (1, 1)}  # each has one ancestor before the loop closes
+    assert layout([]) == {}
 
 
 def test_edit_counts_per_variant():
-    rec = fabricate_records()[3]
-    assert edit_counts(rec) == {"shipped": 1, "spawned": 0, "rejected": 1, "undecided": 0}
-    assert edit_counts(rec, "v1") == {"shipped": 0, "spawned": 0, "rejected": 1, "undecided": 0}
-    assert edit_counts(fabricate_records()[1]) == {"shipped": 0, "spawned": 1, "rejected": 1, "undecided": 0}
+    rec = RoundRecord.from_dict(fabricate_records()[3])
+    assert rec.edit_counts() == {"shipped": 1, "spawned": 0, "rejected": 1, "undecided": 0}
+    assert rec.edit_counts("v1") == {"shipped": 0, "spawned": 0, "rejected": 1, "undecided": 0}
+    assert RoundRecord.from_dict(fabricate_records()[1]).edit_counts() == {"shipped": 0, "spawned": 1, "rejected": 1,
+                                                                           "undecided": 0}
 
 
 # -------------------------------------------------------------------------------------- round table
@@ -459,7 +464,7 @@ def _render(table) -> tuple[list[list[str]], str]:
 
 def test_round_table_one_row_per_variant():
     rec = fabricate_records()[3]
-    rows, text = _render(round_table(rec))
+    rows, text = _render(round_table(RoundRecord.from_dict(rec)))
     base, v1 = rec["by_variant"]["base"], rec["by_variant"]["v1"]
     assert rows == [["base", H4[:12], f"{base['pass_rate']:.3f}", str(base["n_traces"]), "1", "0"],
                     ["v1", H2[:12], f"{v1['pass_rate']:.3f}", str(v1["n_traces"]), "0", "1"],
@@ -470,25 +475,25 @@ def test_round_table_one_row_per_variant():
 
 def test_round_table_variant_without_traces_and_bad_record():
     rec = fabricate_records()[1]  # v1 was spawned this round and ran nothing yet
-    rows, text = _render(round_table(rec))
+    rows, text = _render(round_table(RoundRecord.from_dict(rec)))
     assert rows[1] == ["v1", H2[:12], "—", "0", "0", "0"]
     assert rows[2][-2:] == ["0", "1"]
     assert f"val pass@1 {rec['val']['pass_at_1']:.3f} · spawned 1 · GRPO loss 0.2500" in text
     rec.pop("variants")
     with pytest.raises(ValueError, match="round record 1: required field 'variants' is missing"):
-        round_table(rec)
+        RoundRecord.from_dict(rec, "round record 1")
 
 
 def test_round_table_shows_aegis_warnings_and_the_record_check_types_them():
     """A failed meta-agent call is why a round judged no edit: the table says so, brackets and all."""
     rec = fabricate_records()[1]
     rec["evolve"]["warnings"] = ["variant base: the meta-agent's plan call failed: MetaAgentError: [/v1] HTTP 500"]
-    text = " ".join(_render(round_table(rec))[1].split())  # the caption wraps at the table's width
+    text = " ".join(_render(round_table(RoundRecord.from_dict(rec)))[1].split())  # the caption wraps at the width
     assert "warning: variant base: the meta-agent's plan call failed: MetaAgentError: [/v1] HTTP 500" in text
-    assert "warning" not in _render(round_table(fabricate_records()[1]))[1]
+    assert "warning" not in _render(round_table(RoundRecord.from_dict(fabricate_records()[1])))[1]
     rec["evolve"]["warnings"] = [{"text": "not a string"}]
-    with pytest.raises(ValueError, match="round record 1: field 'evolve.warnings' must be a list of strings"):
-        round_table(rec)
+    with pytest.raises(ValueError, match=re.escape("round record: field 'evolve.warnings[0]' must be str, got dict")):
+        RoundRecord.from_dict(rec)
 
 
 def test_real_verdict_dicts_validate_and_describe_like_edit():
@@ -500,9 +505,11 @@ def test_real_verdict_dicts_validate_and_describe_like_edit():
                       quality=QualityReport(passed=True, leakage=0.0, bloat=0.1), fail_to_pass=["t1"], gate="seesaw")
     rec = fabricate_records()[0]
     rec["evolve"]["verdicts"] = [json.loads(json.dumps(verdict.to_dict()))]
-    check_record(rec)
-    assert describe_edits(rec["evolve"]["verdicts"][0]) == "insert few_shot (few_shot); set_param step_budget.max_steps"
-    assert edit_counts(rec) == {"shipped": 1, "spawned": 0, "rejected": 0, "undecided": 0}
+    record = RoundRecord.from_dict(rec)
+    assert record.verdicts[0].describe_edits() == "insert few_shot (few_shot); set_param step_budget.max_steps"
+    assert record.verdicts[0].edits == edits
+    assert record.edit_counts() == {"shipped": 1, "spawned": 0, "rejected": 0, "undecided": 0}
+    assert record.to_dict()["evolve"]["verdicts"] == [verdict.to_dict()]  # nothing added or lost
 
 
 def test_infrastructure_failures_are_validated_and_reported(tmp_path: Path):
@@ -515,9 +522,10 @@ def test_infrastructure_failures_are_validated_and_reported(tmp_path: Path):
     summary = (write_report(run) / "summary.md").read_text()
     assert ("- infrastructure failures (policy, environment or tool crashes; in no GRPO group or failure cluster): "
             "2 traces (round 1: 2)") in summary
-    _, text = _render(round_table(records[1]))
+    _, text = _render(round_table(RoundRecord.from_dict(records[1])))
     assert "infrastructure failures 2" in text
-    assert "infrastructure failures" not in _render(round_table(records[3]))[1]
+    assert "infrastructure failures" not in _render(round_table(RoundRecord.from_dict(records[3])))[1]
+    assert RoundRecord.from_dict(fabricate_records()[1]).infra_failures is None  # an old record: not counted
     assert "infrastructure failures" not in (write_report(write_run(tmp_path / "old", fabricate_records()))
                                              / "summary.md").read_text()
     records[2]["infra_failures"] = {"count": "2", "by_source": {}}
@@ -532,8 +540,6 @@ def test_statistical_gate_verdicts_validate_and_count_as_undecided(tmp_path: Pat
     from coevo.envs.base import Task
     from coevo.evolution.critic import Critic
     from coevo.harness.defaults import base_harness
-    from coevo.report import verdict_status
-
     tasks = {f"t{i}": Task(f"t{i}", "synthetic", f"Task {i}", "train", answer=100 + i) for i in range(2)}
     critic = Critic(lambda h, ts, k: {t.task_id: [h.id != base_harness().id] * k for t in ts}, k=1, n_tasks=2, budget=4)
     proposal = Proposal(hypothesis="h", edits=[Edit("set_param", "sampling", param="temperature", value=0.3)],
@@ -542,17 +548,18 @@ def test_statistical_gate_verdicts_validate_and_count_as_undecided(tmp_path: Pat
     assert verdict.undecided
     records = fabricate_records()
     records[0]["evolve"]["verdicts"].append(json.loads(json.dumps(verdict.to_dict())))
-    check_record(records[0])
-    stat = records[0]["evolve"]["verdicts"][-1]
-    assert verdict_status(records[0], stat) == "undecided" and stat["evidence"]["wins"] == 2
-    assert edit_counts(records[0])["undecided"] == 1
+    record = RoundRecord.from_dict(records[0])
+    stat = record.verdicts[-1]
+    assert record.verdict_status(stat) == "undecided" and stat.evidence.wins == 2
+    assert record.edit_counts()["undecided"] == 1
+    assert record.to_dict()["evolve"]["verdicts"][-1] == verdict.to_dict()
     summary = (write_report(write_run(tmp_path / "run", records)) / "summary.md").read_text()
     assert "1 undecided (judged again with more evidence)" in summary and "| undecided |" in summary
     bad = json.loads(json.dumps(records[0]))
     bad["evolve"]["verdicts"][-1]["evidence"]["wins"] = "2"
-    with pytest.raises(ValueError, match=r"evidence.wins' must be int"):
-        check_record(bad)
+    with pytest.raises(ValueError, match=r"field 'evolve.verdicts\[2\].evidence.wins' must be int, got str"):
+        RoundRecord.from_dict(bad)
     bad["evolve"]["verdicts"][-1]["evidence"]["wins"] = 2
     bad["evolve"]["verdicts"][-1]["ship"] = True
     with pytest.raises(ValueError, match="both shipped and undecided"):
-        check_record(bad)
+        RoundRecord.from_dict(bad)

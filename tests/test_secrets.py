@@ -256,6 +256,7 @@ def test_wandb_metrics_tables_and_staged_artifacts_are_redacted(tmp_path: Path, 
     import tempfile
 
     from coevo.harness.defaults import BUILTIN_HARNESSES
+    from coevo.records import RoundRecord
     from coevo.tracking import WandbTracker
 
     key = f"svc-{uuid.uuid4().hex}"
@@ -274,7 +275,12 @@ def test_wandb_metrics_tables_and_staged_artifacts_are_redacted(tmp_path: Path, 
     tracker = WandbTracker("coevo-test", tmp_path / "run", config={"name": "r"}, mode="offline")
     try:
         tracker.log_harness(harness, round=-1, variant="base", how="start")
-        tracker.log_round({"round": 0, "evolve": {"stopped": f"stopped at {key}"}, "note": f"saw {key}"})
+        tracker.log_round(RoundRecord.from_dict({
+            "round": 0, "mode": "coevolve", "model_version": 0, "seconds": {}, "val": None, "test": None,
+            "train": {"pass_rate": 0.0, "mean_reward": 0.0, "n_traces": 0, "outcomes": {}},
+            "variants": {"base": f"saw {key}"}, "by_variant": {}, "grpo": None, "meta_tokens": {}, "buffer": None,
+            "evolve": {"round": 0, "verdicts": [], "shipped": [], "spawned": [], "warnings": [],
+                       "stopped": f"stopped at {key}"}}))
         tracker.log_edits([{"round": 0, "variant": "base", "edits": f"set_param template={key}", "gate": "",
                             "ship": True, "fail_to_pass": 0, "pass_to_fail": 0, "reason": f"quoted {key}"}])
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from coevo.evolution.types import IMPLICATED, Cluster, Digest, HarnessEvent, Pro
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
 from coevo.evolution.meta_agent import TokenLedger
+from coevo.records import RoundRecord
 from coevo.tracking import (
     EDIT_COLUMNS,
     REDACTED,
@@ -60,7 +62,7 @@ def _digest(variant: str, clusters: list[tuple[str, int]], raw: int, small: int)
     )
 
 
-def round_record(round: int = 1) -> dict[str, Any]:
+def round_record(round: int = 1) -> RoundRecord:
     """A RoundRecord as the loop writes it (docs/run-directory.md), built from the real producers."""
     ledger = TokenLedger()
     ledger.record("plan", prompt_tokens=100, completion_tokens=20, seconds=1.5)
@@ -77,7 +79,7 @@ def round_record(round: int = 1) -> dict[str, Any]:
         events=[HarnessEvent("shipped", round, "base", base_harness(), "p0")], warnings=["drift"], stopped=None,
         seconds={"digest": 0.1},
     )
-    return {
+    return RoundRecord.from_dict({
         "round": round,
         "mode": "coevolve",
         "model_version": 4,
@@ -89,17 +91,18 @@ def round_record(round: int = 1) -> dict[str, Any]:
         "by_variant": {"base": {"pass_rate": 0.5, "n_traces": 12}, "v1": {"pass_rate": 0.25, "n_traces": 4}},
         "evolve": report.to_dict(),
         "grpo": {"loss": -0.125, "clip_fraction": 0.0, "kl": 0.0, "zero_variance_fraction": 0.5, "sequences": 16,
-                 "tokens": 640, "staleness": {0: 12, 1: 4}},
+                 "tokens": 640, "staleness": {0: 12, 1: 4}, "buffer_traces": 16},
         "meta_tokens": ledger.as_dict(),
         "buffer": {"size": 32, "lag": 1},
-    }
+    })
 
 
 EXPECTED_FLAT = {
     "round": 1, "mode": "coevolve", "model_version": 4,
     "seconds/rollout": 10.0, "seconds/grpo": 2.5, "seconds/total": 13.0, "seconds/other": 0.5,
-    "train/pass_rate": 0.5, "train/mean_reward": 0.25, "train/n_traces": 16,
-    "val/pass_at_1": 0.75, "val/pass_at_k": 1.0, "val/k": 2,
+    "generation_seconds": 0.0,  # defaults of fields the record above leaves out
+    "train/pass_rate": 0.5, "train/mean_reward": 0.25, "train/n_traces": 16, "train/tokens": 0, "train/tool_use_rate": 0.0,
+    "val/pass_at_1": 0.75, "val/pass_at_k": 1.0, "val/k": 2, "val/tool_use_rate": 0.0,
     "variants/base": "c1", "variants/v1": "h-v1",
     "by_variant/base/pass_rate": 0.5, "by_variant/base/n_traces": 12,
     "by_variant/v1/pass_rate": 0.25, "by_variant/v1/n_traces": 4,
@@ -109,7 +112,7 @@ EXPECTED_FLAT = {
     "evolve/failures/format_error": 5, "evolve/failures/loop": 1,
     "evolve/compression/base": 10.0, "evolve/compression/v1": 2.0,
     "grpo/loss": -0.125, "grpo/clip_fraction": 0.0, "grpo/kl": 0.0, "grpo/zero_variance_fraction": 0.5,
-    "grpo/sequences": 16, "grpo/tokens": 640, "grpo/staleness/0": 12, "grpo/staleness/1": 4,
+    "grpo/sequences": 16, "grpo/tokens": 640, "grpo/staleness/0": 12, "grpo/staleness/1": 4, "grpo/buffer_traces": 16,
     "meta_tokens/plan/calls": 2, "meta_tokens/plan/cached": 1, "meta_tokens/plan/prompt_tokens": 150,
     "meta_tokens/plan/completion_tokens": 30, "meta_tokens/plan/seconds": 1.5, "meta_tokens/total_tokens": 180,
     "buffer/size": 32, "buffer/lag": 1,
@@ -131,19 +134,22 @@ def test_flatten_is_exact() -> None:
 
 
 def test_flatten_of_a_round_without_evolution_or_validation() -> None:
-    record = round_record() | {"evolve": None, "val": None, "grpo": None}
+    record = replace(round_record(), evolve=None, val=None, grpo=None)
     expected = {k: v for k, v in EXPECTED_FLAT.items() if k.split("/")[0] not in ("evolve", "val", "grpo")}
     assert flatten(record) == expected
 
 
 def test_flatten_survives_a_json_round_trip() -> None:
-    """What rounds.jsonl gives back (staleness keys become strings) flattens to the same keys."""
-    assert flatten(json.loads(json.dumps(round_record()))) == EXPECTED_FLAT
+    """What rounds.jsonl gives back (staleness keys become strings there) reads back equal and
+    flattens to the same keys."""
+    again = RoundRecord.from_dict(json.loads(json.dumps(round_record().to_dict())))
+    assert again == round_record() and again.grpo.staleness == {0: 12, 1: 4}
+    assert flatten(again) == EXPECTED_FLAT
 
 
 def test_edit_rows() -> None:
     assert edit_rows(round_record()) == EXPECTED_ROWS
-    assert edit_rows(round_record() | {"evolve": None}) == []
+    assert edit_rows(replace(round_record(), evolve=None)) == []
 
 
 def test_scrub_removes_secret_keys_and_pasted_values(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,7 +272,7 @@ def offline_run(wandb_env: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     "auto" (offline: no credentials) logs round 1, its edits and two harnesses, and finishes."""
     run_dir = tmp_path_factory.mktemp("run")
     committed = round_record(0)
-    (run_dir / "rounds.jsonl").write_text(json.dumps(committed) + "\n")
+    (run_dir / "rounds.jsonl").write_text(json.dumps(committed.to_dict()) + "\n")
     tracker = WandbTracker("coevo-test", run_dir, name="t", group="g", tags=("a", "b"), mode="auto",
                            config={"name": "t", "meta_agent": {"api_key": "literal", "base_url": PLANTED_KEY},
                                    "trainer": {"lr": 1e-5}})
@@ -359,11 +365,11 @@ def test_finished_tracker_refuses_to_log(offline_run: dict[str, Any]) -> None:
 def test_bad_inputs_are_named(offline_run: dict[str, Any], wandb_env: Path) -> None:
     tracker = WandbTracker("coevo-test", offline_run["run_dir"] / "disabled", mode="disabled")
     try:
-        with pytest.raises(TypeError, match=r"record\['round'\] must be an int"):
-            tracker.log_round({"round": "1"})
+        with pytest.raises(TypeError, match=r"record must be a coevo.records.RoundRecord, got dict"):
+            tracker.log_round({"round": 1})  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"edit row 0: missing fields \['reason'\], unexpected fields \['why'\]"):
             tracker.log_edits([{k: v for k, v in EXPECTED_ROWS[0].items() if k != "reason"} | {"why": "x"}])
-        with pytest.raises(ValueError, match=r"how must be one of \['start', 'shipped', 'spawned', 'selected'\]"):
+        with pytest.raises(ValueError, match=r"how must be one of \['start', 'shipped', 'spawned', 'selected', 'released'\]"):
             tracker.log_harness(base_harness(), round=0, variant="base", how="merged")
         with pytest.raises(ValueError, match="variant must match"):
             tracker.log_harness(base_harness(), round=0, variant="a/b", how="start")

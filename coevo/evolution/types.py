@@ -18,6 +18,7 @@ from typing import Any
 
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
+from coevo.records import LINEAGE_HOWS, LineageRow
 
 CAUSES = (
     "format_error",  # neither a parseable tool call nor an answer
@@ -227,8 +228,9 @@ class Verdict:
         return d
 
 
-LINEAGE_EVENTS = ("start", "shipped", "spawned", "selected", "released")
-"""Events that make ``harness`` a variant's current harness (the run's lineage records each)."""
+LINEAGE_EVENTS = LINEAGE_HOWS
+"""Events that make ``harness`` a variant's current harness (the run's lineage records each;
+stated once, in ``coevo.records``)."""
 
 
 @dataclass
@@ -256,11 +258,13 @@ class HarnessEvent:
     def changes_variant(self) -> bool:
         return self.how in LINEAGE_EVENTS
 
-    def lineage_row(self) -> dict[str, Any]:
-        """The ``lineage.jsonl`` row (the harness itself is saved as ``lineage/<id>.yaml``)."""
-        return {"id": self.harness.id if self.harness is not None else None, "parent_id": self.parent_id,
-                "round": self.round, "variant": self.variant, "how": self.how, "edits": list(self.edits),
-                "hypothesis": self.hypothesis}
+    def lineage_row(self) -> LineageRow:
+        """The ``lineage.jsonl`` row (the harness itself is saved as ``lineage/<id>.yaml``); only
+        for the events that change a variant (``changes_variant``), which all carry their harness."""
+        if self.harness is None or not self.changes_variant:
+            raise ValueError(f"a {self.how!r} event without a harness has no lineage row")
+        return LineageRow(self.harness.id, self.parent_id, self.round, self.variant, self.how, list(self.edits),
+                          self.hypothesis)
 
     @classmethod
     def from_verdict(cls, how: str, verdict: Verdict, candidate: Harness | None) -> HarnessEvent:

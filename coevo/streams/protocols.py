@@ -146,8 +146,8 @@ def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, roll
                                progress=progress, first_round=next_round)
             next_round += rounds_per_stage
             for record in loop.run():
-                result.adapt_tokens[s] += record["train"]["tokens"]
-                result.evolve_reports.append({"stage": s, **record["evolve"]})
+                result.adapt_tokens[s] += record.train.tokens
+                result.evolve_reports.append({"stage": s, **record.evolve.to_dict()})
         result.critic_episodes[s] = critic.reruns - reruns
         tasks = [(j, t) for j in range(s + 1) for t in stream.evaluate[j]]
         harnesses, variants = aegis.routed([t for _, t in tasks])

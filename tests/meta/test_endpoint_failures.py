@@ -27,7 +27,9 @@ from coevo.harness.edits import Edit
 from coevo.loop import Coevolution
 from coevo.meta import LLMMetaAgent, MetaAgentError, OpenAIClient, TokenLedger
 from coevo.progress import NullProgress
-from coevo.report import load_run, round_table
+from coevo.records import RoundRecord
+from coevo.report import round_table
+from coevo.report_data import load_run
 from coevo.tracking import NullTracker
 from tests.meta.test_llm import GOOD_EDIT, HANG, KEY_ENV, FakeServer, completion, free_port, plan, proposal_json
 
@@ -42,7 +44,7 @@ def prose(messages) -> str:
 
 
 def one_round(run_dir: Path, meta) -> dict:
-    """Round 0 of a harness-only loop on two arithmetic tasks that fail; returns its record."""
+    """Round 0 of a harness-only loop on two arithmetic tasks that fail; returns its record's ``to_dict()``."""
     env = ArithmeticEnv(n_tasks=10, max_terms=2, seed=3)
     policy = ScriptedPolicy(prose)
     train = env.tasks("train")
@@ -51,7 +53,7 @@ def one_round(run_dir: Path, meta) -> dict:
     loop = Coevolution(mode="harness_only", rollouts=service(policy, env, max_steps=2), aegis=aegis, run_dir=run_dir,
                        train_tasks=train, val_tasks=[], rounds=1, batch_tasks=2, attempts=1, seed=0, steps_per_round=1,
                        val_every=0, eval_attempts=1, tracker=NullTracker(), progress=NullProgress())
-    return loop.run_round(0)
+    return loop.run_round(0).to_dict()
 
 
 def openai_agent(url: str, timeout_s: float = 5.0) -> LLMMetaAgent:
@@ -59,7 +61,7 @@ def openai_agent(url: str, timeout_s: float = 5.0) -> LLMMetaAgent:
                         name="openai")
 
 
-def table_text(record: dict) -> str:
+def table_text(record: RoundRecord) -> str:
     console = Console(file=io.StringIO(), width=400, record=True, color_system=None)
     console.print(round_table(record))
     return " ".join(console.export_text().split())  # the caption wraps at the table's width
@@ -97,7 +99,7 @@ def test_a_failing_endpoint_leaves_the_round_without_a_proposal_and_says_why(tmp
     assert re.search(why, warning), warning
     # written to rounds.jsonl, valid for the report, shown under the round table
     (written,) = load_run(tmp_path).records
-    assert written["evolve"]["warnings"] == record["evolve"]["warnings"]
+    assert written.to_dict() == record
     assert f"warning: {META_FAILED}" in table_text(written)
 
 
