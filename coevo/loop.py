@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -55,33 +54,12 @@ from coevo.records import (
     TrainStats,
     VariantStats,
 )
+from coevo.round_plan import batches_per_epoch, round_batches
 from coevo.secret_traces import redact_trace
 from coevo.secrets import contains_secret, redact, secret_env_values
 from coevo.tracking import edit_rows
 
 log = logging.getLogger("coevo.loop")
-
-def batches_per_epoch(n_tasks: int, batch_tasks: int) -> int:
-    return max(1, n_tasks // batch_tasks)
-
-
-def round_batches(tasks: Sequence[Task], batch_tasks: int, seed: int, rounds: int) -> list[list[Task]]:
-    """The train batch of every round: the train split shuffled once per epoch (seeded), cut into
-    batches of ``batch_tasks``; epochs follow each other until ``rounds`` batches exist."""
-    if not tasks:
-        raise ValueError("the env has no train tasks")
-    if batch_tasks < 1:
-        raise ValueError(f"batch_tasks must be >= 1, got {batch_tasks}")
-    per_epoch = batches_per_epoch(len(tasks), batch_tasks)
-    out: list[list[Task]] = []
-    epoch = 0
-    while len(out) < rounds:
-        order = list(tasks)
-        random.Random(f"{seed}-{epoch}").shuffle(order)
-        out += [order[i * batch_tasks : (i + 1) * batch_tasks] for i in range(per_epoch)]
-        epoch += 1
-    return out[:rounds]
-
 
 def infra_failures(traces: Sequence[Trace]) -> InfraFailures:
     """The round's infrastructure failures: how many, by source (policy, env, tool), and which

@@ -112,7 +112,8 @@ def compose(overrides: Sequence[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from coevo.build import check, to_config
+    from coevo.build import to_config
+    from coevo.config_check import check
     from coevo.config import register
 
     register()

@@ -139,8 +139,9 @@ def compose_config(args: argparse.Namespace, out: Path, harness: Path) -> Any:
     exactly one round, so every step trains on its own completions only, as TRL's does."""
     from hydra import compose, initialize_config_dir
 
-    from coevo.build import check, to_config
+    from coevo.build import to_config
     from coevo.config import register
+    from coevo.config_check import check
 
     completions = args.prompts * args.generations
     overrides = [
@@ -162,10 +163,10 @@ def compose_config(args: argparse.Namespace, out: Path, harness: Path) -> Any:
 
 def step_batches(cfg: Any) -> tuple[Any, list[list[Any]]]:
     """(env, the task batch of every step): the train split and batches exactly as the coevo loop
-    draws them (coevo.loop.round_batches), which the TRL arm then reads in the same order."""
+    draws them (coevo.round_plan.round_batches), which the TRL arm then reads in the same order."""
     from coevo.envs.load import make_env
     from coevo.evolution.reference import split_reference_pool
-    from coevo.loop import round_batches
+    from coevo.round_plan import round_batches
 
     env = make_env(cfg.env.name, cfg.env.args)
     _, train = split_reference_pool(env.tasks("train"), cfg.evolution.reference_pool, cfg.seed)
@@ -284,11 +285,11 @@ def lora_model(cfg: Any, initial: dict[str, Any] | None) -> tuple[Any, Any, bool
     model loaded and wrapped as coevo.build.run does it (same seeds, loader and apply_lora), then
     given the coevo arm's initial adapter, so both arms start from the same weights."""
     import torch
+    from coevo.trainers.grpo import apply_lora
     from peft import set_peft_model_state_dict
 
-    from coevo.build import device_of
+    from coevo.config_check import device_of
     from coevo.policy.load import load_model
-    from coevo.trainers.grpo import apply_lora
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -310,7 +311,7 @@ def trl_config(cfg: Any, out: Path) -> Any:
     import torch
     from trl import GRPOConfig
 
-    from coevo.build import device_of
+    from coevo.config_check import device_of
 
     t, completions = cfg.trainer, cfg.batch_tasks * cfg.rollout.attempts
     micro = t.micro_batch_size if completions % t.micro_batch_size == 0 else completions

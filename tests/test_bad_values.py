@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from coevo.build import check, check_dependencies, check_triton_device, run, start_harness, write_config
+from coevo.build import run, start_harness, write_config
+from coevo.config_check import check, check_dependencies, check_triton_device
 from coevo.harness import ParamError
 from coevo.harness.defaults import base_harness
 from coevo.harness.library.control import StepBudget
@@ -151,7 +152,7 @@ def test_eval_with_an_unknown_split_is_a_usage_error_listing_the_splits(tmp_path
 def test_sharded_training_is_refused_naming_what_to_use(kind):
     from accelerate.utils import DistributedType
 
-    from coevo.build import check_distributed
+    from coevo.config_check import check_distributed
 
     with pytest.raises(ValueError, match=f"distributed_type={kind} is not supported.*accelerate launch --multi_gpu"):
         check_distributed(DistributedType[kind])

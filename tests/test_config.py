@@ -8,7 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from coevo.build import check, to_config
+from coevo.build import to_config
+from coevo.config_check import check
 from coevo.config import GROUPS, TrainConfig, describe, register
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

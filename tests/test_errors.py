@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coevo.build import check, check_dependencies
+from coevo.config_check import check, check_dependencies
 from coevo.optional import MissingDependency, require
 
 ROOT = Path(__file__).resolve().parents[1]

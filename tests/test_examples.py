@@ -137,7 +137,7 @@ def test_train_py_config_selects_the_env_by_config_only(overrides):
     from coevo.envs.load import make_env
     from examples.gpu_cluster import compose
 
-    cfg = compose(overrides)  # Hydra's compose API over configs/, then coevo.build.check
+    cfg = compose(overrides)  # Hydra's compose API over configs/, then coevo.config_check.check
     env = make_env(cfg.env.name, cfg.env.args)
     assert env.name == "countdown" and env.tasks("train")
 

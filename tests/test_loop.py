@@ -19,7 +19,7 @@ from coevo.buffers import ReplayBuffer
 from safetensors.torch import load_file
 
 import coevo
-from coevo.loop import round_batches
+from coevo.round_plan import round_batches
 from tests.test_config import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ def meta_agent_factory(path: str) -> Any:
     or ``coevo evolve --meta pkg.mod:make``. Checked here, called by ``load_meta_agent``.
 
     Every mistake in ``path`` is a ValueError naming it, a module that the factory's module imports
-    but is not installed included: the config check (``coevo.build.check``, ``coevo evolve``)
+    but is not installed included: the config check (``coevo.config_check.check``, ``coevo evolve``)
     reports ValueErrors as the value's fault, before the run starts."""
     try:
         factory = import_object(path, "meta-agent factory")

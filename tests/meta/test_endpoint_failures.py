@@ -181,7 +181,7 @@ def test_coevo_evolve_goes_on_past_an_unreachable_endpoint(tmp_path):
 
 # ------------------------------------------------------------------------------- at the config check
 def test_a_backend_module_whose_dependency_is_missing_is_refused_naming_the_path(tmp_path, monkeypatch):
-    from coevo.build import check
+    from coevo.config_check import check
     from coevo.cli import app
     from tests.test_config import compose_cfg
 

@@ -1,0 +1,218 @@
+"""The checks a ``TrainConfig`` passes before any work: values no component accepts, named by their
+field and what is allowed; the train split against ``batch_tasks``; optional dependencies the
+config needs; the accelerate launch and the Triton kernel's device. ``coevo.build.run`` calls them
+first, and so do the scripts and examples that compose a config (``examples/gpu_cluster.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coevo.config import MODES, EvolutionConfig, TrainConfig
+
+
+def device_of(name: str) -> str:
+    """The torch device ``model.device`` names (auto: cuda when available, else cpu)."""
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+def check(cfg: TrainConfig) -> None:
+    """Reject values no component accepts, naming the field and what it allows. Secrets go first, so
+    no later message quotes a key."""
+    from dataclasses import asdict
+
+    from coevo.envs.load import check_env_args, env_class
+    from coevo.evolution.critic import GATES
+    from coevo.kernels import IMPLS
+    from coevo.kernels.objective import AGGREGATIONS, KL_ESTIMATORS, REMOVED_AGGREGATIONS
+    from coevo.meta import BACKENDS, meta_agent_factory
+    from coevo.policy.hf import ENGINES
+    from coevo.secret_refusal import refuse_secrets
+    from coevo.tracking import MODES as WANDB_MODES
+
+    refuse_secrets(asdict(cfg))
+
+    choices = {
+        "mode": (cfg.mode, MODES),
+        "model.dtype": (cfg.model.dtype, ("auto", "float32", "bfloat16")),
+        "rollout.backend": (cfg.rollout.backend, ("transformers", "vllm")),
+        "rollout.vllm_mode": (cfg.rollout.vllm_mode, ("colocate", "server")),
+        "rollout.engine": (cfg.rollout.engine, ENGINES),
+        "evolution.gate": (cfg.evolution.gate, GATES),
+        "trainer.aggregation": (cfg.trainer.aggregation, AGGREGATIONS),
+        "trainer.kl_estimator": (cfg.trainer.kl_estimator, KL_ESTIMATORS),
+        "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
+        "trainer.kernel": (cfg.trainer.kernel, IMPLS),
+        "logger.kind": (cfg.logger.kind, ("none", "wandb")),
+        "logger.mode": (cfg.logger.mode, tuple(WANDB_MODES)),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            removed = REMOVED_AGGREGATIONS.get(value) if key == "trainer.aggregation" else None
+            raise ValueError(f"config {key}={value!r} is not allowed; choose one of {list(allowed)}"
+                             + (f" ({removed})" if removed else ""))
+    if cfg.meta_agent.backend not in BACKENDS:
+        if ":" not in cfg.meta_agent.backend:
+            raise ValueError(f"config meta_agent.backend={cfg.meta_agent.backend!r} is not allowed; choose one of "
+                             f"{list(BACKENDS)} or the import path 'package.module:factory' of your own")
+        try:
+            meta_agent_factory(cfg.meta_agent.backend)
+        except ValueError as err:
+            raise ValueError(f"config meta_agent.backend: {err}") from None
+    try:
+        env_class(cfg.env.name)
+    except ValueError as err:
+        raise ValueError(f"config env.name={cfg.env.name!r}: {err}") from None
+    try:
+        check_env_args(cfg.env.name, cfg.env.args)
+    except ValueError as err:
+        raise ValueError(f"config env.args: {err}") from None
+    e, t = cfg.evolution, cfg.trainer
+    positive = {"rounds": cfg.rounds, "batch_tasks": cfg.batch_tasks, "rollout.attempts": cfg.rollout.attempts,
+                "eval_attempts": cfg.eval_attempts, "evolution.critic_attempts": e.critic_attempts,
+                "buffer.capacity": cfg.buffer.capacity, "trainer.steps_per_round": t.steps_per_round,
+                "rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.max_steps": cfg.rollout.max_steps,
+                "rollout.batch_size": cfg.rollout.batch_size, "rollout.workers": cfg.rollout.workers,
+                "trainer.micro_batch_size": t.micro_batch_size,
+                "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size, "model.lora_r": cfg.model.lora_r,
+                "evolution.max_variants": e.max_variants, "evolution.patience_rounds": e.patience_rounds}
+    non_negative = {"evolution.reference_pool": e.reference_pool, "evolution.max_proposals": e.max_proposals,
+                    "evolution.max_revisions": e.max_revisions, "evolution.recent_batches": e.recent_batches,
+                    "meta_agent.max_retries": cfg.meta_agent.max_retries, "trainer.warmup_steps": t.warmup_steps,
+                    "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit}
+    for low, values in ((1, positive), (0, non_negative)):
+        for key, value in values.items():
+            if value is not None and value < low:  # None: the schema's "all" (val_limit, test_limit)
+                raise ValueError(f"config {key}={value} must be >= {low}")
+    check_stat_gate(e)
+    inf, above = float("inf"), 1e-9  # ``above`` turns a closed lower bound into "> low"
+    ranges = {  # field: (value, low, high, the allowed range in words); None (where the schema allows it) is off
+        "rollout.temperature": (cfg.rollout.temperature, 0.0, inf, ">= 0 (0 is greedy)"),
+        "rollout.vllm_gpu_memory_utilization": (cfg.rollout.vllm_gpu_memory_utilization, above, 1.0,
+                                                "in (0, 1]: the share of GPU memory vLLM reserves"),
+        "meta_agent.timeout_s": (cfg.meta_agent.timeout_s, above, inf, "> 0 seconds"),
+        "trainer.lr": (t.lr, 0.0, inf, ">= 0"),
+        "trainer.weight_decay": (t.weight_decay, 0.0, inf, ">= 0"),
+        "trainer.max_grad_norm": (t.max_grad_norm, above, inf, "> 0: gradients are clipped to this norm"),
+        "trainer.eps_low": (t.eps_low, 0.0, 1.0 - above, "in [0, 1): the clip's lower ratio bound 1 - eps_low"),
+        "trainer.eps_high": (t.eps_high, 0.0, inf, ">= 0"),
+        "trainer.dual_clip": (t.dual_clip, 1.0 + above, inf, "> 1, or null (off)"),
+        "trainer.beta": (t.beta, 0.0, inf, ">= 0"),
+        "trainer.tis_cap": (t.tis_cap, above, inf, "> 0: the cap on importance weights, or null (off)"),
+        "model.lora_dropout": (cfg.model.lora_dropout, 0.0, 1.0 - above, "in [0, 1): a dropout probability"),
+        "evolution.delta": (e.delta, 0.0, inf, ">= 0: the pass-rate gain the performance gate needs"),
+        "evolution.epsilon": (e.epsilon, 0.0, inf, ">= 0: the pass-rate loss the performance gate tolerates"),
+        "evolution.eta_leak": (e.eta_leak, 0.0, 1.0, "in [0, 1]: the leakage score's threshold"),
+        "evolution.eta_bloat": (e.eta_bloat, 0.0, inf, ">= 0"),
+        "evolution.router_threshold": (e.router_threshold, 0.0, 1.0, "in [0, 1]: the router's confidence"),
+        "rollout.prefix_cache_mb": (cfg.rollout.prefix_cache_mb, 0.0, inf, ">= 0 MiB (0 turns the cache off)"),
+    }
+    for key, (value, low, high, allowed) in ranges.items():
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"config {key}={value} is not allowed; it must be {allowed}")
+    urls = {"meta_agent.url": cfg.meta_agent.url if cfg.meta_agent.backend == "openai" else None,
+            "rollout.vllm_server_url": cfg.rollout.vllm_server_url
+            if cfg.rollout.backend == "vllm" and cfg.rollout.vllm_mode == "server" else None}
+    for key, url in urls.items():
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"config {key}={url!r} is not a URL; write it as http://HOST:PORT"
+                             + ("/v1" if key == "meta_agent.url" else ""))
+    if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
+        raise ValueError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
+    if cfg.model.name == "scripted" and cfg.mode in ("coevolve", "model_only"):
+        raise ValueError(f"config model.name='scripted' has no weights to train in mode={cfg.mode!r}; use "
+                         "mode=harness_only or mode=static, or name a model")
+    if cfg.model.name == "scripted" and cfg.rollout.backend != "transformers":
+        raise ValueError("config model.name='scripted' runs without a serving backend; leave rollout=transformers")
+    if cfg.evolution.router and cfg.meta_agent.backend == "rule":
+        raise ValueError("evolution.router=true needs an LLM meta-agent (meta_agent=openai or hf); rule cannot route")
+    if cfg.trainer.beta > 0 and not cfg.model.lora and cfg.mode in ("coevolve", "model_only"):
+        raise ValueError(f"config trainer.beta={cfg.trainer.beta} needs model.lora=true: the KL reference is the base "
+                         "model with the adapter disabled, and full fine-tuning has no reference model here; "
+                         "set trainer.beta=0 or model.lora=true")
+    attempts, capacity = cfg.rollout.attempts, cfg.buffer.capacity
+    if cfg.mode in ("coevolve", "model_only") and capacity < cfg.batch_tasks * attempts:
+        # a round's traces must all fit in the buffer, whose capacity then bounds batch_tasks
+        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts}: a round adds "
+                         f"batch_tasks x rollout.attempts={attempts} = {cfg.batch_tasks * attempts} traces, which "
+                         f"must fit in buffer.capacity={capacity}; lower batch_tasks or raise buffer.capacity to >= "
+                         f"{cfg.batch_tasks * attempts}")
+
+
+def check_train_split(cfg: TrainConfig, n_train: int) -> None:
+    """``batch_tasks`` against the train tasks the env holds (known only once it is built): a larger
+    value would silently train on the whole split every round, not on the batches asked for."""
+    if not n_train:
+        raise ValueError(f"config env.name={cfg.env.name!r} with env.args={cfg.env.args} has no train tasks")
+    if cfg.batch_tasks > n_train:
+        pool = cfg.evolution.reference_pool
+        left = f" left after evolution.reference_pool={pool}" if pool else ""
+        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {n_train}, the train tasks of env "
+                         f"{cfg.env.name!r}{left}")
+
+
+def check_dependencies(cfg: TrainConfig) -> None:
+    """Import the optional packages the config's choices need, before any model is loaded, so a
+    missing one stops the run at once with its install command (``coevo.optional``)."""
+    from coevo.optional import require
+
+    if cfg.rollout.backend == "vllm":
+        require("vllm", "rollout.backend=vllm")
+    if cfg.logger.kind == "wandb":
+        require("wandb", "logger.kind=wandb")
+    if cfg.meta_agent.backend == "openai":
+        require("openai", "meta_agent.backend=openai")
+    if cfg.trainer.kernel == "triton":
+        check_triton_device(cfg)
+        require("triton", "trainer.kernel=triton")
+
+
+def check_distributed(distributed_type: Any) -> None:
+    """Refuse sharded training before any work: the trainer applies the LM head outside the model's
+    forward, accumulates micro-batches itself and saves rank 0's optimizer state, none of which holds
+    under FSDP or DeepSpeed (docs/gpu-cluster.md, "Sharded training")."""
+    from accelerate.utils import DistributedType
+
+    if distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise ValueError(f"accelerate's distributed_type={distributed_type.value} is not supported: coevo's GRPO trainer "
+                         "needs whole parameters on every rank and drives the optimizer itself (docs/gpu-cluster.md, "
+                         "'Sharded training'); launch with DDP (accelerate launch --multi_gpu), with LoRA for large "
+                         "models")
+
+
+def check_triton_device(cfg: TrainConfig) -> None:
+    """The Triton loss runs on CUDA tensors only (or under TRITON_INTERPRET=1); without this check a
+    CPU run would find out in its first GRPO step, after the round's rollouts."""
+    import torch
+
+    from coevo.kernels import IMPLS
+    from coevo.kernels.triton_grpo import INTERPRETED
+
+    device = device_of(cfg.model.device)
+    if torch.device(device).type != "cuda" and not INTERPRETED:
+        others = [impl for impl in IMPLS if impl != "triton"]
+        raise ValueError(f"config trainer.kernel=triton needs a CUDA device, and model.device={cfg.model.device!r} "
+                         f"is {device} here; choose one of {others} (auto picks triton on CUDA when installed, "
+                         "chunked elsewhere)")
+
+
+def check_stat_gate(e: EvolutionConfig) -> None:
+    """The statistical gate's fields, each named in the error (the Critic checks them again)."""
+    if not (0 < e.stat_alpha < 1 and 0 < e.stat_beta < 1 and e.stat_alpha + e.stat_beta < 1):
+        raise ValueError(f"config evolution.stat_alpha={e.stat_alpha} and evolution.stat_beta={e.stat_beta} must be "
+                         "in (0, 1) with stat_alpha + stat_beta < 1")
+    if not 0.5 < e.stat_win_share < 1:
+        raise ValueError(f"config evolution.stat_win_share={e.stat_win_share} must be in (0.5, 1)")
+    if e.stat_tasks < 1:
+        raise ValueError(f"config evolution.stat_tasks={e.stat_tasks} must be >= 1")
+    if e.stat_budget < 2 * e.critic_attempts:
+        raise ValueError(f"config evolution.stat_budget={e.stat_budget} must be >= 2 * evolution.critic_attempts "
+                         f"({2 * e.critic_attempts}): one paired attempt of parent and candidate")
+    if e.stat_max_episodes < e.stat_budget:
+        raise ValueError(f"config evolution.stat_max_episodes={e.stat_max_episodes} must be >= "
+                         f"evolution.stat_budget={e.stat_budget}")
+    if e.stat_confirm_attempts < 0 or (e.stat_confirm_attempts and 0.5**e.stat_confirm_attempts > e.stat_alpha):
+        raise ValueError(f"config evolution.stat_confirm_attempts={e.stat_confirm_attempts} must be 0 or enough "
+                         f"re-runs for the sign test to reach stat_alpha={e.stat_alpha} (0.5^attempts <= stat_alpha)")
