@@ -4,7 +4,10 @@ The same traces feed both halves: the round's traces enter the replay buffer wit
 log-probs from the checkpoint that sampled them, AEGIS digests them and judges its edits, and
 cross-harness GRPO updates the weights on the buffer groups of the round's tasks (whichever
 harness version or checkpoint produced each trace). ``mode`` switches halves off for the
-ablation: ``harness_only`` (no GRPO), ``model_only`` (no AEGIS), ``static`` (neither).
+ablation: ``harness_only`` (no GRPO), ``model_only`` (no AEGIS), ``static`` (neither). It is the
+only round driver: ``coevo evolve`` runs it in ``harness_only`` mode with a frozen model, and a
+stream's self-evolving protocol adapts each stage with it. Episodes go through the rollout service
+(``coevo.agent.rollouts``); what a run keeps on disk is ``coevo.loop_state``.
 
 No gold answer of a task the run will still train, validate or test on may reach a harness edit:
 each round tells AEGIS to withhold the references of every task a remaining round's batch holds
@@ -25,30 +28,27 @@ are redacted again where they are written, and harness YAML by ``Harness.to_yaml
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from coevo import checkpoint
 from coevo.agent.outcomes import task_outcomes
-from coevo.agent.rollouts import Rollout, RolloutService, tool_use_rate
+from coevo.agent.rollouts import Rollout, RolloutService, infra_failures, tool_use_rate
 from coevo.agent.trace import Trace
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS, EvolveReport
 from coevo.evolution.types import HarnessEvent
 from coevo.harness.harness import Harness
+from coevo.loop_state import LoopState
 from coevo.records import (
     BufferStats,
     Evaluation,
     EvolveRecord,
     GRPOMetrics,
-    InfraFailures,
-    LineageRow,
     RoundRecord,
     StartRecord,
     TrainStats,
@@ -56,39 +56,10 @@ from coevo.records import (
 )
 from coevo.round_plan import batches_per_epoch, round_batches
 from coevo.secret_traces import redact_trace
-from coevo.secrets import contains_secret, redact, secret_env_values
+from coevo.secrets import contains_secret, secret_env_values
 from coevo.tracking import edit_rows
 
 log = logging.getLogger("coevo.loop")
-
-def infra_failures(traces: Sequence[Trace]) -> InfraFailures:
-    """The round's infrastructure failures: how many, by source (policy, env, tool), and which
-    traces. They stay in ``train`` (as failed attempts) but no GRPO group or failure cluster
-    holds them, so a round that lost many episodes to the machine says so here."""
-    bad = [t for t in traces if t.infra_failure]
-    by_source: dict[str, int] = defaultdict(int)
-    for t in bad:
-        by_source[str(t.error_source)] += 1
-    return InfraFailures(len(bad), dict(sorted(by_source.items())), [t.trace_id for t in bad])
-
-
-@dataclass
-class LoopState:
-    """What a checkpoint restores besides the trainer and AEGIS (its state holds the records'
-    and lineage rows' ``to_dict()``)."""
-
-    next_round: int = 0
-    records: list[RoundRecord] = field(default_factory=list)
-    lineage: list[LineageRow] = field(default_factory=list)
-    start: StartRecord | None = None  # the starting harness and model on val/test (start.json)
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any], where: str) -> LoopState:
-        return cls(state["next_round"],
-                   [RoundRecord.from_dict(r, f"{where}: records[{i}]") for i, r in enumerate(state["records"])],
-                   [LineageRow.from_dict(r, f"{where}: lineage[{i}]") for i, r in enumerate(state["lineage"])],
-                   StartRecord.from_dict(state["start"], f"{where}: start") if state.get("start") else None)
-
 
 class Coevolution:
     """Runs rounds. Flat collaborators: ``rollouts`` (the ``RolloutService`` every episode of the
@@ -203,10 +174,7 @@ class Coevolution:
 
     def _commit(self) -> None:
         aegis = self.aegis.state_dict()
-        state = {"next_round": self.state.next_round, "records": [r.to_dict() for r in self.state.records],
-                 "lineage": [r.to_dict() for r in self.state.lineage],
-                 "start": self.state.start.to_dict() if self.state.start else None, "aegis": aegis,
-                 "rng": checkpoint.rng_state()}
+        state = {**self.state.to_state(), "aegis": aegis, "rng": checkpoint.rng_state()}
         if contains_secret([aegis.get("variants"), aegis.get("pool")]):  # checkpoint.commit redacts them
             state["harnesses_redacted"] = True
         if self.buffer is not None:
@@ -223,22 +191,8 @@ class Coevolution:
             self.trainer.save(self.run_dir / "checkpoint" / "unused")  # joins the collective barrier only
 
     def _write_logs(self) -> None:
-        """rounds.jsonl, lineage.jsonl and start.json, rewritten whole from the committed state
-        (redacted), and each variant's current harness as ``harness-<variant>.yaml``: where a run's
-        final harness is, without reading the lineage."""
-        if not self.is_main:
-            return
-        secrets = secret_env_values()
-        for name, rows in (("rounds.jsonl", self.state.records), ("lineage.jsonl", self.state.lineage)):
-            tmp = self.run_dir / (name + ".tmp")
-            tmp.write_text("".join(json.dumps(redact(r.to_dict(), secrets), default=str) + "\n" for r in rows))
-            tmp.replace(self.run_dir / name)
-        if self.state.start:
-            tmp = self.run_dir / "start.json.tmp"
-            tmp.write_text(json.dumps(redact(self.state.start.to_dict(), secrets), indent=1, default=str) + "\n")
-            tmp.replace(self.run_dir / "start.json")
-        for name, harness in self.aegis.current().items():
-            harness.save(self.run_dir / f"harness-{name}.yaml")
+        if self.is_main:
+            self.state.write_files(self.run_dir, self.aegis.current())
 
     # ------------------------------------------------------------------ rounds
     def run(self) -> list[RoundRecord]:

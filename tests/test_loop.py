@@ -49,7 +49,8 @@ def test_round_batches_walk_epochs_of_the_shuffled_split():
 
 
 def test_smoke_coevolution_run_writes_records_checkpoint_and_report(tmp_path, monkeypatch):
-    from coevo.loop import Coevolution, LoopState
+    from coevo.loop import Coevolution
+    from coevo.loop_state import LoopState
     from coevo.policy.tiny import tiny_model, tiny_tokenizer
     from coevo.report_data import load_run
 

@@ -171,7 +171,7 @@ def test_tool_use_rate_counts_episodes_that_called_a_tool_themselves():
     """The learning curves' tool-use rate: an episode counts once however many calls it made, and a
     call a processor answered in the tool's place (blocked) does not count."""
     from coevo.agent.trace import ToolCallRecord, Trace
-    from coevo.loop import tool_use_rate
+    from coevo.agent.rollouts import tool_use_rate
 
     def trace(i: int, *blocked: bool) -> Trace:
         calls = [ToolCallRecord(step=0, name="calculator", arguments={}, output="", error=None, seconds=0.0, blocked=b)

@@ -15,6 +15,7 @@ a round) goes on from where the policy's generator is.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
 from coevo.envs.base import Env, Task
 from coevo.harness.harness import Harness
+from coevo.records import InfraFailures
 
 PHASES = {"rollout": 0, "critic": 1, "eval": 2, "test": 3}
 """Policy sampling streams within a round (see ``phase_seed``)."""
@@ -40,6 +42,17 @@ def tool_use_rate(traces: Sequence[Trace]) -> float:
     """Share of episodes that called at least one tool themselves (a processor answering in the
     tool's place does not count): the behaviour harness demos and GRPO are expected to raise."""
     return sum(any(not c.blocked for c in t.tool_calls) for t in traces) / len(traces) if traces else 0.0
+
+
+def infra_failures(traces: Sequence[Trace]) -> InfraFailures:
+    """The round's infrastructure failures: how many, by source (policy, env, tool), and which
+    traces. They stay in ``train`` (as failed attempts) but no GRPO group or failure cluster
+    holds them, so a round that lost many episodes to the machine says so here."""
+    bad = [t for t in traces if t.infra_failure]
+    by_source: dict[str, int] = defaultdict(int)
+    for t in bad:
+        by_source[str(t.error_source)] += 1
+    return InfraFailures(len(bad), dict(sorted(by_source.items())), [t.trace_id for t in bad])
 
 
 @dataclass
