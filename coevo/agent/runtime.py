@@ -34,6 +34,10 @@ from coevo.harness.hooks import Hook
 
 Episode = Generator[ChatRequest, Generation, Trace]
 
+MAX_DELEGATION_DEPTH = 2
+"""Sub-episodes within sub-episodes at most this deep (a specialist's harness drops the lead's
+specialists, so the built-in ones nest one level; a harness of one's own may nest more)."""
+
 
 class EpisodeError(Exception):
     """An episode failed; ``where`` says which component raised, ``source`` its kind ("env",
@@ -123,11 +127,18 @@ def call_with_timeout(fn: Callable[[], ev.ToolResult], timeout_s: float) -> tupl
 
 
 class _EpisodeRun:
-    """State and steps of one episode; ``run()`` is the generator the driver advances."""
+    """State and steps of one episode; ``run()`` is the generator the driver advances.
 
-    def __init__(self, job: Job, env: Env, model_version: str, max_steps: int) -> None:
+    A delegated sub-episode (``_delegate``) is an ``_EpisodeRun`` too, at ``depth`` > 0 with its
+    ``agent`` name: it works on its lead's open ``session`` from the ``request`` it was given, and
+    its lead runs its ``_steps`` inline (no reset, verification or close of its own)."""
+
+    def __init__(self, job: Job, env: Env, model_version: str, max_steps: int, *, depth: int = 0, agent: str = "",
+                 session: EnvSession | None = None, request: str | None = None,
+                 tools: dict[str, ev.ToolSpec] | None = None) -> None:
         self.job, self.env, self.harness = job, env, job.harness
-        self.max_steps = max_steps
+        self.max_steps, self.depth, self.agent = max_steps, depth, agent
+        self._given = (session, request, tools) if session is not None else None
         task = job.task
         self.trace = Trace(
             trace_id=job.trace_id or uuid.uuid4().hex,
@@ -166,12 +177,17 @@ class _EpisodeRun:
 
     def _steps(self) -> Episode:
         state, harness, log = self.state, self.harness, self.trace.events
-        try:
-            self.session = self.env.reset(self.job.task)
-            state.messages = [{"role": "user", "content": self.session.observation}]
-            state.available_tools = dict(self.session.tools)
-        except Exception as err:
-            raise EpisodeError("env reset", err, "env") from err
+        if self._given is not None:  # a delegated sub-episode: the lead's session, the lead's request
+            self.session, request, tools = self._given
+            state.messages = [{"role": "user", "content": request}]
+            state.available_tools = dict(tools or {})
+        else:
+            try:
+                self.session = self.env.reset(self.job.task)
+                state.messages = [{"role": "user", "content": self.session.observation}]
+                state.available_tools = dict(self.session.tools)
+            except Exception as err:
+                raise EpisodeError("env reset", err, "env") from err
         state.max_steps = self.max_steps
         fire(harness, Hook.TASK_START, ev.TaskStartEvent(state), log)
         state.prefix_len = len(state.messages)
@@ -204,6 +220,7 @@ class _EpisodeRun:
                 top_p=float(sampling.top_p),
                 max_new_tokens=int(sampling.max_new_tokens),
                 reply_prefix=prefix,
+                agent=self.agent,
             )
             self.trace.model_calls.append(call)
             reply = call.reply  # a prefilled prefix is part of the reply the parser and the history see
@@ -215,7 +232,7 @@ class _EpisodeRun:
             )
             call.trainable, call.loss_weight = out.trainable, out.loss_weight
             state.messages.append({"role": "assistant", "content": reply})
-            actions = self._act(out)
+            actions = yield from self._act(out)
             fire(harness, Hook.STEP_END, ev.StepEndEvent(state, actions=actions), log)
             if self.session.done:
                 state.stop("env_done")
@@ -225,12 +242,13 @@ class _EpisodeRun:
                     state.stop("step_cap")
         fire(harness, Hook.TASK_END, ev.TaskEndEvent(state), log)
 
-    def _act(self, out: ev.ParsedOutputEvent) -> list[str]:
-        """Carry out what the parsed completion asks for; return short action descriptions."""
+    def _act(self, out: ev.ParsedOutputEvent) -> Generator[ChatRequest, Generation, list[str]]:
+        """Carry out what the parsed completion asks for; return short action descriptions. A
+        generator: a delegated tool call yields its sub-episode's model requests."""
         state = self.state
         actions: list[str] = []
         for call in out.tool_calls:
-            actions.append(self._tool(call))
+            actions.append((yield from self._tool(call)))
         if not out.tool_calls and out.answer is not None and not out.hold_answer:
             state.final_answer = out.answer
             state.stop("answer")
@@ -240,20 +258,25 @@ class _EpisodeRun:
             state.stop("no_action")
         return actions
 
-    def _tool(self, call: ev.ToolCall) -> str:
+    def _tool(self, call: ev.ToolCall) -> Generator[ChatRequest, Generation, str]:
         state, harness, log = self.state, self.harness, self.trace.events
         before = fire(harness, Hook.BEFORE_TOOL, ev.ToolCallEvent(state, call=call), log)
         call, result = before.call, before.result
         blocked = result is not None
         if result is None:
-            result = self._execute(call, before.timeout_s)
+            spec = state.tools.get(call.name)
+            provider = harness.get(spec.provider) if spec is not None and spec.provider in harness else None
+            if getattr(provider, "delegates", False):
+                result = yield from self._delegate(provider, call)
+            else:
+                result = self._execute(call, before.timeout_s)
         after = fire(harness, Hook.AFTER_TOOL, ev.ToolResultEvent(state, call=call, result=result), log)
         result = after.result
         self._count("tool_calls")
         self._count("tool_errors", result.error is not None)
         self.trace.tool_calls.append(
             ToolCallRecord(state.step, call.name, call.arguments, result.output, result.error, result.seconds,
-                           call.call_id, blocked)
+                           call.call_id, blocked, agent=self.agent)
         )
         state.messages.append(tool_message(call.name, result))
         return f"{call.name}({_short(call.arguments)})"
@@ -279,6 +302,51 @@ class _EpisodeRun:
         if not result.seconds:
             result = ev.ToolResult(result.output, result.error, time.perf_counter() - start)
         return result
+
+    def _delegate(self, specialist: Any, call: ev.ToolCall) -> Generator[ChatRequest, Generation, ev.ToolResult]:
+        """Run ``specialist``'s sub-episode on this episode's session and return its report as the
+        tool's result. Its model calls, tool calls and events join this trace (tagged with the
+        specialist's name, exact token ids kept, so GRPO trains on them); anything that goes wrong
+        inside it (a crash, the policy failing, the step cap, no answer) comes back as the tool's
+        error and the lead goes on."""
+        name = specialist.config["agent"]
+        request = call.arguments.get("request")
+        if not isinstance(request, str) or not request.strip():
+            return ev.ToolResult("", error=f"{call.name} needs a non-empty 'request' string")
+        if self.depth + 1 > MAX_DELEGATION_DEPTH:
+            return ev.ToolResult("", error=f"delegation deeper than {MAX_DELEGATION_DEPTH} level(s) is not allowed")
+        start = time.perf_counter()
+        agent = f"{self.agent}/{name}" if self.agent else name
+        try:
+            harness = specialist.harness_for(self.harness)
+            sub = _EpisodeRun(Job(self.job.task, harness, self.job.variant), self.env, self.trace.model_version,
+                              min(self.max_steps, specialist.config["max_steps"]), depth=self.depth + 1, agent=agent,
+                              session=self.session, request=request, tools=self.state.available_tools)
+        except Exception as err:  # the specialist's harness does not compose
+            return ev.ToolResult("", error=f"specialist {name!r} could not start: {type(err).__name__}: {err}")
+        failure = None
+        try:
+            yield from sub._steps()
+        except Exception as err:  # noqa: BLE001 - whatever failed stays in the sub-episode
+            failure = f"specialist {name!r} failed: {err}" if isinstance(err, EpisodeError) else (
+                f"specialist {name!r} failed: {type(err).__name__}: {err}")
+        self._adopt(sub)
+        seconds = time.perf_counter() - start
+        if failure is not None:
+            return ev.ToolResult("", error=failure, seconds=seconds)
+        if sub.state.final_answer is None:
+            return ev.ToolResult("", error=f"specialist {name!r} gave no answer (stopped: {sub.state.stop_reason})",
+                                 seconds=seconds)
+        return ev.ToolResult(str(sub.state.final_answer), seconds=seconds)
+
+    def _adopt(self, sub: _EpisodeRun) -> None:
+        """A finished sub-episode's records and costs, added to this episode's."""
+        self.trace.model_calls += sub.trace.model_calls
+        self.trace.tool_calls += sub.trace.tool_calls
+        self.trace.events += [{**e, "agent": sub.agent} for e in sub.trace.events]
+        for key, n in sub.state.usage.items():
+            self._count(key, n)
+        self._count("delegations")
 
     def _verify(self) -> None:
         try:

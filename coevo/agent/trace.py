@@ -38,6 +38,7 @@ class ModelCall:
     top_p: float | None = None
     max_new_tokens: int | None = None
     reply_prefix: str = ""  # "": nothing prefilled (and every call recorded before prefixes existed)
+    agent: str = ""  # "": the lead agent; else the specialist whose delegated sub-episode made the call
 
     @property
     def reply(self) -> str:
@@ -63,6 +64,7 @@ class ToolCallRecord:
     seconds: float
     call_id: str = ""
     blocked: bool = False  # a before_tool processor answered instead of the tool
+    agent: str = ""  # "": the lead agent; else the specialist that called it in a sub-episode
 
 
 @dataclass

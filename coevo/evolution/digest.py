@@ -126,17 +126,19 @@ def normalise_arguments(arguments: Mapping[str, Any]) -> str:
 
 
 def trace_steps(trace: Trace) -> list[Step]:
-    """One ``Step`` per model call, from the after_model event log and the tool records.
+    """One ``Step`` per model call of the lead agent, from the after_model event log and the tool records.
 
     A trace without after_model events (built by hand) is read from its tool records, with the
     final answer on its last step when that step called no tool.
     """
-    parsed = {e.get("step"): e for e in trace.events if e.get("hook") == "after_model"}
+    parsed = {e.get("step"): e for e in trace.events if e.get("hook") == "after_model" and not e.get("agent")}
     records: dict[int, list[ToolCallRecord]] = {}
     for rec in trace.tool_calls:
-        records.setdefault(rec.step, []).append(rec)
+        if not rec.agent:
+            records.setdefault(rec.step, []).append(rec)
+    lead = [c for c in trace.model_calls if not c.agent]  # a delegated sub-episode shows as its tool call's result
     steps = []
-    for k, call in enumerate(trace.model_calls):
+    for k, call in enumerate(lead):
         recs = tuple(records.get(call.step, ()))
         event = parsed.get(call.step)
         if event is not None:
@@ -144,7 +146,7 @@ def trace_steps(trace: Trace) -> list[Step]:
             answer, parse_error = event.get("answer"), event.get("parse_error")
         else:
             names = tuple(r.name for r in recs)
-            is_last = k == len(trace.model_calls) - 1
+            is_last = k == len(lead) - 1
             answer = trace.final_answer if is_last and not recs else None
             parse_error = None
         steps.append(Step(call.step, call.reply, call.finish_reason, names, recs, answer, parse_error))

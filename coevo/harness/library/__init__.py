@@ -9,6 +9,7 @@ from coevo.harness.library.builtin import BUILTIN
 from coevo.harness.library.code import CodeProcessor
 from coevo.harness.library.context import FewShotDemos, InstructionTemplate, SystemPrompt
 from coevo.harness.library.control import ArgumentGuard, LoopDetection, ParseRetry, StepBudget
+from coevo.harness.library.delegation import Specialist
 from coevo.harness.library.evaluation import AnswerExtraction, SelfVerification
 from coevo.harness.library.execution import PythonExecutor, ToolTimeout
 from coevo.harness.library.memory import SlidingWindowMemory, SummaryMemory

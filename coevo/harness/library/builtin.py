@@ -4,6 +4,7 @@ built from source, and extends one of these)."""
 from __future__ import annotations
 
 from coevo.harness.library.context import FewShotDemos, InstructionTemplate, SystemPrompt
+from coevo.harness.library.delegation import Specialist
 from coevo.harness.library.control import ArgumentGuard, LoopDetection, ParseRetry, StepBudget
 from coevo.harness.library.evaluation import AnswerExtraction, SelfVerification
 from coevo.harness.library.execution import PythonExecutor, ToolTimeout
@@ -42,4 +43,5 @@ BUILTIN: tuple[type[Processor], ...] = (
     InfraErrorFilter,
     StageTools,
     SkillLibrary,
+    Specialist,
 )
