@@ -291,7 +291,8 @@ def stream_cmd(
     env_name: str = typer.Option("reasoning", "--env", help="environment whose tasks carry capability annotations: "
                                  "a built-in name or package.module:ClassName"),
     env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
-    axis: str = typer.Option("tools", help="tools | skills (capabilities released stage by stage; agents: not yet)"),
+    axis: str = typer.Option("tools", help="tools | skills | agents (capabilities released stage by stage; agents: "
+                             "specialists of a lead agent, by the env's tool_owners map)"),
     stages: int = typer.Option(3, min=1, help="stages S (clipped to the number of capabilities on the axis)"),
     protocols: list[str] = typer.Option(["deployment", "self_evolving"], "--protocol",
                                         help="deployment | self_evolving, repeatable"),
@@ -318,7 +319,7 @@ def stream_cmd(
     env_cls = resolve_env(env_name)
     try:
         get_axis(axis)
-    except ValueError as err:  # agents: annotated but not runnable yet; said before the model loads
+    except ValueError as err:  # an unknown axis: said before the model loads
         raise typer.BadParameter(str(err), param_hint="--axis") from None
     bad = [p for p in protocols if p not in PROTOCOLS]
     if bad:

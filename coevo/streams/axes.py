@@ -15,8 +15,14 @@ survive and the lineage records the change. Applying it twice with the same argu
 - skills: ``skill_library`` holds one note per released skill, retrieved with ``skill_lookup``
   (never injected into the prompt); the pool grows with the stages. Distractors do not apply:
   the earlier skills already are the distractors.
-- agents: not supported by the runtime; see ``AGENTS_MISSING``. Its capability annotations can be
-  derived (``with_agent_capabilities``) so an agents stream can be built and inspected.
+- agents: the env's ownership map (tool → entity, ``env.tool_owners``) groups its tools into
+  bundles; each released entity becomes a ``specialist`` processor (its bundle, default
+  instructions) offering the lead an ``ask_<entity>`` tool, and the lead's ``tool_registry``
+  enables exactly those delegation tools: the lead has no direct tool access. Specialists already
+  in the harness are kept as they are (an evolved specialist survives a stage), new ones are
+  inserted before the registry. Tasks get ``agent:<entity>`` capabilities from their tools
+  (``with_agent_capabilities``), so the frequency-ranked release is over entities. Distractors do
+  not apply.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from coevo.harness.errors import CompositionError
 from coevo.harness.events import EpisodeState, TaskStartEvent, TaskView
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import Hook
+from coevo.harness.library.delegation import DELEGATE_PREFIX, Specialist
 from coevo.harness.library.stages import DISTRACTORS, SKILL_TOOL, SkillLibrary, StageTools
 from coevo.harness.library.tools import ToolRegistry
 from coevo.harness.processor import Processor
@@ -37,16 +44,6 @@ from coevo.streams.skills import skill_document
 
 AxisHarness = Callable[[Harness, frozenset[str], frozenset[str], int], Harness]
 """(harness, capabilities to expose, axis universe, distractors) → the harness exposing them."""
-
-AGENTS_MISSING = (
-    "the agents axis needs a tool whose call runs a specialist sub-episode (its tool bundle, its own harness) "
-    "with the policy and returns the specialist's answer to the lead agent. The runtime cannot do that without "
-    "large changes: Processor.call_tool(name, arguments, timeout_s) has no access to the policy, and "
-    "run_episodes asks the policy for completions only from its driver loop, so a nested episode would need a "
-    "re-entrant policy and a runtime hook that yields the sub-episode's requests into the same batches. "
-    "Agent capabilities can be derived (with_agent_capabilities) and a stream built from them, but no harness."
-)
-
 
 def _find(harness: Harness, kind: str) -> Processor | None:
     return next((p for p in harness if p.kind == kind), None)
@@ -125,10 +122,41 @@ def skills_harness(harness: Harness, exposed: frozenset[str], universe: frozense
     return harness
 
 
-def agents_harness(harness: Harness, exposed: frozenset[str], universe: frozenset[str],
-                   distractors: int = 0) -> Harness:
-    """Not supported: raises NotImplementedError with ``AGENTS_MISSING``."""
-    raise NotImplementedError(AGENTS_MISSING)
+def bundles(owner: Mapping[str, str]) -> dict[str, list[str]]:
+    """entity → its tools (sorted), from the ownership map tool → entity."""
+    out: dict[str, list[str]] = {}
+    for tool, entity in sorted(owner.items()):
+        out.setdefault(entity, []).append(tool)
+    return out
+
+
+def agents_harness(harness: Harness, exposed: frozenset[str], universe: frozenset[str], distractors: int = 0, *,
+                   owner: Mapping[str, str]) -> Harness:
+    """``harness`` as a lead agent delegating to the specialists ``exposed`` (entities of
+    ``owner``, tool → entity), and to nothing else (see the module docstring). ``distractors`` is
+    accepted for a uniform signature and ignored; bind ``owner`` with ``functools.partial``."""
+    stray = sorted(set(exposed) - set(universe))
+    if stray:
+        raise ValueError(f"exposed agents {stray} are not in the axis universe {sorted(universe)}")
+    by_entity = bundles(owner)
+    unknown = sorted(set(universe) - set(by_entity))
+    if unknown:
+        raise ValueError(f"agents {unknown} own no tool in the ownership map")
+    manifest = {"hypothesis": f"harness stream: a lead delegating to specialists {sorted(exposed)}"}
+    present = {p.config["agent"] for p in harness if p.kind == Specialist.kind}
+    for entity in sorted(set(exposed) - present):
+        chain = list(harness.at(Hook.TASK_START))
+        registry = _find(harness, "tool_registry")
+        index = chain.index(registry) if registry is not None else len(chain)
+        harness = harness.insert(Specialist(agent=entity, tools=by_entity[entity], summary=f"the {entity} specialist"),
+                                 index=index, manifest=manifest)
+    delegates = [DELEGATE_PREFIX + e for e in sorted(exposed)]
+    registry = _find(harness, "tool_registry")
+    if registry is None:
+        return _place(harness, ToolRegistry(enabled=delegates), manifest)
+    if registry.config["enabled"] == delegates:
+        return harness
+    return harness.set_param(registry.name, "enabled", delegates, manifest=manifest)
 
 
 @dataclass(frozen=True)
@@ -145,17 +173,20 @@ AXES: dict[str, Axis] = {
 }
 
 
-SUPPORTED = ("tools", "skills")
-"""Axes a stream can run today; ``agents`` has capability annotations but no runtime (``AGENTS_MISSING``)."""
-
-
 def get_axis(name: str) -> Axis:
-    """The axis ``name``; an unknown or unsupported one raises ``ValueError`` before any work."""
-    if name == "agents":
-        raise ValueError(f"axis 'agents' is not supported yet: {AGENTS_MISSING}; choose one of {list(SUPPORTED)}")
+    """The axis ``name``; an unknown one raises ``ValueError`` before any work."""
     if name not in AXES:
-        raise ValueError(f"axis must be one of {list(SUPPORTED)}, got {name!r}")
+        raise ValueError(f"axis must be one of {list(AXES)}, got {name!r}")
     return AXES[name]
+
+
+def tool_owners(env: Env) -> dict[str, str]:
+    """The env's ownership map (tool → entity) that the agents axis needs: ``env.tool_owners``."""
+    owner = getattr(env, "tool_owners", None)
+    if not isinstance(owner, Mapping) or not owner:
+        raise ValueError(f"env {getattr(env, 'name', env)!r} has no tool_owners map (tool name -> owning entity); "
+                         "the agents axis groups tools into specialists by it")
+    return dict(owner)
 
 
 def with_agent_capabilities(tasks: Sequence[Task], owner: Mapping[str, str]) -> list[Task]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from functools import partial
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from coevo.harness.defaults import base_harness
 from coevo.harness.harness import Harness
 from coevo.meta.rule import RuleMetaAgent
 from coevo.progress import NullProgress, RichProgress
-from coevo.streams.axes import get_axis
+from coevo.streams.axes import agents_harness, get_axis, tool_owners, with_agent_capabilities
 from coevo.streams.construct import ADAPT_SPLIT, Stream, build_stream, hash_order
 from coevo.streams.metrics import (
     Matrix,
@@ -142,9 +143,14 @@ def run_stream(
     out = Path(out_dir)
     base = base or base_harness()
     tasks = env.tasks(ADAPT_SPLIT) + [t for split in eval_splits for t in env.tasks(split)]
+    axis_harness = spec.harness
+    if axis == "agents":  # entities own the tools: tasks need the specialists owning their tools
+        owner = tool_owners(env)
+        tasks = with_agent_capabilities(tasks, owner)
+        axis_harness = partial(agents_harness, owner=owner)
     stream = build_stream(tasks, prefix=spec.prefix, stages=stages, eval_splits=eval_splits,
                           adapt_limit=adapt_limit, eval_limit=eval_limit, seed=seed)
-    stage_harnesses(stream, base, spec.harness, distractors_per_stage)  # bad axis settings fail before any episode
+    stage_harnesses(stream, base, axis_harness, distractors_per_stage)  # bad axis settings fail before any episode
     out.mkdir(parents=True, exist_ok=True)
     args = {"env": env.name, "axis": axis, "stages": stages, "protocols": list(protocols), "base": base.id,
             "rounds_per_stage": rounds_per_stage, "attempts": attempts, "adapt_limit": adapt_limit,
@@ -157,15 +163,15 @@ def run_stream(
     rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps, workers=workers, seed=seed,
                               progress=progress)
     results: dict[str, ProtocolResult] = {
-        "reference": task_specific_reference(stream, base, spec.harness, rollouts, attempts=attempts)}
+        "reference": task_specific_reference(stream, base, axis_harness, rollouts, attempts=attempts)}
     if "deployment" in protocols:
-        results["deployment"] = deployment(stream, base, spec.harness, rollouts, attempts=attempts,
+        results["deployment"] = deployment(stream, base, axis_harness, rollouts, attempts=attempts,
                                            distractors_per_stage=distractors_per_stage)
     if "self_evolving" in protocols:
         critic = critic or Critic(rollouts.critic_rollout(), k=attempts, gate=gate)
         references = _references(env, stream, references_per_stage, seed, out / "references")
         results["self_evolving"] = self_evolving(
-            stream, base, spec.harness, rollouts, meta or RuleMetaAgent(), critic, out / "self_evolving",
+            stream, base, axis_harness, rollouts, meta or RuleMetaAgent(), critic, out / "self_evolving",
             rounds_per_stage=rounds_per_stage, attempts=attempts, references=references,
             distractors_per_stage=distractors_per_stage, max_variants=max_variants, max_proposals=max_proposals,
             seed=seed)

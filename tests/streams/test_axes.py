@@ -17,7 +17,6 @@ from coevo.harness.hooks import Hook
 from coevo.harness.library import InstructionTemplate, PythonExecutor, SlidingWindowMemory
 from coevo.harness.library.stages import DISTRACTORS, SKILL_TOOL
 from coevo.streams.axes import (
-    AGENTS_MISSING,
     agents_harness,
     distractor_names,
     exposed_tools,
@@ -150,17 +149,29 @@ def test_skill_notes_hold_no_digit_and_no_answer():
         f"skill:{n}" for n in PROCEDURES}
 
 
-def test_the_agents_axis_builds_streams_but_no_harness():
+def test_the_agents_axis_turns_entities_into_specialists_of_a_lead_without_tools(env, task):
     owner = {"add": "arithmetic", "mul": "arithmetic", "neg": "signs"}
     tasks = with_agent_capabilities(make_tasks(), owner)
     assert next(t for t in tasks if t.task_id == "neg-0").capabilities[-1] == "agent:signs"
     stream = build_stream(tasks, prefix="agent:", stages=2)
     assert stream.released == (("arithmetic",), ("signs",))
-    with pytest.raises(NotImplementedError, match="Processor.call_tool"):
-        agents_harness(base_harness(), frozenset({"arithmetic"}), frozenset({"arithmetic", "signs"}))
-    assert "run_episodes" in AGENTS_MISSING
+    universe = frozenset({"arithmetic", "signs"})
+    first = agents_harness(base_harness(), frozenset({"arithmetic"}), universe, owner=owner)
+    (specialist,) = [p for p in first if p.kind == "specialist"]
+    assert (specialist.config["agent"], specialist.config["tools"]) == ("arithmetic", ["add", "mul"])
+    state = _start(first, env, task)
+    assert sorted(state.tools) == ["ask_arithmetic"]  # the lead delegates; it calls no tool itself
+    # a specialist the lead's engine evolved survives the next stage; the new one joins it
+    evolved = first.set_param(specialist.name, "instructions", "You are the arithmetic specialist. Check twice.")
+    second = agents_harness(evolved, universe, universe, owner=owner)
+    assert second.get(specialist.name).config["instructions"].endswith("Check twice.")
+    assert sorted(_start(second, env, task).tools) == ["ask_arithmetic", "ask_signs"]
+    assert agents_harness(second, universe, universe, owner=owner).id == second.id  # idempotent
+    with pytest.raises(ValueError, match="not in the axis universe"):
+        agents_harness(base_harness(), frozenset({"logic"}), universe, owner=owner)
     with pytest.raises(ValueError, match=r"uses tools \['neg'\]"):
         with_agent_capabilities(make_tasks(), {"add": "a", "mul": "a"})
+    assert Harness.from_yaml(second.to_yaml()).id == second.id
 
 
 def test_stage_harnesses_load_back_from_yaml():

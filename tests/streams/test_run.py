@@ -85,7 +85,7 @@ def test_one_protocol_and_the_skills_axis(tmp_path):
     ({"attempts": 0}, "attempts must be >= 1"),
     ({"gate": "vote"}, "gate must be one of"),
     ({"stages": 0}, "stages must be an integer >= 1"),
-    ({"axis": "agents"}, "axis 'agents' is not supported yet: the agents axis needs a tool"),
+    ({"axis": "agents"}, "env 'toolbox' has no tool_owners map"),
     ({"distractors_per_stage": 6}, "distractors must be an integer in 0..10"),
 ])
 def test_bad_arguments_are_refused(tmp_path, kwargs, message):
