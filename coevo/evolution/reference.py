@@ -34,9 +34,10 @@ from coevo.agent.runtime import tool_message
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.digest import trace_steps
-from coevo.harness.events import Message, ToolCall, ToolResult
+from coevo.harness.events import Message, ToolResult
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import InstructionTemplate
+from coevo.harness.library.tools import tool_call_text
 from coevo.secret_traces import redact_trace
 
 HINT = "The correct answer is {answer}. Solve it step by step with the tools, then give the answer."
@@ -64,12 +65,6 @@ def answer_text(answer: Any) -> str:
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         return str(answer)
     return json.dumps(answer, ensure_ascii=False)
-
-
-def tool_call_text(call: ToolCall) -> str:
-    """A tool call in the format the base harness teaches and ``json_tool_parser`` parses."""
-    payload = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
-    return f"<tool_call>{payload}</tool_call>"
 
 
 def required_tools(task: Task, offered: Iterable[str] | None = None) -> set[str]:

@@ -24,8 +24,8 @@ from coevo.evolution.reference import (
     policy_reference,
     reference_demo,
     required_tools,
-    tool_call_text,
 )
+from coevo.harness.library.tools import tool_call_text
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import EpisodeState, ModelOutputEvent, TaskView, ToolCall
 from coevo.harness.library import InstructionTemplate, JsonToolCallParser, SelfVerification

@@ -203,7 +203,7 @@ def test_tool_choice_prefills_a_call_the_parser_completes():
     assert named.reply_prefix == '<tool_call>{"name": "calculator", "arguments": {'
     assert ToolChoice().process(request()).reply_prefix == '<tool_call>{"name": "'
     # the model's continuation after each prefix parses as the call a tool_call_text would write
-    from coevo.evolution.reference import tool_call_text
+    from coevo.harness.library.tools import tool_call_text
 
     whole = tool_call_text(ev.ToolCall("calculator", {"expression": "2 + 3"}))
     one_arg = request()

@@ -104,6 +104,13 @@ class ToolSchemaHint(Processor):
         return event
 
 
+def tool_call_text(call: ToolCall) -> str:
+    """A tool call in the format the base harness teaches and ``json_tool_parser`` parses (what a
+    worked demonstration or a scripted policy writes)."""
+    payload = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    return f"<tool_call>{payload}</tool_call>"
+
+
 class JsonToolCallParser(Processor):
     kind = "json_tool_parser"
     description = (
@@ -156,8 +163,8 @@ class ToolWhitelist(Processor):
 
 
 def forced_call_prefix(tool: str = "", spec: ToolSpec | None = None) -> str:
-    """The start of a tool call in the format ``json_tool_parser`` reads (``tool_call_text`` in
-    ``coevo.evolution.reference`` writes whole ones): for any tool, up to the opening quote of the
+    """The start of a tool call in the format ``json_tool_parser`` reads (``tool_call_text`` writes
+    whole ones): for any tool, up to the opening quote of the
     name; for a named tool, up to its arguments object, and when ``spec`` shows a single argument,
     up to that argument's value (its opening quote for a string). SmolLM2-135M forced only to the
     arguments object invented argument names ({"operation": "add", ...}) in most calls; given the
