@@ -20,6 +20,9 @@ from coevo.config_check import check, check_dependencies, check_distributed, che
 
 log = logging.getLogger("coevo")
 
+SCRIPTED_MODELS = ("scripted", "gold")
+"""``model.name`` values that run without weights (``scripted_policy``)."""
+
 RESUMABLE_CHANGES = {"rounds", "logger", "val_every", "test", "test_limit"}
 """Top-level keys that may differ when a run is started again on its directory."""
 
@@ -118,7 +121,7 @@ def run(cfg: Any) -> Path:
 
     trains = cfg.mode in ("coevolve", "model_only")
     model, tok = None, None
-    if cfg.model.name != "scripted":
+    if cfg.model.name not in SCRIPTED_MODELS:
         try:
             model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype,
                                     seed=cfg.model.init_seed)
@@ -133,7 +136,7 @@ def run(cfg: Any) -> Path:
                               total_steps=cfg.rounds * cfg.trainer.steps_per_round, temperature=temperature,
                               loss_horizon=cfg.rollout.max_new_tokens)
         model = trainer.unwrapped
-    policy, sync = build_policy(cfg, model, tok) if model is not None else (scripted_policy(cfg.env.name), None)
+    policy, sync = build_policy(cfg, model, tok) if model is not None else (scripted_policy(cfg.model.name, env, cfg.env.name), None)
 
     progress = RichProgress() if is_main else NullProgress()
     tasks = {t.task_id: t for t in train}
@@ -247,16 +250,22 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
     return policy, lambda: policy.sync_weights(model, policy.model_version)
 
 
-def scripted_policy(env_name: str) -> Any:
-    """``model.name=scripted``: the env's scripted solver as the policy (no weights, so no training:
-    ``check`` allows it only in the harness_only and static modes). For plumbing checks and tests."""
+def scripted_policy(name: str, env: Any, env_name: str) -> Any:
+    """``model.name=scripted`` (the env's scripted solver) or ``gold`` (its tasks' own gold actions,
+    ``coevo.agent.gold``) of ``env`` (named ``env_name`` in the config) as the policy: no weights, so no training (``check`` allows them only in
+    the harness_only and static modes). For plumbing checks and tests."""
     from coevo.agent.policy import ScriptedPolicy
     from coevo.envs.load import scripted_solver
 
+    if name == "gold":
+        from coevo.agent.gold import GoldPolicy
+
+        tasks = [t for split in ("train", "val", "test") for t in env.tasks(split)]
+        return GoldPolicy(tasks, answer=getattr(env, "gold_answer", None), model_version=f"gold-{env.name}")
     solver = scripted_solver(env_name)
     if solver is None:
         raise ValueError(f"config model.name='scripted': env {env_name!r} has no scripted solver; name a model")
-    return ScriptedPolicy(solver, model_version=f"scripted-{env_name}")
+    return ScriptedPolicy(solver, model_version=f"scripted-{env.name}")
 
 
 def build_meta(cfg: TrainConfig, run_dir: Path) -> Any:

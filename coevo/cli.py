@@ -65,12 +65,20 @@ def resolve_env(name: str):
         raise typer.BadParameter(str(err), param_hint="--env") from None
 
 
-def build_policy(model: str, backend: str, device: str, adapter: str | None, env_name: str, seed: int):
-    """The policy for ``coevo eval``: ``scripted`` (the env's scripted solver), or a model name
-    or path served by transformers or vLLM."""
+def build_policy(model: str, backend: str, device: str, adapter: str | None, env_name: str, seed: int, *,
+                 env: Any, delegate: bool = False):
+    """The policy for ``coevo eval`` and ``coevo stream``: ``gold`` (``env``'s tasks' own gold
+    actions; with ``delegate``, as a lead handing them to specialists by ``env.tool_owners``),
+    ``scripted`` (the env's scripted solver), or a model name or path served by transformers or vLLM."""
     from coevo.agent.policy import ScriptedPolicy
     from coevo.envs.load import scripted_solver
 
+    if model == "gold":  # the env's own gold actions, as one agent or, on the agents axis, a delegating lead
+        from coevo.agent.gold import GoldPolicy
+
+        tasks = [t for split in ("train", "val", "test") for t in env.tasks(split)]
+        return GoldPolicy(tasks, answer=getattr(env, "gold_answer", None),
+                          owner=getattr(env, "tool_owners", None) if delegate else None, model_version=f"gold-{env_name}")
     if model == "scripted":
         solver = scripted_solver(env_name)
         if solver is None:
@@ -98,7 +106,7 @@ def build_policy(model: str, backend: str, device: str, adapter: str | None, env
 def eval_cmd(
     env_name: str = typer.Option("reasoning", "--env", help=ENV_HELP),
     env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
-    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | a local model directory"),
+    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | gold | a local model directory"),
     backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
     device: str = typer.Option("cpu", help="torch device for the transformers backend"),
     adapter: Optional[str] = typer.Option(None, help="PEFT adapter directory to load on the model"),
@@ -129,7 +137,7 @@ def eval_cmd(
         raise typer.BadParameter(f"{env_name}: {err}", param_hint="--env-arg") from None
     try:
         with console.status(f"loading model {model}"):
-            policy = build_policy(model, backend, device, adapter, env_name, seed)
+            policy = build_policy(model, backend, device, adapter, env_name, seed, env=env)
         rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps,
                                   workers=RolloutConfig.workers, seed=seed, progress=RichProgress(console))
         report, traces = evaluate(h, rollouts, split, attempts=attempts, limit=limit)
@@ -156,7 +164,7 @@ def eval_cmd(
 def evolve_cmd(
     env_name: Optional[str] = typer.Option(None, "--env", help=ENV_HELP + "; default: the config's (env=...)"),
     env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
-    model: Optional[str] = typer.Option(None, help="smollm2 | tiny | scripted | a local model directory"),
+    model: Optional[str] = typer.Option(None, help="smollm2 | tiny | scripted | gold | a local model directory"),
     backend: Optional[str] = typer.Option(None, help="transformers (CPU/GPU) | vllm (GPU)"),
     device: Optional[str] = typer.Option(None, help="torch device (auto: cuda when available)"),
     harness: Optional[str] = typer.Option(None, help="starting harness: built-in name or YAML path"),
@@ -296,7 +304,7 @@ def stream_cmd(
     stages: int = typer.Option(3, min=1, help="stages S (clipped to the number of capabilities on the axis)"),
     protocols: list[str] = typer.Option(["deployment", "self_evolving"], "--protocol",
                                         help="deployment | self_evolving, repeatable"),
-    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | a local model directory"),
+    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | gold | a local model directory"),
     backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
     device: str = typer.Option("cpu", help="torch device for the transformers backend"),
     harness: str = typer.Option("base", help="starting harness: built-in name or YAML path"),
@@ -314,7 +322,7 @@ def stream_cmd(
     """Release an env's capabilities along an axis in stages and evaluate retention and adaptation
     under the deployment and self-evolving protocols: the pass matrix, FWT/BWT, tokens and a figure."""
     from coevo.streams import PROTOCOLS, run_stream
-    from coevo.streams.axes import get_axis
+    from coevo.streams.axes import get_axis, tool_owners
 
     env_cls = resolve_env(env_name)
     try:
@@ -326,10 +334,15 @@ def stream_cmd(
         raise typer.BadParameter(f"protocol must be one of {list(PROTOCOLS)}, got {bad}", param_hint="--protocol")
     start = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts)
     env = env_cls(**parse_env_args(env_args))
+    if axis == "agents":
+        try:
+            tool_owners(env)
+        except ValueError as err:  # no ownership map: said before the model loads
+            raise typer.BadParameter(str(err), param_hint="--axis") from None
     out = out or Path("runs") / time.strftime(f"stream-{env.name}-{axis}-%Y%m%d-%H%M%S")
     try:
         with console.status(f"loading model {model}"):
-            policy = build_policy(model, backend, device, None, env_name, seed)
+            policy = build_policy(model, backend, device, None, env_name, seed, env=env, delegate=axis == "agents")
         try:
             result = run_stream(env, policy, out, axis=axis, stages=stages, protocols=protocols, base=start,
                                 rounds_per_stage=rounds_per_stage, attempts=attempts, adapt_limit=adapt_limit,

@@ -26,8 +26,8 @@ def opt(default: Any, help: str) -> Any:
 @dataclass
 class ModelConfig:
     name: str = opt("???", "smollm2 (embedded SmolLM2-135M-Instruct), tiny (random test model), a local "
-                    "save_pretrained directory / hub id already in the cache, or scripted (the env's scripted "
-                    "solver; harness_only and static modes)")
+                    "save_pretrained directory / hub id already in the cache, or scripted / gold (the env's scripted "
+                    "solver / its tasks' gold actions; harness_only and static modes)")
     device: str = opt("auto", "torch device; auto = cuda when available, else cpu")
     dtype: str = opt("auto", "float32 | bfloat16 | auto (bfloat16 on cuda, float32 on cpu: bf16 is slow and "
                      "inaccurate on CPUs without native support)")

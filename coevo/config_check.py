@@ -121,11 +121,12 @@ def check(cfg: TrainConfig) -> None:
                              + ("/v1" if key == "meta_agent.url" else ""))
     if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
         raise ValueError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
-    if cfg.model.name == "scripted" and cfg.mode in ("coevolve", "model_only"):
-        raise ValueError(f"config model.name='scripted' has no weights to train in mode={cfg.mode!r}; use "
+    if cfg.model.name in ("scripted", "gold") and cfg.mode in ("coevolve", "model_only"):
+        raise ValueError(f"config model.name={cfg.model.name!r} has no weights to train in mode={cfg.mode!r}; use "
                          "mode=harness_only or mode=static, or name a model")
-    if cfg.model.name == "scripted" and cfg.rollout.backend != "transformers":
-        raise ValueError("config model.name='scripted' runs without a serving backend; leave rollout=transformers")
+    if cfg.model.name in ("scripted", "gold") and cfg.rollout.backend != "transformers":
+        raise ValueError(f"config model.name={cfg.model.name!r} runs without a serving backend; leave "
+                         "rollout=transformers")
     if cfg.evolution.router and cfg.meta_agent.backend == "rule":
         raise ValueError("evolution.router=true needs an LLM meta-agent (meta_agent=openai or hf); rule cannot route")
     if cfg.trainer.beta > 0 and not cfg.model.lora and cfg.mode in ("coevolve", "model_only"):

@@ -160,11 +160,11 @@ def test_sharded_training_is_refused_naming_what_to_use(kind):
     check_distributed(DistributedType.NO)
 
 
-def test_the_agents_axis_is_a_usage_error_before_the_model_loads():
+def test_the_agents_axis_on_an_env_without_owners_is_a_usage_error_before_the_model_loads():
     from typer.testing import CliRunner
 
     from coevo.cli import app
 
     out = CliRunner().invoke(app, ["stream", "--env", "arithmetic", "--axis", "agents", "--model", "scripted"])
     assert out.exit_code == 2
-    assert "axis 'agents' is not supported yet" in out.output and "loading model" not in out.output
+    assert "has no tool_owners map" in out.output and "loading model" not in out.output

@@ -22,6 +22,8 @@ class ChatRequest:
     messages: list[Message]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     reply_prefix: str = ""
+    task_id: str = ""  # the episode's task (scripted policies that replay a task's gold actions read it)
+    agent: str = ""  # "": the lead agent; else the specialist whose delegated sub-episode asks
 
 
 @dataclass
@@ -73,8 +75,12 @@ class ScriptedPolicy:
         self.batch_sizes.append(len(requests))
         return [self._one(r) for r in requests]
 
+    def reply(self, request: ChatRequest) -> str:
+        """The whole scripted assistant turn for ``request`` (a subclass may read more than its messages)."""
+        return self.respond(request.messages)
+
     def _one(self, request: ChatRequest) -> Generation:
-        text = self.respond(request.messages)
+        text = self.reply(request)
         prefix = request.reply_prefix
         if prefix and text.startswith(prefix):
             text = text[len(prefix):]

@@ -204,7 +204,7 @@ class _EpisodeRun:
             if not isinstance(prefix, str):
                 err = ProcessorContractError(f"reply_prefix must be a str, got {type(prefix).__name__}")
                 raise EpisodeError(f"processors at {Hook.BEFORE_MODEL.value}", err, "processor")
-            generation = yield ChatRequest(request.messages, request.sampling, prefix)
+            generation = yield ChatRequest(request.messages, request.sampling, prefix, self.job.task.task_id, self.agent)
             self._count("model_calls")
             self._count("prompt_tokens", len(generation.prompt_ids))
             self._count("completion_tokens", len(generation.completion_ids))

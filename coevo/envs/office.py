@@ -200,6 +200,8 @@ class OfficeEnv:
     """``n_tasks`` office tasks of ``seed`` (100 by default); splits by ``assign_split``."""
 
     name = "office"
+    tool_owners = OWNER  # tool -> entity: the agents axis makes one specialist per entity
+    gold_answer = staticmethod(final_answer)  # what coevo.agent.gold.GoldPolicy answers once the calls are made
 
     def __init__(self, n_tasks: int = 100, seed: int = 0) -> None:
         if not 1 <= n_tasks <= 1000:

@@ -1,0 +1,78 @@
+"""A scripted policy that replays each task's own gold actions: what an env author runs first, to
+check that the env, its verifier and the runtime agree before any model is involved.
+
+``GoldPolicy`` reads the task of each request (``ChatRequest.task_id``), counts the tool results
+the episode has seen, and writes the next gold call in the format the default harness parses, then
+the final answer. Given an ownership map (tool → entity) it plays a lead agent instead: it hands
+each run of consecutive gold calls owned by one entity to that entity's specialist
+(``ask_<entity>``, the agents axis), and as that specialist it carries out the calls its request
+lists. No registry of sessions, no parsing of observations: tasks are looked up by id.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+
+from coevo.agent.policy import ChatRequest, ScriptedPolicy
+from coevo.envs.base import Task
+from coevo.harness.events import Message, ToolCall
+from coevo.harness.library.delegation import DELEGATE_PREFIX
+from coevo.harness.library.tools import tool_call_text
+
+CALLS_HEADER = "Carry out these tool calls in order, then report:"
+
+
+def segments(calls: Iterable[ToolCall], owner: Mapping[str, str]) -> list[tuple[str, list[ToolCall]]]:
+    """Runs of consecutive calls owned by one entity, in order: (entity, its calls)."""
+    out: list[tuple[str, list[ToolCall]]] = []
+    for call in calls:
+        entity = owner[call.name]
+        if out and out[-1][0] == entity:
+            out[-1][1].append(call)
+        else:
+            out.append((entity, [call]))
+    return out
+
+
+def _results(messages: list[Message]) -> list[str]:
+    return [m.get("content") or "" for m in messages if m.get("role") == "tool"]
+
+
+class GoldPolicy(ScriptedPolicy):
+    """Replays ``tasks``' gold actions (see the module docstring). ``answer(task)``: the final
+    answer once the calls are made (default: ``done``; an env whose verifier checks an answer
+    offers ``gold_answer``); ``owner``: play a lead that delegates by entity."""
+
+    def __init__(self, tasks: Iterable[Task], *, answer: Callable[[Task], str] | None = None,
+                 owner: Mapping[str, str] | None = None, model_version: str = "gold") -> None:
+        super().__init__(self._unused, model_version=model_version)
+        self.tasks = {t.task_id: t for t in tasks}
+        self.answer, self.owner = answer, dict(owner) if owner is not None else None
+
+    @staticmethod
+    def _unused(messages: list[Message]) -> str:
+        raise AssertionError("GoldPolicy answers from the request")
+
+    def reply(self, request: ChatRequest) -> str:
+        task = self.tasks.get(request.task_id)
+        if task is None:
+            return f"<answer>unknown task {request.task_id!r}</answer>"
+        done = _results(request.messages)
+        if request.agent:  # a specialist: the calls its request lists
+            listed = next(m["content"] for m in request.messages if m.get("role") == "user")
+            calls = [ToolCall(c["name"], c["arguments"]) for c in json.loads(listed.split("\n", 1)[1])]
+            if len(done) < len(calls):
+                return tool_call_text(calls[len(done)])
+            # a plain report: a tool result quoted back may hold JSON the lenient parser would take for a call
+            return f"<answer>done: {len(done)} call(s) made</answer>"
+        plan = ([(None, [c]) for c in task.gold_actions] if self.owner is None
+                else segments(task.gold_actions, self.owner))
+        if len(done) < len(plan):
+            entity, calls = plan[len(done)]
+            if entity is None:
+                return tool_call_text(calls[0])
+            listing = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
+            return tool_call_text(ToolCall(DELEGATE_PREFIX + entity, {"request": f"{CALLS_HEADER}\n{listing}"}))
+        final = self.answer(task) if self.answer is not None else "done"
+        return f"<answer>{final}</answer>"
