@@ -274,6 +274,22 @@ def _step_budget_up(cluster: Cluster, harness: Harness, context: PlanContext) ->
     return (why, [edit]) if edit else None
 
 
+SPECIALIST_CUT = re.compile(r"specialist '([a-z][a-z0-9_]*)' gave no answer \(stopped: step_cap\)")
+
+
+def _specialist_budget_up(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
+    """Delegations that came back because the specialist ran out of steps: more steps for it."""
+    cut = {m.group(1) for text in cluster.excerpts for m in SPECIALIST_CUT.finditer(text)}
+    for p in harness:
+        if p.kind == "specialist" and p.config["agent"] in cut and p.config["max_steps"] < MAX_STEPS:
+            current = p.config["max_steps"]
+            edit = Edit("set_param", p.name, param="max_steps", value=min(MAX_STEPS, current + max(2, current // 2)))
+            why = (f"{_n_tasks(cluster)}: the {p.config['agent']} specialist stopped at its step budget of {current} "
+                   "before reporting; give its sub-episodes more steps")
+            return why, [edit]
+    return None
+
+
 def _max_new_tokens_up(cluster: Cluster, harness: Harness, context: PlanContext) -> Draft | None:
     present = find_kind(harness, "sampling")
     if present is None:
@@ -332,6 +348,7 @@ TEMPLATES: dict[str, Template] = {
     "temperature_schedule": Template("temperature_schedule", ("temperature_schedule",), _temperature_schedule),
     "step_budget_up": Template("step_budget_up", ("step_budget",), _step_budget_up),
     "max_new_tokens_up": Template("max_new_tokens_up", ("sampling",), _max_new_tokens_up),
+    "specialist_budget_up": Template("specialist_budget_up", ("specialist",), _specialist_budget_up),
     "summary_memory": Template("summary_memory", ("summary_memory",), _memory("summary_memory", SummaryMemory)),
     "sliding_window": Template("sliding_window", ("sliding_window",), _memory("sliding_window", SlidingWindowMemory)),
     "tool_timeout_up": Template("tool_timeout_up", ("tool_timeout",), _tool_timeout_up),
@@ -343,7 +360,7 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
                      "lenient_parser"),
     "wrong_answer": ("few_shot_demos", "format_system_prompt", "last_number_fallback", "parse_retry_up",
                      "lenient_parser", "self_verification", "python_executor"),
-    "tool_misuse": ("clear_tool_hint", "few_shot_demos", "lenient_parser"),
+    "tool_misuse": ("specialist_budget_up", "clear_tool_hint", "few_shot_demos", "lenient_parser"),
     "missing_tool": ("enable_all_tools", "python_executor"),
     "wrong_tool": ("tool_whitelist", "clear_tool_hint"),
     "loop": ("loop_warn", "temperature_schedule"),

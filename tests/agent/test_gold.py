@@ -98,3 +98,29 @@ def test_coevo_stream_agents_axis_with_the_gold_lead(tmp_path):
                                       "--max-steps", "10", "--max-new-tokens", "1024", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert (out / "metrics.json").is_file() and (out / "matrix-self_evolving.csv").is_file()
+
+
+def test_aegis_edits_a_specialist_that_runs_out_of_steps(env):
+    """Specialists are harness components: a lead whose contacts specialist has one step fails the
+    tasks that need two contacts calls; the rule meta-agent reads the delegation errors and raises
+    that specialist's budget, and the Critic ships the edit."""
+    from coevo.evolution.critic import Critic
+    from coevo.evolution.engine import AEGIS
+    from coevo.meta.rule import RuleMetaAgent
+    from tests.aegis_helpers import critic_rollout, evolve_round
+
+    tasks = every_task(env)
+    policy = GoldPolicy(tasks, answer=final_answer, owner=OWNER)
+    short = lead().set_param("specialist_contacts", "max_steps", 1)
+    train = env.tasks("train")
+    # tasks whose contacts part takes two calls: with one step, the second never runs (a task whose
+    # second call only reads still passes)
+    batch = [t for t in train if any(e == "contacts" and len(c) >= 2 for e, c in segments(t.gold_actions, OWNER))][:6]
+    assert len(batch) >= 3
+    aegis = AEGIS(short, RuleMetaAgent(), Critic(critic_rollout(policy, env, max_steps=10), k=1, gate="seesaw"),
+                  tasks={t.task_id: t for t in train}, max_proposals=1)
+    traces, report = evolve_round(aegis, batch, policy, env, round=0, attempts=1, max_steps=10)
+    assert sum(not t.passed for t in traces) >= 2
+    (verdict,) = report.verdicts
+    assert verdict.ship and [e.describe() for e in verdict.proposal.edits] == ["set_param specialist_contacts.max_steps"]
+    assert aegis.harness().get("specialist_contacts").config["max_steps"] == 3
