@@ -16,6 +16,7 @@ from coevo.harness.library import (
     FewShotDemos,
     PythonExecutor,
     SelfVerification,
+    Specialist,
     SystemPrompt,
     ToolChoice,
 )
@@ -75,7 +76,11 @@ NOT_ON_BASE = {
     "lenient_parser": lambda h: h.set_param("json_tool_parser", "lenient", False),
     "enable_all_tools": lambda h: h.set_param("tool_registry", "enabled", ["calculator"]),
     "python_timeout_up": lambda h: h.insert(PythonExecutor(), index=2),
+    "specialist_budget_up": lambda h: h.insert(Specialist(agent="notes", tools=["calculator"]), index=0),
 }
+EXCERPTS = {"specialist_budget_up": ["step 1: <tool_call>... || ask_notes → error: specialist 'notes' gave no answer "
+                                     "(stopped: step_cap)"]}
+"""What a template reads in a cluster's excerpts, where it needs more than the cause."""
 
 
 def test_catalogue_covers_every_cause_with_builtin_kinds():
@@ -96,7 +101,9 @@ def test_every_template_applies_to_base_harness(name):
     if name in NOT_ON_BASE:
         assert TEMPLATES[name].build(cluster("env_error"), base, context()) is None
     cause = next(c for c, names in CATALOGUE.items() if name in names)
-    draft = TEMPLATES[name].build(cluster(cause), harness, context(demos=[*DEMOS, TOOL_DEMO]))
+    failures = cluster(cause)
+    failures.excerpts = EXCERPTS.get(name, [])
+    draft = TEMPLATES[name].build(failures, harness, context(demos=[*DEMOS, TOOL_DEMO]))
     assert draft is not None
     hypothesis, edits = draft
     assert hypothesis and edits
