@@ -7,6 +7,11 @@ the final answer. Given an ownership map (tool → entity) it plays a lead agent
 each run of consecutive gold calls owned by one entity to that entity's specialist
 (``ask_<entity>``, the agents axis), and as that specialist it carries out the calls its request
 lists. No registry of sessions, no parsing of observations: tasks are looked up by id.
+
+A conversation with several user turns (``EnvSession.respond``) gives its gold calls per turn in
+``task.metadata["turn_calls"]`` (how many gold calls belong to each user turn, in order): the
+policy makes a turn's calls, then answers that turn with ``reply(task, turn)`` (default
+``task.metadata["gold_replies"][turn]``, else ``done``), and the last turn's answer is the final one.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ def segments(calls: Iterable[ToolCall], owner: Mapping[str, str]) -> list[tuple[
         else:
             out.append((entity, [call]))
     return out
+
+
+def _last_user(messages: list[Message]) -> int:
+    """Index of the last user message (the current user turn)."""
+    return max(i for i, m in enumerate(messages) if m.get("role") == "user")
 
 
 def _results(messages: list[Message]) -> list[str]:
@@ -66,6 +76,16 @@ class GoldPolicy(ScriptedPolicy):
                 return tool_call_text(calls[len(done)])
             # a plain report: a tool result quoted back may hold JSON the lenient parser would take for a call
             return f"<answer>done: {len(done)} call(s) made</answer>"
+        turn_calls = task.metadata.get("turn_calls")
+        if turn_calls:  # several user turns: this turn's calls, then this turn's reply
+            turn = request.turn
+            made = sum(turn_calls[:turn]) + len(_results(request.messages[_last_user(request.messages):]))
+            if made < sum(turn_calls[: turn + 1]):
+                return tool_call_text(task.gold_actions[made])
+            replies = task.metadata.get("gold_replies") or []
+            final = (self.answer(task) if self.answer is not None else "done") if turn == len(turn_calls) - 1 else (
+                replies[turn] if turn < len(replies) else "done")
+            return f"<answer>{final}</answer>"
         plan = ([(None, [c]) for c in task.gold_actions] if self.owner is None
                 else segments(task.gold_actions, self.owner))
         if len(done) < len(plan):

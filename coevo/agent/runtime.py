@@ -204,7 +204,8 @@ class _EpisodeRun:
             if not isinstance(prefix, str):
                 err = ProcessorContractError(f"reply_prefix must be a str, got {type(prefix).__name__}")
                 raise EpisodeError(f"processors at {Hook.BEFORE_MODEL.value}", err, "processor")
-            generation = yield ChatRequest(request.messages, request.sampling, prefix, self.job.task.task_id, self.agent)
+            generation = yield ChatRequest(request.messages, request.sampling, prefix, self.job.task.task_id, self.agent,
+                                           len(state.replies))
             self._count("model_calls")
             self._count("prompt_tokens", len(generation.prompt_ids))
             self._count("completion_tokens", len(generation.completion_ids))
@@ -250,11 +251,18 @@ class _EpisodeRun:
         for call in out.tool_calls:
             actions.append((yield from self._tool(call)))
         if not out.tool_calls and out.answer is not None and not out.hold_answer:
-            state.final_answer = out.answer
-            state.stop("answer")
-            actions.append(f"answer {out.answer}")
+            following = self._next_user_turn(out.answer)
+            if following is None:
+                state.final_answer = out.answer
+                state.stop("answer")
+                actions.append(f"answer {out.answer}")
+            else:  # the user speaks again: the episode goes on
+                state.replies.append(out.answer)
+                state.messages.append({"role": "user", "content": following})
+                self._count("user_turns")
+                actions.append(f"reply {out.answer}")
         state.messages.extend(out.followup)
-        if not out.tool_calls and not out.followup and not state.done:
+        if not out.tool_calls and not out.followup and not state.done and not actions:
             state.stop("no_action")
         return actions
 
@@ -302,6 +310,22 @@ class _EpisodeRun:
         if not result.seconds:
             result = ev.ToolResult(result.output, result.error, time.perf_counter() - start)
         return result
+
+    def _next_user_turn(self, reply: str) -> str | None:
+        """The env's next user turn after the agent's ``reply`` (``EnvSession.respond``, optional):
+        a string continues the conversation, None (or no ``respond``) ends the episode with ``reply``
+        as the final answer. A delegated sub-episode never talks to the user."""
+        respond = getattr(self.session, "respond", None)
+        if respond is None or self.depth > 0:
+            return None
+        try:
+            following = respond(reply)
+        except Exception as err:
+            raise EpisodeError("env respond", err, "env") from err
+        if following is not None and not isinstance(following, str):
+            raise EpisodeError("env respond", TypeError(f"respond returned {type(following).__name__}, "
+                                                         "expected the next user message (str) or None"), "env")
+        return following
 
     def _delegate(self, specialist: Any, call: ev.ToolCall) -> Generator[ChatRequest, Generation, ev.ToolResult]:
         """Run ``specialist``'s sub-episode on this episode's session and return its report as the
@@ -364,6 +388,7 @@ class _EpisodeRun:
             t.reward, t.passed, s.trainable = 0.0, False, False
         t.messages = s.messages
         t.final_answer = s.final_answer
+        t.replies = list(s.replies)
         t.stop_reason = s.stop_reason
         t.trainable = s.trainable
         t.journal, t.metrics = s.journal, s.metrics
@@ -395,12 +420,20 @@ def run_episodes(
     ``batch_size`` bounds the requests per ``policy.generate`` call; ``workers`` the threads that
     run tools and processors between model calls; ``max_steps`` is a hard cap per episode on top
     of whatever budget the harness sets. ``on_trace`` is called as each episode finishes.
+
+    An env with an integer ``max_sessions`` attribute (a simulator process per session, say) has at
+    most that many sessions open at once: episodes start in job order as others finish. Without
+    it every episode starts at once, so all their first model calls share batches.
     """
     if batch_size < 1 or workers < 1:
         raise ValueError("batch_size and workers must be >= 1")
+    limit = getattr(env, "max_sessions", None)
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"env {getattr(env, 'name', env)!r}: max_sessions must be an integer >= 1, got {limit!r}")
     runs = [_EpisodeRun(job, env, policy.model_version, max_steps).run() for job in jobs]
     traces: list[Trace | None] = [None] * len(runs)
     pending: dict[int, ChatRequest] = {}
+    started = 0
 
     def advance(i: int, value: Generation | BaseException | None) -> None:
         gen = runs[i]
@@ -418,9 +451,21 @@ def run_episodes(
             return
         pending[i] = request
 
+    def start_more() -> None:
+        """Start the next episodes in job order while fewer than ``limit`` sessions are open."""
+        nonlocal started
+        live = started - sum(t is not None for t in traces[:started])
+        room = len(runs) - started if limit is None else max(0, limit - live)
+        new = range(started, min(len(runs), started + room))
+        started = new.stop if len(new) else started
+        list(pool.map(lambda i: advance(i, None), new))
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="coevo-episode") as pool:
-        list(pool.map(lambda i: advance(i, None), range(len(runs))))
-        while pending:
+        start_more()
+        while pending or started < len(runs):
+            if not pending:
+                start_more()
+                continue
             ids = sorted(pending)[:batch_size]
             requests = [pending.pop(i) for i in ids]
             try:
@@ -430,6 +475,7 @@ def run_episodes(
             except Exception as err:
                 generations = [err] * len(ids)
             list(pool.map(lambda pair: advance(*pair), zip(ids, generations, strict=True)))
+            start_more()
     return [t for t in traces if t is not None]
 
 

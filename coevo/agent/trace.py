@@ -81,6 +81,7 @@ class Trace:
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)  # full history at the end
     final_answer: str | None = None
+    replies: list[str] = field(default_factory=list)  # answers to earlier user turns (an env with several)
     reward: float = 0.0
     passed: bool = False
     stop_reason: str | None = None

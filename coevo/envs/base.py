@@ -4,6 +4,19 @@ An episode is ``session = env.reset(task)``, then tool calls through ``session.c
 multi-turn step: for a text game the action is a tool call too), then ``session.verify(answer)``
 and ``session.close()``. The ground truth in ``Task.answer`` is for verifiers and reference
 trajectories only; the agent sees ``Task.instruction`` and observations.
+
+Optional parts, read with ``getattr`` by the runtime (docs/environments.md has the checklist):
+
+- ``EnvSession.respond(reply) -> str | None``: a conversation with several user turns. When the
+  agent answers (``<answer>`` in the default harness), the runtime hands the answer to
+  ``respond``; a string is the user's next message and the episode goes on, None ends it with
+  that answer as the final one. The trace keeps the earlier answers in ``Trace.replies``.
+- ``Env.max_sessions``: at most that many sessions open at once (a simulator process each); the
+  runtime starts episodes as others finish.
+- ``Env.tool_owners`` (tool → entity): the agents axis of harness streams; ``Env.gold_answer(task)``:
+  what ``coevo.agent.gold.GoldPolicy`` answers after replaying a task's gold actions.
+
+``reset`` must release what it opened when it raises: the runtime never got a session to close.
 """
 
 from __future__ import annotations
@@ -43,7 +56,7 @@ class EnvSession(Protocol):
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult: ...
 
-    def verify(self, answer: str | None) -> Score: ...
+    def verify(self, answer: str | None) -> Score: ...  # may check the session's final state, not just ``answer``
 
     def close(self) -> None: ...
 

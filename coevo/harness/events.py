@@ -90,6 +90,7 @@ class EpisodeState:
     done: bool = False
     stop_reason: str | None = None
     final_answer: str | None = None
+    replies: list[str] = field(default_factory=list)  # the agent's answers to earlier user turns (multi-turn envs)
     memory: dict[str, Any] = field(default_factory=dict)
     journal: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
