@@ -3,6 +3,8 @@
     python scripts/delegation.py                        # SmolLM2 as lead and specialists, office val + test
     python scripts/delegation.py --model gold           # the scripted gold lead: the plumbing, in seconds
     python scripts/delegation.py --model tiny --limit 4 # a random tiny model: the suite's preset
+    python scripts/delegation.py --force-tool-call      # the lead's (and each specialist's) first reply
+                                                        # prefilled with the start of a tool call
 
 The lead is the agents axis's harness with every entity released (``agents_harness``: one
 ``specialist`` per entity of ``OfficeEnv.tool_owners``, the lead's registry enabling only the
@@ -33,6 +35,7 @@ from typing import Any
 from coevo.agent.rollouts import RolloutService
 from coevo.envs.office import OWNER, OfficeEnv, final_answer
 from coevo.harness.defaults import base_harness
+from coevo.harness.library import ToolChoice
 from coevo.streams.axes import agents_harness
 
 ENTITIES = frozenset(OWNER.values())
@@ -98,6 +101,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force-tool-call", action="store_true",
+                    help="insert tool_choice: the first reply opens a <tool_call> and the model names the tool")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     env = OfficeEnv()
@@ -106,6 +111,8 @@ def main(argv: list[str] | None = None) -> str:
             .set_param("sampling", "temperature", args.temperature)
             .set_param("sampling", "max_new_tokens", args.max_new_tokens)
             .set_param("step_budget", "max_steps", args.max_steps))
+    if args.force_tool_call:  # as the rule meta-agent proposes for answers given without the tools
+        lead = lead.insert(ToolChoice())
     if args.model == "gold":  # a delegation lists its calls: longer replies than a model's
         lead = lead.set_param("sampling", "max_new_tokens", 1024)
     policy = policy_for(args.model, tasks, args.seed)
@@ -114,7 +121,8 @@ def main(argv: list[str] | None = None) -> str:
         lead, tasks, attempts=args.attempts, phase="eval")
     by_id = {t.task_id: t for t in tasks}
     rows = [episode_row(trace, by_id[trace.task_id]) for trace in done.traces]
-    text = (f"office, {len(tasks)} tasks ({', '.join(args.splits)}) × {args.attempts} attempts, model {args.model}, "
+    forced = ", first tool call forced" if args.force_tool_call else ""
+    text = (f"office, {len(tasks)} tasks ({', '.join(args.splits)}) × {args.attempts} attempts, model {args.model}{forced}, "
             f"{time.perf_counter() - began:.0f} s\n\n" + table(rows))
     print(text)
     if args.out is not None:
