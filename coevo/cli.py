@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from coevo.cli_harness import harness_app, load_harness
+from coevo.cli_harness import evolved_on, harness_app, load_harness
 from coevo.config import RolloutConfig
 from coevo.harness import Harness
 
@@ -135,6 +135,10 @@ def eval_cmd(
         env = env_cls(**parse_env_args(env_args))
     except (TypeError, ValueError) as err:
         raise typer.BadParameter(f"{env_name}: {err}", param_hint="--env-arg") from None
+    origin = evolved_on(harness)
+    if origin is not None and origin != env.name:
+        console.print(f"[yellow]note: harness {h.id} was evolved on env {origin!r} and is evaluated on {env.name!r}: "
+                      "edits shipped for one env may hurt another[/yellow]")
     try:
         with console.status(f"loading model {model}"):
             policy = build_policy(model, backend, device, adapter, env_name, seed, env=env)

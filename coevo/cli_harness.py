@@ -26,6 +26,21 @@ def load_harness(spec: str) -> Harness:
     return Harness.load(path)
 
 
+def evolved_on(spec: str) -> str | None:
+    """The env a run noted in a harness YAML file (``evolved_on``, written by the loop), or None."""
+    import yaml
+
+    path = Path(spec)
+    if spec in BUILTIN_HARNESSES or not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return None
+    origin = data.get("evolved_on") if isinstance(data, dict) else None
+    return str(origin) if origin is not None else None
+
+
 @harness_app.command("show")
 def harness_show(spec: str = typer.Argument(..., help="harness YAML path or built-in name")) -> None:
     """Print a harness: its processors by dimension and by hook."""

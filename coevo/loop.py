@@ -109,6 +109,7 @@ class Coevolution:
                              "logprob_fn")
         self.mode, self.rollouts, self.aegis, self.run_dir = mode, rollouts, aegis, run_dir
         self.policy = rollouts.policy
+        self.env_name = str(getattr(rollouts.env, "name", "env"))  # noted in every harness file the run writes
         self.evolves, self.trains = mode in ("coevolve", "harness_only"), trains
         self.batches = round_batches(train_tasks, batch_tasks, seed, rounds)
         self.per_epoch = batches_per_epoch(len(train_tasks), batch_tasks)
@@ -192,7 +193,7 @@ class Coevolution:
 
     def _write_logs(self) -> None:
         if self.is_main:
-            self.state.write_files(self.run_dir, self.aegis.current())
+            self.state.write_files(self.run_dir, self.aegis.current(), evolved_on=self.env_name)
 
     # ------------------------------------------------------------------ rounds
     def run(self) -> list[RoundRecord]:
@@ -363,7 +364,7 @@ class Coevolution:
                 continue
             self.state.lineage.append(event.lineage_row())
             if self.is_main:
-                event.harness.save(self.run_dir / "lineage" / f"{event.harness.id}.yaml")
+                event.harness.save(self.run_dir / "lineage" / f"{event.harness.id}.yaml", evolved_on=self.env_name)
             self.tracker.log_harness(event.harness, round=event.round, variant=event.variant, how=event.how)
 
     def _record(self, r: int, traces: Sequence[Trace], evolved: EvolveReport | None, grpo: GRPOMetrics | None,

@@ -39,10 +39,10 @@ class LoopState:
                    [LineageRow.from_dict(r, f"{where}: lineage[{i}]") for i, r in enumerate(state["lineage"])],
                    StartRecord.from_dict(state["start"], f"{where}: start") if state.get("start") else None)
 
-    def write_files(self, run_dir: Path, harnesses: Mapping[str, Harness]) -> None:
+    def write_files(self, run_dir: Path, harnesses: Mapping[str, Harness], *, evolved_on: str | None = None) -> None:
         """rounds.jsonl, lineage.jsonl and start.json, rewritten whole (atomically, redacted), and
         ``harness-<variant>.yaml`` for each of ``harnesses``: where a run's final harness is,
-        without reading the lineage."""
+        without reading the lineage (``evolved_on``: the run's env, noted in them)."""
         secrets = secret_env_values()
         for name, rows in (("rounds.jsonl", self.records), ("lineage.jsonl", self.lineage)):
             tmp = run_dir / (name + ".tmp")
@@ -53,4 +53,4 @@ class LoopState:
             tmp.write_text(json.dumps(redact(self.start.to_dict(), secrets), indent=1, default=str) + "\n")
             tmp.replace(run_dir / "start.json")
         for name, harness in harnesses.items():
-            harness.save(run_dir / f"harness-{name}.yaml")
+            harness.save(run_dir / f"harness-{name}.yaml", evolved_on=evolved_on)

@@ -9,6 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from coevo.cli import app
+from coevo.harness import Harness
 from coevo.harness.defaults import base_harness
 from coevo.harness.library import SlidingWindowMemory
 
@@ -177,3 +178,16 @@ def test_evolve_notes_that_greedy_attempts_are_identical(tmp_path):
     sampled = runner.invoke(app, [*args, "--temperature", "0.7", "--out", str(tmp_path / "sampled")])
     assert greedy.exit_code == 0 and sampled.exit_code == 0, greedy.output + sampled.output
     assert "greedy decoding" in greedy.output and "greedy decoding" not in sampled.output
+
+
+def test_eval_notes_a_harness_evolved_on_another_env(tmp_path):
+    evolved = tmp_path / "harness-base.yaml"
+    base_harness().save(evolved, evolved_on="reasoning")
+    args = ["eval", "--env", "arithmetic", "--model", "scripted", "--split", "val", "--limit", "2", "--harness",
+            str(evolved), "--out", str(tmp_path / "e")]
+    noted = runner.invoke(app, args)
+    assert noted.exit_code == 0, noted.output
+    assert "was evolved on env 'reasoning'" in " ".join(noted.output.split())
+    base_harness().save(evolved, evolved_on="arithmetic")
+    assert "was evolved on" not in runner.invoke(app, args).output
+    assert Harness.load(evolved).id == base_harness().id  # the note is outside the spec and the id

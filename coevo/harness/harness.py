@@ -178,23 +178,28 @@ class Harness:
             edit=Edit.from_dict(edit) if edit else None,
         )
 
-    def to_yaml(self) -> str:
+    def to_yaml(self, *, evolved_on: str | None = None) -> str:
         """The spec as YAML, as every file and artifact holding a harness is written: the value of a
         secret environment variable in it becomes ``<redacted>`` (``coevo.secrets.redact``); ``id``
-        stays the id of this harness, so such a file loads as a harness with another id."""
+        stays the id of this harness, so such a file loads as a harness with another id.
+        ``evolved_on``: the env a run used this harness on (a top-level note, outside the spec and
+        the id; ``coevo eval`` warns when the harness is evaluated on another env)."""
         from coevo.secrets import redact
 
-        return yaml.dump(redact(self.to_dict()), Dumper=_SpecDumper, sort_keys=False, allow_unicode=True, width=100)
+        data = self.to_dict()
+        if evolved_on is not None:
+            data = {"evolved_on": evolved_on, **data}
+        return yaml.dump(redact(data), Dumper=_SpecDumper, sort_keys=False, allow_unicode=True, width=100)
 
     @classmethod
     def from_yaml(cls, text: str) -> "Harness":
         return cls.from_dict(yaml.safe_load(text))
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, *, evolved_on: str | None = None) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(self.to_yaml())
+        tmp.write_text(self.to_yaml(evolved_on=evolved_on))
         tmp.replace(path)  # atomic: a crash never leaves half a spec
         return path
 
