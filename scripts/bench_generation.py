@@ -39,7 +39,8 @@ from typing import Any
 import torch
 
 from coevo.agent.policy import ChatRequest
-from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.episode import Job
+from coevo.agent.runtime import run_episodes
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.envs.load import make_env
 from coevo.harness.defaults import base_harness

@@ -179,7 +179,8 @@ def score(env: Any, harness: Any, task: Any, text: str) -> tuple[float, bool, li
     (answer tags, else the last number), the env's verifier scores it. The reward is the verifier's
     score, which coevo trains on: the reasoning-gym scorers give partial credit (basic_arithmetic
     len(expected)/len(answer) when the answer contains the expected one), ``passed`` is full credit."""
-    from coevo.agent.runtime import Job, run_episodes
+    from coevo.agent.episode import Job
+    from coevo.agent.runtime import run_episodes
 
     policy = EchoPolicy(text)
     trace = run_episodes([Job(task, harness)], policy, env, max_steps=1, workers=1)[0]

@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import quote
 
 from coevo.agent.rollouts import RolloutService
-from coevo.agent.runtime import tool_message
+from coevo.agent.episode import tool_message
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.digest import trace_steps
@@ -334,7 +334,7 @@ def reference_demo(reference: Trace) -> list[Message]:
     The turns are those an episode holds: the task (the original instruction, never the hinted
     one) as a user turn; per clean step, the assistant turn with the completion exactly as written
     (a ``<tool_call>`` block the parser reads) and one tool turn per call, rendered as the runtime
-    renders it (``coevo.agent.runtime.tool_message``); then the answering completion as the last
+    renders it (``coevo.agent.episode.tool_message``); then the answering completion as the last
     assistant turn (none when the environment ended the episode on a tool call: a won game). The
     model is shown tool results where the runtime will put them, so it never learns to write one
     itself. Failed or empty steps are left out: a demonstration shows the clean path (a reference

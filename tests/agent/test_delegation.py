@@ -1,5 +1,5 @@
 """Delegation: a lead agent calls specialists as tools; each runs a sub-episode with the same
-policy on the same env session (coevo.harness.library.delegation, coevo.agent.runtime)."""
+policy on the same env session (coevo.harness.library.delegation, coevo.agent.episode)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from coevo.agent.policy import ScriptedPolicy
-from coevo.agent.runtime import MAX_DELEGATION_DEPTH, Job, run_episodes
+from coevo.agent.episode import MAX_DELEGATION_DEPTH, Job
+from coevo.agent.runtime import run_episodes
 from coevo.envs.base import Score, Task
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import Message, ModelRequestEvent, ToolResult, ToolSpec

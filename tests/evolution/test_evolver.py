@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from coevo.agent.policy import ScriptedPolicy
-from coevo.agent.runtime import Job, run_episodes
+from coevo.agent.episode import Job
+from coevo.agent.runtime import run_episodes
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.evolution.evolver import BuildError, build_candidate
 from coevo.evolution.types import Proposal

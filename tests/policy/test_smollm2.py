@@ -39,7 +39,8 @@ def test_cached_engine_is_exact_on_multi_turn_tool_episodes():
     (a harness with calculator demonstrations, retries after unparseable output) sample the same
     ids with the cache as without it, with log-probs equal to fp32 noise, and read far fewer
     prompt tokens."""
-    from coevo.agent.runtime import Job, run_episodes
+    from coevo.agent.episode import Job
+    from coevo.agent.runtime import run_episodes
     from coevo.envs.load import make_env
     from coevo.harness.defaults import base_harness
     from coevo.harness.library import FewShotDemos

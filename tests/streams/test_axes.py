@@ -9,7 +9,8 @@ import re
 import pytest
 
 from coevo.agent.policy import ScriptedPolicy
-from coevo.agent.runtime import fire, run_episode
+from coevo.agent.episode import fire
+from coevo.agent.runtime import run_episode
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import EpisodeState, TaskStartEvent, TaskView
 from coevo.harness.harness import Harness

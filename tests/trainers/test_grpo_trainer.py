@@ -123,7 +123,8 @@ def test_a_call_sampled_at_another_temperature_than_the_run_is_scored_at_its_own
     """The harness samples at T=0.3 in a run whose rollout temperature is 0.7: the buffer's
     behaviour log-probs equal the sampler's, and the first GRPO step is on-policy (ratio 1), its
     KL reference scored at the same temperature (0 while the LoRA adapter is the identity)."""
-    from coevo.agent.runtime import Job, run_episodes
+    from coevo.agent.episode import Job
+    from coevo.agent.runtime import run_episodes
     from coevo.buffers import ReplayBuffer
     from coevo.envs.arithmetic import ArithmeticEnv
     from coevo.harness.defaults import base_harness
@@ -158,7 +159,8 @@ def test_a_prefilled_reply_trains_only_on_generated_tokens(tok, tmp_path):
     """tool_choice prefills the first reply: its tokens end the recorded prompt ids, the completion
     is only what the model generated, the buffer's recomputed behaviour log-probs equal the
     sampler's, and the first GRPO step on these calls is on-policy (ratio 1)."""
-    from coevo.agent.runtime import Job, run_episodes
+    from coevo.agent.episode import Job
+    from coevo.agent.runtime import run_episodes
     from coevo.buffers import ReplayBuffer
     from coevo.envs.arithmetic import ArithmeticEnv
     from coevo.harness.defaults import base_harness

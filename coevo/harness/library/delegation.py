@@ -3,7 +3,7 @@
 A ``Specialist`` is one entity-scoped agent (EvoHarnessBench §3.3, the agents axis): a name, a
 description the lead sees, its tool bundle, and its instructions (system prompt and procedural
 context). It offers the lead one tool, ``ask_<name>``, taking a ``request`` string. The runtime
-(``coevo.agent.runtime``) answers a call of that tool by running a sub-episode with the same
+(``coevo.agent.episode``) answers a call of that tool by running a sub-episode with the same
 policy, on the same env session (the world state the lead acts on), with the specialist's harness
 (``harness_for``): the lead's harness without its lead-only context (specialists, task template,
 demonstrations), with the specialist's instructions as system prompt and only its bundle enabled.

@@ -1,0 +1,402 @@
+"""One episode: the generator that runs a harness's hooks around model calls, tool calls and
+delegated sub-episodes, and turns what happened into a ``Trace``.
+
+``EpisodeRun.run()`` yields a ``ChatRequest`` whenever it needs the model and receives the
+``Generation`` (or the policy's exception) back; ``coevo.agent.runtime`` drives many of them
+together. Failures stay local. An exception raised by the environment, a tool or a processor ends
+that episode as a failed trace whose ``error`` names where it happened and whose ``error_source``
+says who raised it ("policy", "env", "tool" or "processor"; the first three are infrastructure
+failures, ``Trace.infra_failure``). A tool that hangs is abandoned after its timeout and reported to
+the model as a tool error. A call of a specialist's ``ask_<agent>`` tool runs a sub-episode inline
+(``_delegate``), whose model requests the driver batches with everyone else's.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Generator
+
+from coevo.agent.policy import ChatRequest, Generation
+from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
+from coevo.envs.base import Env, EnvSession, Task
+from coevo.harness import events as ev
+from coevo.harness.events import Message
+from coevo.harness.errors import ProcessorContractError
+from coevo.harness.harness import Harness
+from coevo.harness.hooks import Hook
+
+Episode = Generator[ChatRequest, Generation, Trace]
+
+MAX_DELEGATION_DEPTH = 2
+"""Sub-episodes within sub-episodes at most this deep (a specialist's harness drops the lead's
+specialists, so the built-in ones nest one level; a harness of one's own may nest more)."""
+
+
+class EpisodeError(Exception):
+    """An episode failed; ``where`` says which component raised, ``source`` its kind ("env",
+    "tool" or "processor"; see ``coevo.agent.trace.INFRA_SOURCES``)."""
+
+    def __init__(self, where: str, err: BaseException, source: str) -> None:
+        self.where, self.source = where, source
+        super().__init__(f"{where}: {type(err).__name__}: {err}")
+
+
+def tool_message(name: str, result: ev.ToolResult) -> Message:
+    """The turn that shows the model a tool's result: what every episode appends after a tool
+    call, and what a worked demonstration must show in the same place."""
+    content = result.output if result.error is None else f"Error: {result.error}\n{result.output}".rstrip()
+    return {"role": "tool", "name": name, "content": content}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One episode to run: a task on a harness (``variant`` labels which harness variant)."""
+
+    task: Task
+    harness: Harness
+    variant: str = "base"
+    trace_id: str | None = None
+
+
+def _summary(event: ev.Event) -> dict[str, Any]:
+    """A few fields of an event worth keeping in the trace's event log."""
+    if isinstance(event, ev.ModelRequestEvent):
+        out = {"messages": len(event.messages), "temperature": event.sampling.temperature}
+        return {**out, "reply_prefix": event.reply_prefix} if event.reply_prefix else out
+    if isinstance(event, ev.ParsedOutputEvent):
+        return {"tool_calls": [c.name for c in event.tool_calls], "answer": event.answer, "parse_error": event.parse_error}
+    if isinstance(event, ev.ToolCallEvent):
+        return {"tool": event.call.name, "blocked": event.result is not None}
+    if isinstance(event, ev.ToolResultEvent):
+        return {"tool": event.call.name, "error": event.result.error}
+    if isinstance(event, ev.StepEndEvent):
+        return {"actions": event.actions, "done": event.state.done}
+    if isinstance(event, ev.TaskEndEvent):
+        return {"stop_reason": event.state.stop_reason, "answer": event.state.final_answer}
+    return {}
+
+
+def fire(harness: Harness, hook: Hook, event: ev.Event, log: list[dict[str, Any]]) -> Any:
+    """Run the processors of ``hook`` in order, checking each returns its declared event type."""
+    start = time.perf_counter()
+    for p in harness.at(hook):
+        try:
+            out = p.process(event)
+        except Exception as err:
+            raise EpisodeError(f"processor {p.name!r} at {hook.value}", err, "processor") from err
+        if not isinstance(out, p.produces):
+            err = ProcessorContractError(f"returned {type(out).__name__}, declared {p.produces.__name__}")
+            raise EpisodeError(f"processor {p.name!r} at {hook.value}", err, "processor")
+        event = out
+    log.append(
+        {"hook": hook.value, "step": event.state.step, "processors": [p.name for p in harness.at(hook)],
+         "seconds": round(time.perf_counter() - start, 6), **_summary(event)}
+    )
+    return event
+
+
+def call_with_timeout(fn: Callable[[], ev.ToolResult], timeout_s: float) -> tuple[ev.ToolResult, bool]:
+    """Run a tool in a daemon thread; returns (result, timed_out). A hung tool is abandoned, not
+    joined: Python cannot kill a thread, so tools that may hang should run in subprocesses."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as err:  # reported to the episode, which fails
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True, name="coevo-tool")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return ev.ToolResult("", error=f"tool timed out after {timeout_s:g} s", seconds=timeout_s), True
+    if "error" in box:
+        raise box["error"]
+    result = box.get("result")
+    if not isinstance(result, ev.ToolResult):
+        raise TypeError(f"tool returned {type(result).__name__}, expected ToolResult")
+    return result, False
+
+
+class EpisodeRun:
+    """State and steps of one episode; ``run()`` is the generator the driver advances.
+
+    A delegated sub-episode (``_delegate``) is an ``_EpisodeRun`` too, at ``depth`` > 0 with its
+    ``agent`` name: it works on its lead's open ``session`` from the ``request`` it was given, and
+    its lead runs its ``_steps`` inline (no reset, verification or close of its own)."""
+
+    def __init__(self, job: Job, env: Env, model_version: str, max_steps: int, *, depth: int = 0, agent: str = "",
+                 session: EnvSession | None = None, request: str | None = None,
+                 tools: dict[str, ev.ToolSpec] | None = None) -> None:
+        self.job, self.env, self.harness = job, env, job.harness
+        self.max_steps, self.depth, self.agent = max_steps, depth, agent
+        self._given = (session, request, tools) if session is not None else None
+        task = job.task
+        self.trace = Trace(
+            trace_id=job.trace_id or uuid.uuid4().hex,
+            task_id=task.task_id,
+            env=task.env,
+            split=task.split,
+            harness_id=job.harness.id,
+            variant=job.variant,
+            model_version=model_version,
+        )
+        self.state = ev.EpisodeState(task=ev.TaskView(task.task_id, task.env, task.instruction, task.split))
+        self.session: EnvSession | None = None
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.state.usage[key] = self.state.usage.get(key, 0) + n
+
+    def run(self) -> Episode:
+        start = time.perf_counter()
+        try:
+            yield from self._steps()
+            self._verify()
+        except EpisodeError as err:
+            self.trace.error, self.trace.error_source = str(err), err.source
+            self.state.stop("error")
+        except Exception as err:  # a policy failure thrown in by the driver (out-of-memory included)
+            self.trace.error, self.trace.error_source = f"policy: {type(err).__name__}: {err}", "policy"
+            self.state.stop("error")
+        finally:
+            if self.session is not None:
+                try:
+                    self.session.close()
+                except Exception as err:
+                    if self.trace.error is None:
+                        self.trace.error, self.trace.error_source = f"env close: {type(err).__name__}: {err}", "env"
+        return self._finish(time.perf_counter() - start)
+
+    def _steps(self) -> Episode:
+        state, harness, log = self.state, self.harness, self.trace.events
+        if self._given is not None:  # a delegated sub-episode: the lead's session, the lead's request
+            self.session, request, tools = self._given
+            state.messages = [{"role": "user", "content": request}]
+            state.available_tools = dict(tools or {})
+        else:
+            try:
+                self.session = self.env.reset(self.job.task)
+                state.messages = [{"role": "user", "content": self.session.observation}]
+                state.available_tools = dict(self.session.tools)
+            except Exception as err:
+                raise EpisodeError("env reset", err, "env") from err
+        state.max_steps = self.max_steps
+        fire(harness, Hook.TASK_START, ev.TaskStartEvent(state), log)
+        state.prefix_len = len(state.messages)
+        while not state.done:
+            fire(harness, Hook.STEP_START, ev.StepStartEvent(state), log)
+            request = fire(
+                harness,
+                Hook.BEFORE_MODEL,
+                ev.ModelRequestEvent(state, messages=copy.deepcopy(state.messages), sampling=copy.deepcopy(state.sampling)),
+                log,
+            )
+            sampling = copy.deepcopy(request.sampling)  # what the policy is asked for, kept on the call
+            prefix = request.reply_prefix
+            if not isinstance(prefix, str):
+                err = ProcessorContractError(f"reply_prefix must be a str, got {type(prefix).__name__}")
+                raise EpisodeError(f"processors at {Hook.BEFORE_MODEL.value}", err, "processor")
+            generation = yield ChatRequest(request.messages, request.sampling, prefix, self.job.task.task_id, self.agent,
+                                           len(state.replies))
+            self._count("model_calls")
+            self._count("prompt_tokens", len(generation.prompt_ids))
+            self._count("completion_tokens", len(generation.completion_ids))
+            call = ModelCall(
+                step=state.step,
+                messages=request.messages,
+                prompt_ids=list(generation.prompt_ids),
+                completion_ids=list(generation.completion_ids),
+                sampler_logprobs=None if generation.logprobs is None else list(generation.logprobs),
+                text=generation.text,
+                finish_reason=generation.finish_reason,
+                temperature=float(sampling.temperature),
+                top_p=float(sampling.top_p),
+                max_new_tokens=int(sampling.max_new_tokens),
+                reply_prefix=prefix,
+                agent=self.agent,
+            )
+            self.trace.model_calls.append(call)
+            reply = call.reply  # a prefilled prefix is part of the reply the parser and the history see
+            out: ev.ParsedOutputEvent = fire(
+                harness,
+                Hook.AFTER_MODEL,
+                ev.ModelOutputEvent(state, reply, generation.finish_reason, len(self.trace.model_calls) - 1),
+                log,
+            )
+            call.trainable, call.loss_weight = out.trainable, out.loss_weight
+            state.messages.append({"role": "assistant", "content": reply})
+            actions = yield from self._act(out)
+            fire(harness, Hook.STEP_END, ev.StepEndEvent(state, actions=actions), log)
+            if self.session.done:
+                state.stop("env_done")
+            if not state.done:
+                state.step += 1
+                if state.step >= self.max_steps:
+                    state.stop("step_cap")
+        fire(harness, Hook.TASK_END, ev.TaskEndEvent(state), log)
+
+    def _act(self, out: ev.ParsedOutputEvent) -> Generator[ChatRequest, Generation, list[str]]:
+        """Carry out what the parsed completion asks for; return short action descriptions. A
+        generator: a delegated tool call yields its sub-episode's model requests."""
+        state = self.state
+        actions: list[str] = []
+        for call in out.tool_calls:
+            actions.append((yield from self._tool(call)))
+        if not out.tool_calls and out.answer is not None and not out.hold_answer:
+            following = self._next_user_turn(out.answer)
+            if following is None:
+                state.final_answer = out.answer
+                state.stop("answer")
+                actions.append(f"answer {out.answer}")
+            else:  # the user speaks again: the episode goes on
+                state.replies.append(out.answer)
+                state.messages.append({"role": "user", "content": following})
+                self._count("user_turns")
+                actions.append(f"reply {out.answer}")
+        state.messages.extend(out.followup)
+        if not out.tool_calls and not out.followup and not state.done and not actions:
+            state.stop("no_action")
+        return actions
+
+    def _tool(self, call: ev.ToolCall) -> Generator[ChatRequest, Generation, str]:
+        state, harness, log = self.state, self.harness, self.trace.events
+        before = fire(harness, Hook.BEFORE_TOOL, ev.ToolCallEvent(state, call=call), log)
+        call, result = before.call, before.result
+        blocked = result is not None
+        if result is None:
+            spec = state.tools.get(call.name)
+            provider = harness.get(spec.provider) if spec is not None and spec.provider in harness else None
+            if getattr(provider, "delegates", False):
+                result = yield from self._delegate(provider, call)
+            else:
+                result = self._execute(call, before.timeout_s)
+        after = fire(harness, Hook.AFTER_TOOL, ev.ToolResultEvent(state, call=call, result=result), log)
+        result = after.result
+        self._count("tool_calls")
+        self._count("tool_errors", result.error is not None)
+        self.trace.tool_calls.append(
+            ToolCallRecord(state.step, call.name, call.arguments, result.output, result.error, result.seconds,
+                           call.call_id, blocked, agent=self.agent)
+        )
+        state.messages.append(tool_message(call.name, result))
+        return f"{call.name}({_short(call.arguments)})"
+
+    def _execute(self, call: ev.ToolCall, timeout_s: float) -> ev.ToolResult:
+        spec = self.state.tools.get(call.name)
+        if spec is None:
+            return ev.ToolResult("", error=f"unknown tool {call.name!r}; available: {sorted(self.state.tools)}")
+        session = self.session
+        if spec.provider == "env":
+            fn = lambda: session.call_tool(call.name, call.arguments)  # noqa: E731
+            where, source = f"env tool {call.name!r}", "env"
+        else:
+            provider = self.harness.get(spec.provider)
+            fn = lambda: provider.call_tool(call.name, call.arguments, timeout_s)  # noqa: E731
+            where, source = f"tool {call.name!r} of processor {spec.provider!r}", "tool"
+        start = time.perf_counter()
+        try:
+            result, timed_out = call_with_timeout(fn, timeout_s)
+        except Exception as err:
+            raise EpisodeError(where, err, source) from err
+        self._count("tool_timeouts", timed_out)
+        if not result.seconds:
+            result = ev.ToolResult(result.output, result.error, time.perf_counter() - start)
+        return result
+
+    def _next_user_turn(self, reply: str) -> str | None:
+        """The env's next user turn after the agent's ``reply`` (``EnvSession.respond``, optional):
+        a string continues the conversation, None (or no ``respond``) ends the episode with ``reply``
+        as the final answer. A delegated sub-episode never talks to the user."""
+        respond = getattr(self.session, "respond", None)
+        if respond is None or self.depth > 0:
+            return None
+        try:
+            following = respond(reply)
+        except Exception as err:
+            raise EpisodeError("env respond", err, "env") from err
+        if following is not None and not isinstance(following, str):
+            raise EpisodeError("env respond", TypeError(f"respond returned {type(following).__name__}, "
+                                                         "expected the next user message (str) or None"), "env")
+        return following
+
+    def _delegate(self, specialist: Any, call: ev.ToolCall) -> Generator[ChatRequest, Generation, ev.ToolResult]:
+        """Run ``specialist``'s sub-episode on this episode's session and return its report as the
+        tool's result. Its model calls, tool calls and events join this trace (tagged with the
+        specialist's name, exact token ids kept, so GRPO trains on them); anything that goes wrong
+        inside it (a crash, the policy failing, the step cap, no answer) comes back as the tool's
+        error and the lead goes on."""
+        name = specialist.config["agent"]
+        request = call.arguments.get("request")
+        if not isinstance(request, str) or not request.strip():
+            return ev.ToolResult("", error=f"{call.name} needs a non-empty 'request' string")
+        if self.depth + 1 > MAX_DELEGATION_DEPTH:
+            return ev.ToolResult("", error=f"delegation deeper than {MAX_DELEGATION_DEPTH} level(s) is not allowed")
+        start = time.perf_counter()
+        agent = f"{self.agent}/{name}" if self.agent else name
+        try:
+            harness = specialist.harness_for(self.harness)
+            sub = EpisodeRun(Job(self.job.task, harness, self.job.variant), self.env, self.trace.model_version,
+                              min(self.max_steps, specialist.config["max_steps"]), depth=self.depth + 1, agent=agent,
+                              session=self.session, request=request, tools=self.state.available_tools)
+        except Exception as err:  # the specialist's harness does not compose
+            return ev.ToolResult("", error=f"specialist {name!r} could not start: {type(err).__name__}: {err}")
+        failure = None
+        try:
+            yield from sub._steps()
+        except Exception as err:  # noqa: BLE001 - whatever failed stays in the sub-episode
+            failure = f"specialist {name!r} failed: {err}" if isinstance(err, EpisodeError) else (
+                f"specialist {name!r} failed: {type(err).__name__}: {err}")
+        self._adopt(sub)
+        seconds = time.perf_counter() - start
+        if failure is not None:
+            return ev.ToolResult("", error=failure, seconds=seconds)
+        if sub.state.final_answer is None:
+            return ev.ToolResult("", error=f"specialist {name!r} gave no answer (stopped: {sub.state.stop_reason})",
+                                 seconds=seconds)
+        return ev.ToolResult(str(sub.state.final_answer), seconds=seconds)
+
+    def _adopt(self, sub: EpisodeRun) -> None:
+        """A finished sub-episode's records and costs, added to this episode's."""
+        self.trace.model_calls += sub.trace.model_calls
+        self.trace.tool_calls += sub.trace.tool_calls
+        self.trace.events += [{**e, "agent": sub.agent} for e in sub.trace.events]
+        for key, n in sub.state.usage.items():
+            self._count(key, n)
+        self._count("delegations")
+
+    def _verify(self) -> None:
+        try:
+            score = self.session.verify(self.state.final_answer)
+        except Exception as err:
+            raise EpisodeError("env verify", err, "env") from err
+        if not 0.0 <= score.reward <= 1.0:
+            raise EpisodeError("env verify", ValueError(f"reward {score.reward} outside [0, 1]"), "env")
+        self.trace.reward, self.trace.passed = float(score.reward), bool(score.passed)
+        self.trace.verifier_info = dict(score.info)
+
+    def _finish(self, seconds: float) -> Trace:
+        t, s = self.trace, self.state
+        if t.error is not None:
+            t.reward, t.passed, s.trainable = 0.0, False, False
+        t.messages = s.messages
+        t.final_answer = s.final_answer
+        t.replies = list(s.replies)
+        t.stop_reason = s.stop_reason
+        t.trainable = s.trainable
+        t.journal, t.metrics = s.journal, s.metrics
+        t.cost = {
+            "prompt_tokens": s.usage.get("prompt_tokens", 0),
+            "completion_tokens": s.usage.get("completion_tokens", 0),
+            "seconds": round(seconds, 4),
+        }
+        return t
+
+
+def _short(arguments: dict[str, Any], width: int = 80) -> str:
+    text = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+    return text if len(text) <= width else text[: width - 1] + "…"
