@@ -67,9 +67,24 @@ def harness_show(spec: str = typer.Argument(..., help="harness YAML path or buil
 
 
 @harness_app.command("diff")
-def harness_diff(a: str, b: str) -> None:
-    """Print what changed from harness A to harness B (processors, parameters, prompts)."""
-    console.print(format_diff(load_harness(a), load_harness(b)), markup=False, highlight=False)
+def harness_diff(
+    a: str = typer.Argument(..., help="harness YAML path or built-in name"),
+    b: str = typer.Argument(..., help="harness YAML path or built-in name"),
+    ignore_sampling: bool = typer.Option(
+        False, "--ignore-sampling",
+        help="leave the 'sampling' processor's parameters out: a run writes its rollout settings "
+             "(temperature, max_new_tokens) into its harness, so a run's harness against 'base' "
+             "otherwise shows them as changes no edit made",
+    ),
+) -> None:
+    """Print what changed from harness A to harness B (processors, parameters, prompts).
+
+    A run's harnesses carry the run's sampling settings (rollout.temperature and
+    rollout.max_new_tokens are written into the 'sampling' processor); --ignore-sampling compares
+    everything else."""
+    ignored = ("sampling",) if ignore_sampling else ()
+    text = format_diff(load_harness(a), load_harness(b), ignore_params_of=ignored)
+    console.print(text, markup=False, highlight=False)
 
 
 @harness_app.command("id")

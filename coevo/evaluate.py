@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from coevo.agent.rollouts import RolloutService
 from coevo.agent.trace import Trace
@@ -41,12 +42,16 @@ def evaluate(
     limit: int | None = None,
 ) -> tuple[EvalReport, list[Trace]]:
     """Run every task of ``split`` (the first ``limit``) ``attempts`` times on ``harness``, through
-    ``rollouts`` (its policy, env, batching, step limit and progress display)."""
+    ``rollouts`` (its policy, env, batching, step limit and progress display).
+
+    ``limit`` is passed on to the env when its ``tasks`` takes a ``limit`` keyword
+    (``tasks(split, limit=None)``), so an env whose tasks are expensive to list (a benchmark that
+    loads or generates each one) builds only those; otherwise the whole split is listed and cut."""
     check_split(split)
     if attempts < 1:
         raise ValueError("attempts must be >= 1")
     env, policy = rollouts.env, rollouts.policy
-    tasks = env.tasks(split)[: limit if limit is not None else None]
+    tasks = first_tasks(env, split, limit)
     if not tasks:
         raise ValueError(f"env {env.name!r} has no tasks in split {split!r}")
     start = time.perf_counter()
@@ -72,17 +77,32 @@ def evaluate(
     return report, traces
 
 
+def first_tasks(env: Any, split: str, limit: int | None) -> list:
+    """The first ``limit`` tasks of ``split`` (all when None), asking the env for only those when
+    its ``tasks`` accepts a ``limit`` keyword."""
+    if limit is None:
+        return list(env.tasks(split))
+    try:
+        takes_limit = "limit" in inspect.signature(env.tasks).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin or C callable)
+        takes_limit = False
+    tasks = env.tasks(split, limit=limit) if takes_limit else env.tasks(split)
+    return list(tasks)[:limit]  # an env may ignore the keyword
+
+
 def markdown_report(report: EvalReport, traces: Sequence[Trace]) -> str:
-    """Aggregate and per-task tables of an evaluation, for people."""
+    """Aggregate and per-task tables of an evaluation, for people (a pass@k column only when
+    there were several attempts: with one, pass@k is pass@1)."""
     k = report.attempts
+    pass_k_head, pass_k = (f"pass@{k} | ", f"{report.pass_at_k:.3f} | ") if k > 1 else ("", "")
     lines = [
         f"# Evaluation: {report.env} / {report.split}",
         "",
         f"harness `{report.harness_id}`, policy `{report.model_version}`, {report.n_tasks} tasks x {k} attempts",
         "",
-        f"| pass@1 | pass@{k} | mean reward | errors | prompt tokens | completion tokens | seconds |",
-        "|---|---|---|---|---|---|---|",
-        f"| {report.pass_at_1:.3f} | {report.pass_at_k:.3f} | {report.mean_reward:.3f} | {report.errors} | "
+        f"| pass@1 | {pass_k_head}mean reward | errors | prompt tokens | completion tokens | seconds |",
+        "|---|---|---|---|---|---|" + ("---|" if k > 1 else ""),
+        f"| {report.pass_at_1:.3f} | {pass_k}{report.mean_reward:.3f} | {report.errors} | "
         f"{report.prompt_tokens} | {report.completion_tokens} | {report.seconds:.1f} |",
         "",
         "## Per task",

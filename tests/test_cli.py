@@ -41,6 +41,36 @@ def test_harness_show_diff_and_id(tmp_path):
     assert bad.exit_code != 0 and "neither a built-in harness" in bad.output
 
 
+def test_harness_diff_can_ignore_the_runs_sampling_settings(tmp_path):
+    run = base_harness().set_param("sampling", "temperature", 0.7).set_param("sampling", "max_new_tokens", 512)
+    run = run.set_param("step_budget", "max_steps", 4)  # what start_harness writes, plus one real edit
+    path = run.save(tmp_path / "harness-evolved.yaml")
+    plain = runner.invoke(app, ["harness", "diff", "base", str(path)])
+    assert plain.exit_code == 0 and "sampling.temperature" in plain.output and "max_steps: 6 -> 4" in plain.output
+    quiet = runner.invoke(app, ["harness", "diff", "--ignore-sampling", "base", str(path)])
+    assert quiet.exit_code == 0, quiet.output
+    assert "sampling." not in quiet.output and "max_steps: 6 -> 4" in quiet.output
+    assert "parameters of sampling not compared" in quiet.output
+    only_sampling = base_harness().set_param("sampling", "temperature", 0.7).save(tmp_path / "t.yaml")
+    same = runner.invoke(app, ["harness", "diff", "--ignore-sampling", "base", str(only_sampling)])
+    assert "(no differences)" in same.output
+    assert "--ignore-sampling" in runner.invoke(app, ["harness", "diff", "--help"], terminal_width=200).output
+
+
+def test_conversational_harness_differs_from_base_only_in_its_system_prompt():
+    from coevo.harness.defaults import BUILTIN_HARNESSES
+    from coevo.harness.diff import diff
+
+    conversational = BUILTIN_HARNESSES["conversational"]()
+    (change,) = diff(base_harness(), conversational)
+    assert (change.kind, change.processor, change.param) == ("prompt", "system_prompt", "template")
+    assert "plain text" in change.new and "<answer>" in change.new
+    shown = runner.invoke(app, ["harness", "show", "conversational"], terminal_width=200)
+    assert shown.exit_code == 0 and conversational.id in shown.output and "conversational" in shown.output
+    d = runner.invoke(app, ["harness", "diff", "base", "conversational"])
+    assert d.exit_code == 0 and "prompt system_prompt.template" in d.output
+
+
 def test_processors_listing():
     out = runner.invoke(app, ["harness", "processors"], terminal_width=250).output
     for kind in ("system_prompt", "sliding_window", "python_executor", "code"):

@@ -3,7 +3,7 @@ import pytest
 from coevo.agent import ScriptedPolicy
 from coevo.agent.rollouts import RolloutService
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
-from coevo.evaluate import evaluate
+from coevo.evaluate import evaluate, markdown_report
 from coevo.harness.defaults import base_harness
 
 
@@ -26,3 +26,42 @@ def test_evaluate_counts_attempts_and_failures():
     assert report.mean_reward == pytest.approx(0.5)
     with pytest.raises(ValueError, match="attempts"):
         evaluate(base_harness(), rollouts, attempts=0)
+
+
+class LimitedArithmetic(ArithmeticEnv):
+    """An env whose task listing takes a limit (a benchmark that builds each task it lists)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.limits = []
+
+    def tasks(self, split, limit=None):
+        self.limits.append(limit)
+        return super().tasks(split)[:limit]
+
+
+def scripted(env):
+    return RolloutService(ScriptedPolicy(calculator_solver), env, batch_size=4, max_steps=6, workers=1, seed=0)
+
+
+def test_evaluate_passes_the_limit_to_an_env_that_takes_one():
+    env = LimitedArithmetic(n_tasks=40)
+    report, traces = evaluate(base_harness(), scripted(env), "test", limit=3)
+    assert env.limits == [3] and report.n_tasks == 3 and len(traces) == 3
+    report, _ = evaluate(base_harness(), scripted(env), "test")
+    assert env.limits == [3, None] and report.n_tasks == len(ArithmeticEnv(n_tasks=40).tasks("test"))
+    plain = ArithmeticEnv(n_tasks=40)  # tasks(split) only: listed whole, then cut
+    assert evaluate(base_harness(), scripted(plain), "test", limit=2)[0].n_tasks == 2
+
+
+def test_report_shows_pass_at_k_only_with_several_attempts():
+    env = ArithmeticEnv(n_tasks=40)
+    one = markdown_report(*evaluate(base_harness(), scripted(env), "test", limit=2))
+    assert "pass@1 | mean reward" in one and "pass@1 |" in one and one.count("pass@") == 1
+    assert "| 1.000 | 1.000 |" in one  # pass@1 then mean reward: one column each
+    head, rule = [line for line in one.splitlines() if line.startswith("| pass@1") or line.startswith("|---|")][:2]
+    assert head.count("|") == rule.count("|")
+    two = markdown_report(*evaluate(base_harness(), scripted(env), "test", limit=2, attempts=2))
+    assert "| pass@1 | pass@2 | mean reward |" in two
+    head, rule = [line for line in two.splitlines() if line.startswith("| pass@1") or line.startswith("|---|")][:2]
+    assert head.count("|") == rule.count("|")

@@ -7,10 +7,13 @@ later can give different ids and silently corrupt the importance ratios.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from coevo.harness.events import Message, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,8 +61,13 @@ def byte_ids(text: str) -> list[int]:
 class ScriptedPolicy:
     """Answers with ``respond(messages)``; tokens are UTF-8 bytes, log-probs are 0 (deterministic).
 
-    It honours ``max_new_tokens`` (in bytes) and stop strings like a real policy, and records the
-    size of every batch it was given, so tests can check that the runtime batches model calls.
+    Its tokens are UTF-8 bytes, so the completion budget ``max_new_tokens`` counts bytes, not
+    model tokens: a 300-character scripted reply is cut at the harness's default budget. It
+    honours that budget and stop strings like a real policy (a cut reply has
+    ``finish_reason="length"``), logs a warning the first time it cuts a reply (raise the budget
+    with the harness's ``sampling.max_new_tokens``, ``rollout.max_new_tokens`` in a run config or
+    ``--max-new-tokens``), and records the size of every batch it was given, so tests can check
+    that the runtime batches model calls.
 
     A request's ``reply_prefix`` is part of the prompt (its bytes end ``prompt_ids``). The scripted
     reply is the whole assistant turn: when it starts with the prefix, the generated text is the
@@ -71,6 +79,7 @@ class ScriptedPolicy:
         self.respond = respond
         self.model_version = model_version
         self.batch_sizes: list[int] = []
+        self.cuts = 0  # replies cut at max_new_tokens (the first one is logged as a warning)
 
     def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
         self.batch_sizes.append(len(requests))
@@ -91,6 +100,14 @@ class ScriptedPolicy:
                 text = text[: text.index(stop)]
         ids = byte_ids(text)
         if len(ids) > request.sampling.max_new_tokens:
+            self.cuts += 1
+            if self.cuts == 1:
+                log.warning(
+                    "ScriptedPolicy %r cut a scripted reply of %d bytes at max_new_tokens=%d (its tokens are "
+                    "UTF-8 bytes); raise the budget with the harness's sampling.max_new_tokens, "
+                    "rollout.max_new_tokens or --max-new-tokens. Further cuts are not logged.",
+                    self.model_version, len(ids), request.sampling.max_new_tokens,
+                )
             ids = ids[: request.sampling.max_new_tokens]
             text = bytes(ids).decode("utf-8", errors="ignore")
             finish = "length"

@@ -1,4 +1,5 @@
-"""Built-in harnesses: the base harness every run starts from."""
+"""Built-in harnesses: the base harness every run starts from, ``lenient`` (also reads the last
+number as an answer) and ``conversational`` (a system prompt for multi-turn tasks with a user)."""
 
 from __future__ import annotations
 
@@ -52,4 +53,21 @@ def lenient_harness() -> Harness:
     return Harness(h.processors, name="lenient")
 
 
-BUILTIN_HARNESSES = {"base": base_harness, "lenient": lenient_harness}
+CONVERSATIONAL_SYSTEM_PROMPT = (
+    "You are a helpful assistant talking with a user. Reply to the user in plain text, one turn at a "
+    "time, and use the tools when they help. Ask when you need more information. Write "
+    "<answer>...</answer> only when the task is complete, as the task describes it: an answer ends the "
+    "conversation."
+)
+
+
+def conversational_harness() -> Harness:
+    """The base harness with a system prompt for conversational tasks (a simulated user replies to
+    each turn): the base prompt's "give your final answer as <answer>" makes an agent answer, and
+    so end the episode, on its first turn. Only the system prompt differs from ``base``; the same
+    change on another harness is the one setting ``system_prompt.template``."""
+    h = base_harness().set_param("system_prompt", "template", CONVERSATIONAL_SYSTEM_PROMPT)
+    return Harness(h.processors, name="conversational")
+
+
+BUILTIN_HARNESSES = {"base": base_harness, "lenient": lenient_harness, "conversational": conversational_harness}

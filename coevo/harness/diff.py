@@ -8,6 +8,7 @@ move. The Critic and the reports use this to say what an edit changed.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,8 +37,10 @@ class Change:
         return f"param {self.processor}.{self.param}: {self.old!r} -> {self.new!r}"
 
 
-def diff(a: Harness, b: Harness) -> list[Change]:
-    """What changed from ``a`` to ``b``; empty when they have the same id."""
+def diff(a: Harness, b: Harness, *, ignore_params_of: Collection[str] = ()) -> list[Change]:
+    """What changed from ``a`` to ``b``; empty when they have the same id. Parameter changes of
+    processors whose kind is in ``ignore_params_of`` are left out (e.g. ``sampling``, which a run
+    writes its rollout settings into)."""
     changes: list[Change] = []
     a_by_name = {p.name: p for p in a}
     b_by_name = {p.name: p for p in b}
@@ -53,6 +56,8 @@ def diff(a: Harness, b: Harness) -> list[Change]:
             continue
         if pa.kind != pb.kind:
             changes.append(Change("replaced", name, old=pa.kind, new=pb.kind))
+            continue
+        if pa.kind in ignore_params_of:
             continue
         types = {p.name: p.type for p in pb.params}
         for key in sorted(set(pa.config) | set(pb.config)):
@@ -73,9 +78,11 @@ def diff(a: Harness, b: Harness) -> list[Change]:
     return changes
 
 
-def format_diff(a: Harness, b: Harness) -> str:
-    changes = diff(a, b)
+def format_diff(a: Harness, b: Harness, *, ignore_params_of: Collection[str] = ()) -> str:
+    changes = diff(a, b, ignore_params_of=ignore_params_of)
     head = f"{a.id} -> {b.id}"
+    if ignore_params_of:
+        head += f" (parameters of {', '.join(sorted(ignore_params_of))} not compared)"
     if not changes:
         return head + "\n(no differences)"
     return head + "\n" + "\n".join(f"- {c}" for c in changes)

@@ -123,11 +123,13 @@ class TransformersPolicy:
             return (s.temperature, s.top_p, s.max_new_tokens, tuple(s.stop))
 
         run = self._generate_cached if self.engine == "cached" else self._generate_hf
+        rendered = [self.prompt_ids(r.messages, r.reply_prefix) for r in requests]
+        self._check_context(requests, rendered)  # before any generation, so nothing is wasted
         for _, group in itertools.groupby(sorted(range(len(requests)), key=key), key=key):
             idx = list(group)
             for start in range(0, len(idx), self.max_batch_size):
                 chunk = idx[start : start + self.max_batch_size]
-                prompts = [self.prompt_ids(requests[i].messages, requests[i].reply_prefix) for i in chunk]
+                prompts = [rendered[i] for i in chunk]
                 self.prompt_tokens += sum(map(len, prompts))
                 # one noise stream per call: a resumed run replays the same calls and so the same samples
                 generator = torch.Generator(device=self.device).manual_seed(self.seed + self._calls)
@@ -136,6 +138,30 @@ class TransformersPolicy:
                     results[i] = gen
         self.seconds += time.perf_counter() - began
         return [r for r in results if r is not None]
+
+    def _check_context(self, requests: Sequence[ChatRequest], prompts: list[list[int]]) -> None:
+        """Refuse a request whose prompt plus completion budget exceeds the model's context window
+        (``config.max_position_embeddings``, when the config has one): past it positions the
+        model never saw give garbage or an index error deep in the forward pass."""
+        limit = self.context_window
+        if limit is None:
+            return
+        for i, (request, prompt) in enumerate(zip(requests, prompts, strict=True)):
+            budget = request.sampling.max_new_tokens
+            if len(prompt) + budget > limit:
+                who = f"task {request.task_id!r}" if request.task_id else f"request {i}"
+                raise ValueError(
+                    f"{who}: the prompt has {len(prompt)} tokens and max_new_tokens is {budget}, "
+                    f"{len(prompt) + budget} in all, over the model's context window of {limit} tokens "
+                    f"(config.max_position_embeddings); shorten the context (a memory processor, fewer "
+                    f"or shorter tool schemas or demonstrations) or lower sampling.max_new_tokens"
+                )
+
+    @property
+    def context_window(self) -> int | None:
+        """The model's context window in tokens (``config.max_position_embeddings``), or None."""
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return limit if isinstance(limit, int) and limit > 0 else None
 
     def _weights_fingerprint(self) -> tuple[str, int]:
         return self.model_version, sum(p._version for p in self.model.parameters())

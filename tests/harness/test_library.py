@@ -1,5 +1,7 @@
 """Each built-in processor does its job, checked directly on events."""
 
+import json
+
 import pytest
 
 from coevo.harness import Dimension, ParamError
@@ -192,6 +194,41 @@ def test_json_tool_parser_strict_and_max_calls():
     assert len(JsonToolCallParser(max_calls=2).process(ev.ModelOutputEvent(state(), text=many)).tool_calls) == 2
 
 
+def test_json_tool_parser_tells_the_model_about_dropped_calls():
+    many = "".join(f'<tool_call>{{"name": "t{i}", "arguments": {{}}}}</tool_call>' for i in range(6))
+    out = JsonToolCallParser(max_calls=4).process(ev.ModelOutputEvent(state(), text=many))
+    assert [c.name for c in out.tool_calls] == ["t0", "t1", "t2", "t3"]
+    assert "dropped 2 tool call(s) beyond max_calls=4: t4, t5" in out.parse_error  # in the trace's event log
+    (note,) = out.followup  # shown to the model after the results of the calls that ran
+    assert note["role"] == "user" and "first 4 of your 6 tool calls" in note["content"] and "t4, t5" in note["content"]
+    within = JsonToolCallParser(max_calls=4).process(ev.ModelOutputEvent(state(), text=many[: many.index("t4") - 20]))
+    assert len(within.tool_calls) == 4 and within.followup == [] and within.parse_error is None
+
+
+@pytest.mark.parametrize("text", [
+    '<answer>{"name": "Dana Silva", "email": "dana@example.com"}</answer>',
+    'Found her. <answer>{"name": "Dana Silva", "arguments": {}}</answer>',
+    '<answer>{"name": "Dana Silva", "arguments": {}}',  # an answer cut off at the token budget
+])
+def test_json_tool_parser_never_reads_an_answer_as_a_call(text):
+    out = JsonToolCallParser().process(ev.ModelOutputEvent(state(), text=text))
+    assert out.tool_calls == [] and out.parse_error is None
+    call = '{"name": "lookup", "arguments": {}} '
+    outside = JsonToolCallParser().process(ev.ModelOutputEvent(state(), text=call + text))
+    assert [c.name for c in outside.tool_calls] == ["lookup"]  # bare JSON outside the answer still counts
+
+
+def test_tool_schema_hint_names_optional_arguments():
+    s = state(messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "q"}])
+    props = {"query": {"type": "string"}, "limit": {"type": "integer"}, "offset": {"type": "integer"}}
+    s.tools = {"search": ev.ToolSpec("search", "finds mail.", {"properties": props, "required": ["query"]}),
+               "calc": ev.ToolSpec("calc", "computes.", {"properties": {"e": {"type": "string"}}, "required": ["e"]})}
+    ToolSchemaHint().process(ev.TaskStartEvent(s))
+    system = s.messages[0]["content"]
+    assert f"- search: finds mail. Arguments: {json.dumps(props)}; optional: limit, offset\n" in system
+    assert '- calc: computes. Arguments: {"e": {"type": "string"}}\n' in system  # all required: as before
+
+
 def request(step=0, tools=("calculator", "python")):
     s = state(step=step)
     s.tools = {n: ev.ToolSpec(n, "") for n in tools}
@@ -343,6 +380,24 @@ def test_loop_detection_stop_and_warn():
     for a in ["x", "y", "y"]:
         LoopDetection(window=2, action="warn").process(ev.StepEndEvent(s2, actions=[a]))
     assert not s2.done and "repeating" in s2.messages[-1]["content"]
+
+
+def loop_step(s, action, result):
+    """One step as the runtime leaves it: the assistant's call, the tool's result, then step_end."""
+    s.messages += [{"role": "assistant", "content": f"<tool_call>{action}</tool_call>"},
+                   {"role": "tool", "name": "examine", "content": result}]
+    return ev.StepEndEvent(s, actions=[action])
+
+
+def test_loop_detection_ignores_repeated_calls_whose_results_change():
+    s, detector = state(), LoopDetection(window=3)
+    for t in range(5):  # waiting in a simulator: the same call, the world moves on
+        detector.process(loop_step(s, "examine()", f"the kettle is at {20 + 10 * t} C"))
+    assert not s.done
+    for _ in range(3):  # the same call and the same result three times: a loop
+        detector.process(loop_step(s, "examine()", "the kettle is boiling"))
+    assert s.stop_reason == "loop"
+    assert "result changed" in LoopDetection.description
 
 
 def test_parse_retry_counts_and_gives_up():

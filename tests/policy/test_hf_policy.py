@@ -129,3 +129,26 @@ def test_tokenizer_without_template_is_refused():
     tok.chat_template = None
     with pytest.raises(ValueError, match="chat template"):
         TransformersPolicy(tiny_model(tiny_tokenizer()), tok)
+
+
+def test_a_prompt_over_the_context_window_is_refused_with_its_numbers(policy):
+    from coevo.agent import run_episode
+    from coevo.envs.arithmetic import ArithmeticEnv
+    from coevo.harness.defaults import base_harness
+
+    assert policy.context_window == 4096  # the tiny model's config.max_position_embeddings
+    long = [{"role": "user", "content": "word " * 5000}]
+    before = policy.prompt_tokens
+    with pytest.raises(ValueError, match=r"prompt has \d+ tokens and max_new_tokens is 16, \d+ in all, over the "
+                                         r"model's context window of 4096 tokens"):
+        policy.generate([ChatRequest(MSGS[1], SamplingParams(max_new_tokens=4)),
+                         ChatRequest(long, SamplingParams(max_new_tokens=16))])
+    assert policy.prompt_tokens == before  # refused before anything was generated
+    n = len(policy.prompt_ids(MSGS[1]))
+    with pytest.raises(ValueError, match="context window"):  # the completion budget counts too
+        policy.generate([ChatRequest(MSGS[1], SamplingParams(max_new_tokens=4097 - n))])
+    assert len(policy.generate([ChatRequest(MSGS[1], SamplingParams(max_new_tokens=2))])) == 1
+    env = ArithmeticEnv(n_tasks=10)
+    harness = base_harness().set_param("system_prompt", "template", "word " * 5000)
+    trace = run_episode(env.tasks("test")[0], harness, policy, env)
+    assert trace.error_source == "policy" and "context window of 4096" in trace.error

@@ -37,19 +37,31 @@ class StepBudget(Processor):
 
 class LoopDetection(Processor):
     kind = "loop_detection"
-    description = "Detects the same action repeated N steps in a row; stops the episode or warns the model."
+    description = (
+        "Detects the same step repeated N times in a row (the same actions with the same tool results); "
+        "stops the episode or warns the model. A repeated call whose result changed (polling, waiting "
+        "in a simulator) is progress, not a loop."
+    )
     hook = Hook.STEP_END
     dimension = Dimension.CONTROL
     consumes = produces = StepEndEvent
     params = (
-        Param("window", "int", 3, "identical consecutive steps that count as a loop"),
+        Param("window", "int", 3, "identical consecutive steps (same actions, same results) that count as a loop"),
         Param("action", "str", "stop", "what to do on a loop", choices=("stop", "warn")),
     )
     HISTORY = "loop_detection_history"
 
+    @staticmethod
+    def step_results(messages: list) -> list[str]:
+        """The tool results the step showed the model: the tool turns after its assistant turn."""
+        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
+        if last is None:
+            return []
+        return [str(m.get("content", "")) for m in messages[last + 1:] if m.get("role") == "tool"]
+
     def process(self, event: StepEndEvent) -> StepEndEvent:
         history = event.state.memory.setdefault(self.HISTORY, [])
-        history.append(json.dumps(event.actions, sort_keys=True))
+        history.append(json.dumps([event.actions, self.step_results(event.state.messages)], sort_keys=True))
         window = self.config["window"]
         if len(history) >= window and len(set(history[-window:])) == 1 and event.actions:
             if self.config["action"] == "stop":

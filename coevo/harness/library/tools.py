@@ -24,6 +24,8 @@ TOOL_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 """A tool name ``tool_choice`` may force: it is written into a JSON string unescaped."""
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+ANSWER_BLOCK_RE = re.compile(r"<answer>.*?(?:</answer>|$)", re.DOTALL)
+"""An answer block (closed, or cut off at the end of a completion): JSON in it is an answer, never a call."""
 
 DEFAULT_HINT = (
     "You can call these tools:\n{tools}\n"
@@ -78,9 +80,23 @@ class ToolRegistry(Processor):
         return event
 
 
+def tool_hint_line(spec: ToolSpec) -> str:
+    """One tool in the hint: name, description, the arguments' schemas, and the arguments the
+    schema does not require (``; optional: a, b``). Arguments are required unless listed as
+    optional, so a tool whose arguments are all required reads as it always did."""
+    properties = (spec.parameters or {}).get("properties", {}) or {}
+    required = set((spec.parameters or {}).get("required") or ())
+    optional = [k for k in properties if k not in required]
+    line = f"- {spec.name}: {spec.description} Arguments: {json.dumps(properties)}"
+    return line + (f"; optional: {', '.join(optional)}" if optional else "")
+
+
 class ToolSchemaHint(Processor):
     kind = "tool_schema_hint"
-    description = "Appends the enabled tools' names, descriptions and argument schemas, and the call format, to the system message."
+    description = (
+        "Appends the enabled tools' names, descriptions and argument schemas (naming the optional "
+        "arguments; the others are required), and the call format, to the system message."
+    )
     hook = Hook.TASK_START
     dimension = Dimension.TOOLS
     consumes = produces = TaskStartEvent
@@ -91,10 +107,7 @@ class ToolSchemaHint(Processor):
         tools = event.state.tools
         if not tools:
             return event
-        lines = "\n".join(
-            f"- {t.name}: {t.description} Arguments: {json.dumps(t.parameters.get('properties', {}))}"
-            for t in tools.values()
-        )
+        lines = "\n".join(tool_hint_line(t) for t in tools.values())
         hint = self.config["template"].replace("{tools}", lines)
         msgs = event.state.messages
         if msgs and msgs[0].get("role") == "system":
@@ -115,7 +128,9 @@ class JsonToolCallParser(Processor):
     kind = "json_tool_parser"
     description = (
         'Parses <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks from a completion; '
-        "lenient mode also accepts a bare JSON object with name and arguments."
+        "lenient mode also accepts a bare JSON object with name and arguments (never one inside "
+        "<answer>...</answer>: an answer is not a tool call). Calls beyond max_calls are dropped, and "
+        "the model is told which (a followup message; the event log's parse_error says so too)."
     )
     hook = Hook.AFTER_MODEL
     dimension = Dimension.TOOLS
@@ -123,8 +138,8 @@ class JsonToolCallParser(Processor):
     produces = ParsedOutputEvent
     group = "action_parser"
     params = (
-        Param("max_calls", "int", 4, "tool calls honoured per completion"),
-        Param("lenient", "bool", True, "accept bare JSON objects outside <tool_call> tags"),
+        Param("max_calls", "int", 4, "tool calls honoured per completion (the rest are dropped, and the model told)"),
+        Param("lenient", "bool", True, "accept bare JSON objects outside <tool_call> tags and <answer> blocks"),
     )
 
     def process(self, event: ModelOutputEvent) -> ParsedOutputEvent:
@@ -139,12 +154,26 @@ class JsonToolCallParser(Processor):
             else:
                 calls.append(call)
         if not blocks and self.config["lenient"]:
-            calls = [c for c in map(_as_call, _json_objects(event.text)) if c is not None]
-        calls = calls[: self.config["max_calls"]]
+            outside_answers = ANSWER_BLOCK_RE.sub(" ", event.text)
+            calls = [c for c in map(_as_call, _json_objects(outside_answers)) if c is not None]
+        followup = []
+        limit = self.config["max_calls"]
+        if len(calls) > limit:
+            dropped = calls[limit:]
+            names = ", ".join(c.name for c in dropped)
+            note = (f"dropped {len(dropped)} tool call(s) beyond max_calls={limit}: {names}")
+            error = f"{error}; {note}" if error else note
+            followup.append({
+                "role": "user",
+                "content": f"Only the first {limit} of your {len(calls)} tool calls were run; the other "
+                           f"{len(dropped)} ({names}) were not. Call them again in your next reply if you "
+                           f"still need them.",
+            })
+            calls = calls[:limit]
         for k, c in enumerate(calls):
             c.call_id = f"s{event.state.step}c{k}"
         fields = {k: getattr(event, k) for k in ("state", "text", "finish_reason", "call_index", "trainable", "loss_weight")}
-        return ParsedOutputEvent(**fields, tool_calls=calls, parse_error=error)
+        return ParsedOutputEvent(**fields, tool_calls=calls, parse_error=error, followup=followup)
 
 
 class ToolWhitelist(Processor):
