@@ -59,7 +59,7 @@ def byte_ids(text: str) -> list[int]:
 
 
 class ScriptedPolicy:
-    """Answers with ``respond(messages)``; tokens are UTF-8 bytes, log-probs are 0 (deterministic).
+    """Answers with ``respond(messages)`` (a subclass: ``reply(request)``); log-probs are 0 (deterministic).
 
     Its tokens are UTF-8 bytes, so the completion budget ``max_new_tokens`` counts bytes, not
     model tokens: a 300-character scripted reply is cut at the harness's default budget. It
