@@ -18,14 +18,234 @@ from coevo.evolution.reference import gold_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTDOWN = "examples.countdown_env:CountdownEnv"
-GUIDES = {"environments.md": "examples/countdown_env.py", "processors.md": "examples/my_processor.py",
-          "meta-agents.md": "examples/openai_meta_agent.py", "gpu-cluster.md": "examples/gpu_cluster.py"}
+GUIDES = {"environments.md": ("examples/helpdesk_env.py", "examples/text_sim_env.py", "examples/countdown_env.py"),
+          "processors.md": ("examples/my_processor.py",), "meta-agents.md": ("examples/openai_meta_agent.py",),
+          "gpu-cluster.md": ("examples/gpu_cluster.py",)}
 
 
-@pytest.mark.parametrize(("guide", "example"), sorted(GUIDES.items()))
+@pytest.mark.parametrize(("guide", "example"), [(g, e) for g, examples in sorted(GUIDES.items()) for e in examples])
 def test_each_guide_points_at_its_runnable_example(guide, example):
     assert (ROOT / example).is_file()
     assert example in (ROOT / "docs" / guide).read_text()
+
+
+# ------------------------------------------------- docs/environments.md, worked examples 1 and 2
+HELPDESK, TEXT_SIM = "examples.helpdesk_env:HelpdeskEnv", "examples.text_sim_env:TextSimEnv"
+LONG_STEPS = 12  # the guide's setting for long gold paths: --max-steps 12 and step_budget.max_steps=12
+CONVERSATION_PROMPT = ("You are the {env} agent, talking with a user. Use the tools to do what they ask, "
+                       "then reply to them as <answer>...</answer>; they may write again.")
+
+
+def long_harness():
+    from coevo.harness.defaults import base_harness
+
+    return base_harness().set_param("step_budget", "max_steps", LONG_STEPS)
+
+
+def gold_run(env, tasks, harness=None, max_steps=LONG_STEPS, all_tasks=None):
+    """The gold policy (as ``--model gold`` builds it) through the real runtime."""
+    from coevo.agent.gold import GoldPolicy
+    from coevo.agent.rollouts import RolloutService
+
+    policy = GoldPolicy(all_tasks if all_tasks is not None else tasks, answer=getattr(env, "gold_answer", None))
+    service = RolloutService(policy, env, batch_size=len(tasks), max_steps=max_steps, workers=4, seed=0)
+    return service.run(harness or long_harness(), tasks, attempts=1, phase=None)
+
+
+def degraded(tasks):
+    """Each task's gold path without its last call (per-turn counts adjusted): a solution that falls short."""
+    out = []
+    for t in tasks:
+        meta = dict(t.metadata)
+        if "turn_calls" in meta:
+            meta["turn_calls"] = [*meta["turn_calls"][:-1], meta["turn_calls"][-1] - 1]
+        out.append(replace(t, gold_actions=t.gold_actions[:-1], metadata=meta))
+    return out
+
+
+@pytest.mark.parametrize("example", ["helpdesk_env.py", "text_sim_env.py"])
+def test_worked_examples_stay_short_and_self_contained(example):
+    text = (ROOT / "examples" / example).read_text()
+    assert len(text.splitlines()) <= 180
+    lines = [line.split()[1] for line in text.splitlines() if line.startswith(("import ", "from "))]
+    imports = {name.split(".")[0].rstrip(",") for name in lines}
+    assert imports <= {"__future__", "copy", "hashlib", "json", "random", "subprocess", "sys", "typing", "coevo"}
+
+
+def test_helpdesk_tasks_are_conversations_with_stable_ids_hash_splits_and_per_turn_gold():
+    from examples.helpdesk_env import TOOLS, HelpdeskEnv
+
+    a, b = HelpdeskEnv(n_tasks=30, seed=3), HelpdeskEnv(n_tasks=30, seed=3)
+    by_split = {s: a.tasks(s) for s in SPLITS}
+    assert all(by_split.values()) and sum(map(len, by_split.values())) == 30
+    for split, tasks in by_split.items():
+        assert [t.task_id for t in tasks] == [t.task_id for t in b.tasks(split)]
+        for t in tasks:
+            assert t.split == split == assign_split(t.task_id, 3)
+            turns, per_turn = t.metadata["user_turns"], t.metadata["turn_calls"]
+            assert len(turns) in (2, 3) and len(per_turn) == len(turns) and sum(per_turn) == len(t.gold_actions)
+            assert len(t.metadata["gold_replies"]) == len(turns) - 1 and t.instruction.count(turns[0]) == 1
+            assert {c.name for c in t.gold_actions} <= set(TOOLS) and "tool:find_account" in t.capabilities
+    assert len(TOOLS) == 4
+    with pytest.raises(ValueError, match="unknown split"):
+        a.tasks("dev")
+
+
+def test_helpdesk_api_is_stateful_and_refuses_bad_calls_with_error_results():
+    from examples.helpdesk_env import HelpdeskEnv
+
+    task = HelpdeskEnv(n_tasks=3).tasks("train")[0]
+    session = HelpdeskEnv(n_tasks=3).reset(task)
+    found = session.call_tool("find_account", dict(task.gold_actions[0].arguments))
+    aid = found.output.split(":")[0]
+    assert found.error is None and aid in session.accounts.world
+    assert "no account with email" in session.call_tool("find_account", {"email": "nobody@x.org"}).error
+    assert "plan must be one of" in session.call_tool("change_plan", {"account_id": aid, "plan": "gold"}).error
+    assert "no account" in session.call_tool("change_plan", {"account_id": "A-0", "plan": "pro"}).error
+    assert "needs the string arguments" in session.call_tool("refund", {"account_id": aid}).error
+    invoice = next(iter(session.accounts.world[aid]["invoices"]))
+    assert session.call_tool("refund", {"account_id": aid, "invoice_id": invoice}).error is None
+    assert "not a paid invoice" in session.call_tool("refund", {"account_id": aid, "invoice_id": invoice}).error
+    assert "unknown tool" in session.call_tool("delete_account", {}).error
+    assert task.metadata["world"][aid]["invoices"][invoice] == "paid"  # the session changed its own copy only
+
+
+def test_helpdesk_verifier_reads_the_final_state_and_needs_a_reply_to_every_turn():
+    from examples.helpdesk_env import HelpdeskEnv
+
+    env = HelpdeskEnv(n_tasks=6)
+    task = next(t for t in env.tasks("train") if len(t.metadata["user_turns"]) == 3)
+    session = env.reset(task)
+    for call in task.gold_actions:
+        assert session.call_tool(call.name, dict(call.arguments)).error is None
+    assert session.respond("ok") == task.metadata["user_turns"][1]
+    assert session.respond("ok") == task.metadata["user_turns"][2]
+    unreplied = session.verify("done")  # the state is right, but the last turn never went through respond
+    assert not unreplied.passed and unreplied.info["turns_replied"] == 2
+    assert session.respond("any text at all") is None
+    assert session.verify("any text at all").passed and session.verify("any text at all").reward == 1.0
+    fresh = env.reset(task)  # the right words, no actions: the state decides
+    for _ in task.metadata["user_turns"]:
+        fresh.respond("Done, your plan is changed and the refund issued.")
+    assert not fresh.verify("Done.").passed and fresh.verify("Done.").info["wrong_accounts"]
+
+
+def test_helpdesk_gold_conversations_pass_through_the_runtime_and_a_degraded_gold_fails():
+    from coevo.harness.defaults import base_harness
+    from examples.helpdesk_env import HelpdeskEnv
+
+    env = HelpdeskEnv()
+    val = env.tasks("val")
+    guide = (ROOT / "docs" / "environments.md").read_text()
+    assert CONVERSATION_PROMPT[-60:] in guide  # the guide's conversational system prompt, used here
+    done = gold_run(env, val, harness=long_harness().set_param("system_prompt", "template", CONVERSATION_PROMPT))
+    assert done.pass_at_1 == 1.0
+    for trace, task in zip(done.traces, val):
+        assert trace.stop_reason == "answer" and trace.final_answer == HelpdeskEnv.gold_answer(task)
+        assert trace.replies == task.metadata["gold_replies"]
+    assert gold_run(env, degraded(val)).pass_at_1 == 0.0
+    # the defaults (6 model calls) cut the longest conversations: why the guide raises both limits
+    cut = gold_run(env, val, harness=base_harness(), max_steps=6)
+    assert 0 < cut.pass_at_1 < 1 and {t.stop_reason for t in cut.traces if not t.passed} == {"step_budget"}
+
+
+def test_text_sim_has_the_benchmarks_own_splits_and_a_process_per_session():
+    from examples.text_sim_env import DEV, TEST, TRAIN, TextSimEnv
+
+    env = TextSimEnv()
+    assert [t.task_id for t in env.tasks("val")] == [f"room-{name}" for name in DEV]  # dev is coevo's val
+    assert [t.task_id for t in env.tasks("test")] == [f"room-{name}" for name in TEST]
+    assert len({t.task_id for s in SPLITS for t in env.tasks(s)}) == len(TRAIN + DEV + TEST) == 12
+    with pytest.raises(ValueError, match="unknown split"):
+        env.tasks("dev")
+    task = env.tasks("train")[0]
+    one, two = env.reset(task), env.reset(task)
+    try:
+        assert one.proc.pid != two.proc.pid and "small room" in one.observation
+        assert one.call_tool("act", {"command": "open box"}).output.startswith("You open the box")
+        assert "box (closed)" in two.call_tool("act", {"command": "look"}).output  # each process its own state
+        assert "one command" in one.call_tool("act", {"command": "__score__"}).error
+        assert "only tool" in one.call_tool("look", {}).error
+        assert not one.verify("I opened the door").passed  # the simulator's score decides, not the answer
+    finally:
+        one.close()
+        two.close()
+    assert one.proc.poll() is not None and two.proc.poll() is not None
+    # gold paths replay to reference trajectories (the game ends on the last gold action)
+    assert all(gold_reference(env, t) is not None for t in env.tasks("train")[:2])
+
+
+def test_text_sim_gold_passes_a_degraded_gold_fails_and_at_most_four_simulators_run(monkeypatch):
+    import threading
+
+    from examples import text_sim_env
+
+    procs, lock, state = [], threading.Lock(), {"open": 0, "peak": 0}
+
+    class Counted(text_sim_env.SimSession):
+        def __init__(self, task):
+            super().__init__(task)
+            procs.append(self.proc)
+            with lock:
+                state["open"] += 1
+                state["peak"] = max(state["peak"], state["open"])
+
+        def close(self):
+            super().close()
+            with lock:
+                state["open"] -= 1
+
+    monkeypatch.setattr(text_sim_env, "SimSession", Counted)
+    env = text_sim_env.TextSimEnv()
+    every = [t for s in SPLITS for t in env.tasks(s)]
+    done = gold_run(env, every)
+    assert done.pass_at_1 == 1.0 and all(t.stop_reason == "env_done" for t in done.traces)
+    assert state["peak"] == text_sim_env.TextSimEnv.max_sessions == 4 and state["open"] == 0
+    assert len(procs) == 12 and all(p.poll() is not None for p in procs)  # close() ended every process
+    assert gold_run(env, degraded(env.tasks("val"))).pass_at_1 == 0.0
+
+
+def test_text_sim_reset_ends_its_process_when_the_simulator_fails_to_start(monkeypatch):
+    from examples import text_sim_env
+
+    started = []
+    real = text_sim_env.subprocess.Popen
+
+    def recording(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(text_sim_env.subprocess, "Popen", recording)
+    monkeypatch.setattr(text_sim_env, "SIM_SOURCE", "import sys, time\nsys.stdin.readline()\nprint('boom')\n"
+                                                    "time.sleep(60)")
+    env = text_sim_env.TextSimEnv()
+    with pytest.raises(json.JSONDecodeError):
+        env.reset(env.tasks("val")[0])
+    (proc,) = started
+    assert proc.poll() is not None  # terminated, not left sleeping
+    done = gold_run(env, env.tasks("val")[:1])  # through the runtime: the episode fails, the run goes on
+    assert done.traces[0].error_source == "env" and "env reset" in done.traces[0].error
+    assert all(p.poll() is not None for p in started)
+
+
+@pytest.mark.parametrize(("env_path", "env_name"), [(HELPDESK, "helpdesk"), (TEXT_SIM, "text_sim")])
+def test_coevo_eval_replays_the_gold_of_each_worked_example(tmp_path, monkeypatch, env_path, env_name):
+    """The guide's commands: ``--model gold`` with both step limits raised passes every val task."""
+    from coevo.cli import app
+
+    monkeypatch.chdir(ROOT)
+    long_harness().save(tmp_path / "long.yaml")
+    args = ["eval", "--env", env_path, "--model", "gold", "--split", "val", "--harness", str(tmp_path / "long.yaml"),
+            "--max-steps", str(LONG_STEPS), "--out", str(tmp_path / "eval")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["env"] == env_name and summary["n_tasks"] == {"helpdesk": 8, "text_sim": 3}[env_name]
+    assert summary["pass_at_1"] == 1.0 and summary["errors"] == 0
+    if env_name == "helpdesk":  # --max-steps alone is not enough: the base harness's step_budget still ends at 6
+        short = CliRunner().invoke(app, args[:7] + args[9:11] + ["--out", str(tmp_path / "short")])
+        assert short.exit_code == 0, short.output
+        assert json.loads((tmp_path / "short" / "summary.json").read_text())["pass_at_1"] == 0.75  # as the guide says
 
 
 # --------------------------------------------------------------------------- docs/environments.md
