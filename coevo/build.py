@@ -202,7 +202,7 @@ def make_critic(e: EvolutionConfig, rollout: Any) -> Any:
 
 def start_harness(cfg: TrainConfig) -> Any:
     """The starting harness with the rollout's sampling settings written into it."""
-    from coevo.harness.defaults import BUILTIN_HARNESSES
+    from coevo.harness.defaults import BUILTIN_HARNESSES, with_step_cap
     from coevo.harness.harness import Harness
 
     spec = cfg.harness.start
@@ -221,6 +221,7 @@ def start_harness(cfg: TrainConfig) -> Any:
         raise ValueError(f"harness {spec!r} has no 'sampling' processor to take rollout.temperature/max_new_tokens")
     h = h.set_param("sampling", "temperature", float(cfg.rollout.temperature))
     h = h.set_param("sampling", "max_new_tokens", int(cfg.rollout.max_new_tokens))
+    h = with_step_cap(h, cfg.rollout.max_steps)  # the harness's step budget never ends episodes sooner
     if cfg.rollout.keep_truncated:
         if "token_annotation" not in h:
             raise ValueError(f"rollout.keep_truncated=true needs a 'token_annotation' processor in harness {spec!r}")

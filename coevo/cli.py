@@ -16,6 +16,7 @@ from rich.table import Table
 from coevo.cli_harness import evolved_on, harness_app, load_harness
 from coevo.config import RolloutConfig
 from coevo.harness import Harness
+from coevo.harness.defaults import with_step_cap
 
 app = typer.Typer(help="coevo: harness-model co-evolution for LLM agents.", no_args_is_help=True, add_completion=False)
 app.add_typer(harness_app, name="harness")
@@ -26,9 +27,13 @@ ENV_HELP = ("environment: reasoning | textworld_express | arithmetic, or the imp
             "of your own (docs/environments.md)")
 
 
-def with_sampling(h: Harness, temperature: float | None, max_new_tokens: int | None, attempts: int) -> Harness:
-    """``h`` with the sampling overrides of ``--temperature``/``--max-new-tokens``, and a note when
-    greedy decoding would make the ``attempts`` of a task identical (pass@k would be pass@1)."""
+def with_sampling(h: Harness, temperature: float | None, max_new_tokens: int | None, attempts: int,
+                  max_steps: int | None = None) -> Harness:
+    """``h`` with the sampling overrides of ``--temperature``/``--max-new-tokens``, its step budget
+    raised to ``--max-steps`` (``with_step_cap``), and a note when greedy decoding would make the
+    ``attempts`` of a task identical (pass@k would be pass@1)."""
+    if max_steps is not None:
+        h = with_step_cap(h, max_steps)
     overrides = {"temperature": temperature, "max_new_tokens": max_new_tokens}
     for param, value in overrides.items():
         if value is None:
@@ -114,10 +119,11 @@ def eval_cmd(
     split: str = typer.Option("val", help="train | val | test"),
     attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="attempts per task: reports pass@1 and pass@k"),
     temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
     limit: Optional[int] = typer.Option(None, min=1, help="evaluate only the first N tasks of the split"),
     batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
-    max_steps: int = typer.Option(RolloutConfig.max_steps, min=1, help="model calls per episode at most (the "
-                                  "harness's own step budget may end an episode sooner)"),
+    max_steps: int = typer.Option(RolloutConfig.max_steps, min=1, help="model calls per episode at most (a "
+                                  "harness step budget below it is raised to it)"),
     seed: int = typer.Option(0, help="sampling seed"),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
@@ -130,7 +136,7 @@ def eval_cmd(
     if split not in SPLITS:
         raise typer.BadParameter(f"split must be one of {list(SPLITS)}, got {split!r}", param_hint="--split")
     env_cls = resolve_env(env_name)
-    h = with_sampling(load_harness(harness), temperature, None, attempts)
+    h = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts, max_steps)
     try:
         env = env_cls(**parse_env_args(env_args))
     except (TypeError, ValueError) as err:
@@ -318,7 +324,8 @@ def stream_cmd(
     attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="episodes per task (pass@1 is their mean)"),
     adapt_limit: int = typer.Option(8, min=1, help="adaptation tasks per cohort"),
     eval_limit: int = typer.Option(16, min=1, help="evaluation tasks per cohort"),
-    max_steps: int = typer.Option(32, min=1, help="model calls per episode at most"),
+    max_steps: int = typer.Option(RolloutConfig.max_steps, min=1, help="model calls per episode at most (a "
+                                  "harness step budget below it is raised to it)"),
     batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
     seed: int = typer.Option(0, help="sampling seed and task sample"),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/stream-<env>-<axis>-<time>)"),
@@ -336,7 +343,7 @@ def stream_cmd(
     bad = [p for p in protocols if p not in PROTOCOLS]
     if bad:
         raise typer.BadParameter(f"protocol must be one of {list(PROTOCOLS)}, got {bad}", param_hint="--protocol")
-    start = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts)
+    start = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts, max_steps)
     env = env_cls(**parse_env_args(env_args))
     if axis == "agents":
         try:

@@ -46,7 +46,8 @@ class RolloutConfig:
     max_new_tokens: int = opt(160, "completion budget per model call, set on the harness")
     keep_truncated: bool = opt(False, "train on completions cut at max_new_tokens too (sets the harness's "
                                "token_annotation.exclude_truncated=false; smoke runs of an untrained model need it)")
-    max_steps: int = opt(6, "hard cap on agent steps per episode (the harness's step budget may be lower)")
+    max_steps: int = opt(6, "model calls per episode at most; a starting harness whose step budget is lower gets "
+                         "it raised to this")
     batch_size: int = opt(32, "model calls per generate() batch")
     workers: int = opt(8, "threads that run tools and processors between model calls")
     vllm_mode: str = opt("colocate", "vllm backend: colocate (engine in the trainer process) | server (trl vllm-serve)")

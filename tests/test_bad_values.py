@@ -103,8 +103,11 @@ def test_a_harness_yaml_with_a_step_budget_below_one_names_the_file_the_paramete
     with pytest.raises(ParamError, match="'max_steps' must be >= 1"):
         base_harness().set_param("step_budget", "max_steps", max_steps)
     assert StepBudget(max_steps=1).config["max_steps"] == 1
-    ok = start_harness(compose_cfg([f"harness.start={step_budget_yaml(tmp_path / 'ok.yaml', 2)}"]))
-    assert ok.get("step_budget").config["max_steps"] == 2
+    ok = start_harness(compose_cfg([f"harness.start={step_budget_yaml(tmp_path / 'ok.yaml', 5)}"]))
+    assert ok.get("step_budget").config["max_steps"] == 5
+    # a budget below rollout.max_steps (3 in configs/train.yaml) is raised to it: one setting decides
+    raised = start_harness(compose_cfg([f"harness.start={step_budget_yaml(tmp_path / 'low.yaml', 2)}"]))
+    assert raised.get("step_budget").config["max_steps"] == 3
 
 
 def test_resuming_with_fewer_rounds_than_completed_is_refused_and_config_yaml_kept(tmp_path):

@@ -71,3 +71,13 @@ def conversational_harness() -> Harness:
 
 
 BUILTIN_HARNESSES = {"base": base_harness, "lenient": lenient_harness, "conversational": conversational_harness}
+
+
+def with_step_cap(harness: Harness, max_steps: int) -> Harness:
+    """``harness`` whose ``step_budget`` lets an episode run ``max_steps`` model calls: a budget
+    below the cap is raised to it (never lowered), so one setting (``--max-steps``,
+    ``rollout.max_steps``) decides how long an episode may run instead of two."""
+    budget = next((p for p in harness if p.kind == "step_budget"), None)
+    if budget is None or budget.config["max_steps"] >= max_steps:
+        return harness
+    return harness.set_param(budget.name, "max_steps", int(max_steps))
