@@ -7,7 +7,7 @@ the last one. ``verify`` checks the accounts' FINAL STATE against the state the 
 and that every turn got a reply; the reply texts themselves are not graded.
 
     PYTHONPATH=. coevo eval --env examples.helpdesk_env:HelpdeskEnv --model gold --split val \\
-        --harness long.yaml --max-steps 12      # long.yaml: the base harness, step_budget.max_steps=12
+        --max-steps 12      # also raises the harness's step budget (6) to 12
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ through a single tool, ``act(command)``; the simulator's own score decides ``ver
 splits are the benchmark's own lists (train / dev / test; dev is coevo's ``val``), not hashed.
 
     PYTHONPATH=. coevo eval --env examples.text_sim_env:TextSimEnv --model gold --split val \\
-        --harness long.yaml --max-steps 12      # long.yaml: the base harness, step_budget.max_steps=12
+        --max-steps 12      # also raises the harness's step budget (6) to 12
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def test_each_guide_points_at_its_runnable_example(guide, example):
 
 # ------------------------------------------------- docs/environments.md, worked examples 1 and 2
 HELPDESK, TEXT_SIM = "examples.helpdesk_env:HelpdeskEnv", "examples.text_sim_env:TextSimEnv"
-LONG_STEPS = 12  # the guide's setting for long gold paths: --max-steps 12 and step_budget.max_steps=12
+LONG_STEPS = 12  # the guide's setting for long gold paths: --max-steps 12 (it raises step_budget.max_steps too)
 CONVERSATION_PROMPT = ("You are the {env} agent, talking with a user. Use the tools to do what they ask, "
                        "then reply to them as <answer>...</answer>; they may write again.")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -286,8 +287,16 @@ def offline_run(wandb_env: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     tracker.finish()
     tracker.finish()  # a second finish is a no-op
     [offline_dir] = sorted((run_dir / "wandb").glob("offline-run-*"))
+    log = offline_dir / f"run-{tracker.run_id}.wandb"
+    # the file is written by W&B's own service process; on a loaded machine its last records may
+    # land a moment after finish() returns, so read it until the logged round is there (15 s at most)
+    deadline = time.monotonic() + 15
+    records = read_wandb_log(log)
+    while not history(records) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        records = read_wandb_log(log)
     return {"tracker": tracker, "run_dir": run_dir, "dir": offline_dir, "base": base, "child": child,
-            "records": read_wandb_log(offline_dir / f"run-{tracker.run_id}.wandb"), "committed": committed}
+            "records": records, "committed": committed}
 
 
 def test_run_id_is_written_and_reused(offline_run: dict[str, Any]) -> None:

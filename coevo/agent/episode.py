@@ -231,9 +231,9 @@ class EpisodeRun:
             call.trainable, call.loss_weight = out.trainable, out.loss_weight
             state.messages.append({"role": "assistant", "content": reply})
             actions = yield from self._act(out)
-            fire(harness, Hook.STEP_END, ev.StepEndEvent(state, actions=actions), log)
-            if self.session.done:
+            if self.session.done:  # before step_end: a game won on the last allowed step is won, not cut
                 state.stop("env_done")
+            fire(harness, Hook.STEP_END, ev.StepEndEvent(state, actions=actions), log)
             if not state.done:
                 state.step += 1
                 if state.step >= self.max_steps:

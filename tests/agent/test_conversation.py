@@ -102,3 +102,20 @@ def test_an_env_bounds_its_open_sessions_and_a_failed_reset_stays_in_its_episode
     unbounded = ChatEnv()
     run(unbounded, unbounded.tasks("val"))
     assert unbounded.peak == 6  # without max_sessions every episode starts at once
+
+
+class OneMove(Chat):
+    """A game won by its first action."""
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        self.done = True
+        return super().call_tool(name, arguments)
+
+
+def test_a_game_won_on_the_last_allowed_step_ends_as_won_not_cut():
+    env = ChatEnv()
+    env.reset = lambda task: OneMove(task, env)  # type: ignore[method-assign]
+    h = base_harness().set_param("step_budget", "max_steps", 1)
+    done = RolloutService(GoldPolicy(env.tasks("val")), env, batch_size=8, max_steps=1, workers=2, seed=0).run(
+        h, env.tasks("val")[:2], attempts=1, phase=None)
+    assert [t.stop_reason for t in done.traces] == ["env_done", "env_done"]
