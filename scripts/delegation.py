@@ -5,6 +5,8 @@
     python scripts/delegation.py --model tiny --limit 4 # a random tiny model: the suite's preset
     python scripts/delegation.py --force-tool-call      # the lead's (and each specialist's) first reply
                                                         # prefilled with the start of a tool call
+    python scripts/delegation.py --demos 2              # two worked delegations (the gold lead's own
+                                                        # episodes on train tasks) before each task
 
 The lead is the agents axis's harness with every entity released (``agents_harness``: one
 ``specialist`` per entity of ``OfficeEnv.tool_owners``, the lead's registry enabling only the
@@ -34,8 +36,8 @@ from typing import Any
 
 from coevo.agent.rollouts import RolloutService
 from coevo.envs.office import OWNER, OfficeEnv, final_answer
-from coevo.harness.defaults import base_harness
-from coevo.harness.library import ToolChoice
+from coevo.harness.defaults import base_harness, with_step_cap
+from coevo.harness.library import FewShotDemos, ToolChoice
 from coevo.streams.axes import agents_harness
 
 ENTITIES = frozenset(OWNER.values())
@@ -62,6 +64,23 @@ def episode_row(trace: Any, task: Any) -> dict[str, Any]:
                                                                                           trace.model_calls),
             "sub_calls": sum(bool(c.agent) for c in trace.model_calls), "stop": trace.stop_reason,
             "error": trace.error}
+
+
+def delegation_demos(env: OfficeEnv, lead: Any, n: int) -> list[dict[str, Any]]:
+    """The turns of the gold lead's episodes on ``n`` train tasks of different kinds (several
+    entities first): the task, each ``ask_`` call, the specialist's report as the runtime shows
+    it, the answer."""
+    from coevo.agent.gold import GoldPolicy
+
+    kinds: dict[str, Any] = {}  # one task per kind, the kinds needing the most entities first
+    for task in sorted(env.tasks("train"), key=lambda t: -len(t.metadata["entities"])):
+        kinds.setdefault(task.metadata["kind"], task)
+    train = list(kinds.values())[:n]
+    gold = with_step_cap(lead.set_param("sampling", "max_new_tokens", 1024), 10)
+    done = RolloutService(GoldPolicy(train, answer=final_answer, owner=OWNER), env, batch_size=8, max_steps=10,
+                          workers=2, seed=0).run(gold, train, attempts=1, phase=None)
+    assert all(t.passed for t in done.traces), "the gold lead must pass its demonstration tasks"
+    return [dict(m) for t in done.traces for m in t.messages if m["role"] != "system"]
 
 
 def policy_for(model: str, tasks: list, seed: int) -> Any:
@@ -101,6 +120,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-steps", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--demos", type=int, default=0,
+                    help="worked delegations shown to the lead: the gold lead's episodes on that many train tasks")
     ap.add_argument("--force-tool-call", action="store_true",
                     help="insert tool_choice: the first reply opens a <tool_call> and the model names the tool")
     ap.add_argument("--out", type=Path, default=None)
@@ -111,6 +132,8 @@ def main(argv: list[str] | None = None) -> str:
             .set_param("sampling", "temperature", args.temperature)
             .set_param("sampling", "max_new_tokens", args.max_new_tokens)
             .set_param("step_budget", "max_steps", args.max_steps))
+    if args.demos:
+        lead = lead.insert(FewShotDemos(turns=delegation_demos(env, lead, args.demos)))
     if args.force_tool_call:  # as the rule meta-agent proposes for answers given without the tools
         lead = lead.insert(ToolChoice())
     if args.model == "gold":  # a delegation lists its calls: longer replies than a model's
@@ -121,7 +144,8 @@ def main(argv: list[str] | None = None) -> str:
         lead, tasks, attempts=args.attempts, phase="eval")
     by_id = {t.task_id: t for t in tasks}
     rows = [episode_row(trace, by_id[trace.task_id]) for trace in done.traces]
-    forced = ", first tool call forced" if args.force_tool_call else ""
+    forced = (", first tool call forced" if args.force_tool_call else "") + (
+        f", {args.demos} worked delegation(s) shown" if args.demos else "")
     text = (f"office, {len(tasks)} tasks ({', '.join(args.splits)}) × {args.attempts} attempts, model {args.model}{forced}, "
             f"{time.perf_counter() - began:.0f} s\n\n" + table(rows))
     print(text)

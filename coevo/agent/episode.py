@@ -202,7 +202,7 @@ class EpisodeRun:
                 err = ProcessorContractError(f"reply_prefix must be a str, got {type(prefix).__name__}")
                 raise EpisodeError(f"processors at {Hook.BEFORE_MODEL.value}", err, "processor")
             generation = yield ChatRequest(request.messages, request.sampling, prefix, self.job.task.task_id, self.agent,
-                                           len(state.replies))
+                                           len(state.replies), self.trace.trace_id)
             self._count("model_calls")
             self._count("prompt_tokens", len(generation.prompt_ids))
             self._count("completion_tokens", len(generation.completion_ids))

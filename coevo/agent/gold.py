@@ -59,6 +59,17 @@ class GoldPolicy(ScriptedPolicy):
         super().__init__(self._unused, model_version=model_version)
         self.tasks = {t.task_id: t for t in tasks}
         self.answer, self.owner = answer, dict(owner) if owner is not None else None
+        self.made: dict[str, int] = {}  # episode (trace id) -> gold calls it was given so far
+
+    def _made(self, request: ChatRequest) -> int:
+        """Calls this episode has been given: counted per episode (demonstrations, retry prompts and
+        memory processors do not move it); read from the tool results for a request without one."""
+        return self.made.get(request.episode, 0) if request.episode else len(_results(request.messages))
+
+    def _give(self, request: ChatRequest, text: str) -> str:
+        if request.episode:
+            self.made[request.episode] = self.made.get(request.episode, 0) + 1
+        return text
 
     @staticmethod
     def _unused(messages: list[Message]) -> str:
@@ -68,31 +79,33 @@ class GoldPolicy(ScriptedPolicy):
         task = self.tasks.get(request.task_id)
         if task is None:
             return f"<answer>unknown task {request.task_id!r}</answer>"
-        done = _results(request.messages)
+        made = self._made(request)
         if request.agent:  # a specialist: the calls its request lists
             listed = next(m["content"] for m in request.messages if m.get("role") == "user")
             calls = [ToolCall(c["name"], c["arguments"]) for c in json.loads(listed.split("\n", 1)[1])]
-            if len(done) < len(calls):
-                return tool_call_text(calls[len(done)])
+            if made < len(calls):
+                return self._give(request, tool_call_text(calls[made]))
             # a plain report: a tool result quoted back may hold JSON the lenient parser would take for a call
-            return f"<answer>done: {len(done)} call(s) made</answer>"
+            return f"<answer>done: {made} call(s) made</answer>"
         turn_calls = task.metadata.get("turn_calls")
         if turn_calls:  # several user turns: this turn's calls, then this turn's reply
             turn = request.turn
-            made = sum(turn_calls[:turn]) + len(_results(request.messages[_last_user(request.messages):]))
+            if not request.episode:  # no episode id: this turn's calls, read from the messages
+                made = sum(turn_calls[:turn]) + len(_results(request.messages[_last_user(request.messages):]))
             if made < sum(turn_calls[: turn + 1]):
-                return tool_call_text(task.gold_actions[made])
+                return self._give(request, tool_call_text(task.gold_actions[made]))
             replies = task.metadata.get("gold_replies") or []
             final = (self.answer(task) if self.answer is not None else "done") if turn == len(turn_calls) - 1 else (
                 replies[turn] if turn < len(replies) else "done")
             return f"<answer>{final}</answer>"
         plan = ([(None, [c]) for c in task.gold_actions] if self.owner is None
                 else segments(task.gold_actions, self.owner))
-        if len(done) < len(plan):
-            entity, calls = plan[len(done)]
+        if made < len(plan):
+            entity, calls = plan[made]
             if entity is None:
-                return tool_call_text(calls[0])
+                return self._give(request, tool_call_text(calls[0]))
             listing = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
-            return tool_call_text(ToolCall(DELEGATE_PREFIX + entity, {"request": f"{CALLS_HEADER}\n{listing}"}))
+            return self._give(request, tool_call_text(
+                ToolCall(DELEGATE_PREFIX + entity, {"request": f"{CALLS_HEADER}\n{listing}"})))
         final = self.answer(task) if self.answer is not None else "done"
         return f"<answer>{final}</answer>"

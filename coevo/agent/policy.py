@@ -28,6 +28,7 @@ class ChatRequest:
     task_id: str = ""  # the episode's task (scripted policies that replay a task's gold actions read it)
     agent: str = ""  # "": the lead agent; else the specialist whose delegated sub-episode asks
     turn: int = 0  # the user turn the episode is in (0 unless the env answers replies with a next turn)
+    episode: str = ""  # the asking episode's trace id (a delegated sub-episode has its own)
 
 
 @dataclass

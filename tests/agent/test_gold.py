@@ -124,3 +124,18 @@ def test_aegis_edits_a_specialist_that_runs_out_of_steps(env):
     (verdict,) = report.verdicts
     assert verdict.ship and [e.describe() for e in verdict.proposal.edits] == ["set_param specialist_contacts.max_steps"]
     assert aegis.harness().get("specialist_contacts").config["max_steps"] == 3
+
+
+def test_gold_replay_counts_its_own_calls_whatever_the_context_shows(env):
+    """Demonstrations with tool turns before the task (and any retry prompt) do not move where the
+    gold policy is in a task: it counts the calls it gave each episode."""
+    from coevo.harness.library import FewShotDemos
+
+    tasks = every_task(env)
+    demo_task = next(t for t in env.tasks("train") if len(t.metadata["entities"]) > 1)
+    demo = run(env, GoldPolicy(tasks, answer=final_answer, owner=OWNER), lead(), [demo_task]).traces[0]
+    turns = [dict(m) for m in demo.messages if m["role"] != "system"]
+    assert sum(m["role"] == "tool" for m in turns) >= 2
+    val = env.tasks("val")
+    shown = lead().insert(FewShotDemos(turns=turns))
+    assert run(env, GoldPolicy(tasks, answer=final_answer, owner=OWNER), shown, val).pass_at_1 == 1.0
