@@ -523,3 +523,22 @@ def test_memory_arithmetic_counts_the_parameters_transformers_builds():
         lora = apply_lora(AutoModelForCausalLM.from_config(small), r=16)
     trainable = sum(p.numel() for p in lora.parameters() if p.requires_grad)
     assert trainable == lora_params(a, 16) // a.layers * 2
+
+
+def test_a_multi_turn_gold_path_replays_as_a_reference_trajectory():
+    """A conversation's gold: each turn's calls, its reply, the user's next message, as the
+    runtime runs it; the reference gives AEGIS a demonstration of the whole conversation."""
+    from coevo.evolution.reference import reference_demo
+    from coevo.harness.library.context import demo_problem
+    from examples.helpdesk_env import HelpdeskEnv
+
+    env = HelpdeskEnv()
+    for task in env.tasks("train"):
+        ref = gold_reference(env, task)
+        assert ref is not None and ref.passed, task.task_id
+        assert len(ref.replies) == len(task.metadata["turn_calls"]) - 1
+        users = [m for m in ref.messages if m["role"] == "user"]
+        assert len(users) == len(task.metadata["turn_calls"])
+    demo = reference_demo(ref)
+    assert [m["role"] for m in demo].count("user") == len(task.metadata["turn_calls"])
+    assert demo_problem(demo) is None and demo[-1]["role"] == "assistant"

@@ -20,6 +20,7 @@ conditioned on the answer) and carry ``metrics["reference"]`` = {"source", "inst
 from __future__ import annotations
 
 import copy
+import itertools
 import hashlib
 import json
 import os
@@ -92,8 +93,11 @@ def gold_reference(env: Env, task: Task) -> Trace | None:
     no gold actions, a gold call returns an error, or the verifier refuses the result.
 
     Each gold call is one step whose completion is the call's ``<tool_call>`` text; then a last
-    step answers ``<answer>{ground truth}</answer>`` unless the environment ended the episode
-    (a game won by its last action). Environment exceptions propagate: a broken env is a bug to
+    step answers ``<answer>{ground truth}</answer>`` (``env.gold_answer(task)`` when the env has
+    one) unless the environment ended the episode (a game won by its last action). A conversation
+    with several user turns (``task.metadata["turn_calls"]``, ``EnvSession.respond``) answers each
+    earlier turn after its calls (``task.metadata["gold_replies"]``) and goes on with the user's
+    next message, as the runtime does. Environment exceptions propagate: a broken env is a bug to
     see, not a missing reference.
     """
     _require_train(task)
@@ -109,8 +113,23 @@ def gold_reference(env: Env, task: Task) -> Trace | None:
             trace.model_calls.append(ModelCall(step, copy.deepcopy(messages), [], [], None, text, "stop", False))
             messages.append({"role": "assistant", "content": text})
 
+        turn_ends = list(itertools.accumulate(task.metadata.get("turn_calls") or []))[:-1]
+        replies = list(task.metadata.get("gold_replies") or [])
         step = 0
-        for step, call in enumerate(task.gold_actions):
+        for k, call in enumerate(task.gold_actions):
+            if turn_ends and k == turn_ends[0]:  # this user turn's calls are made: answer it, hear the next
+                turn_ends.pop(0)
+                reply = replies.pop(0) if replies else "done"
+                model_call(step, f"<answer>{reply}</answer>")
+                trace.events.append({"hook": "after_model", "step": step, "tool_calls": [], "answer": reply,
+                                     "parse_error": None})
+                trace.replies.append(reply)
+                respond = getattr(session, "respond", None)
+                following = respond(reply) if respond is not None else None
+                if following is None:  # the conversation ended before the gold calls did
+                    return None
+                messages.append({"role": "user", "content": following})
+                step += 1
             model_call(step, tool_call_text(call))
             trace.events.append({"hook": "after_model", "step": step, "tool_calls": [call.name], "answer": None,
                                  "parse_error": None})
@@ -120,13 +139,19 @@ def gold_reference(env: Env, task: Task) -> Trace | None:
             if result.error is not None:
                 return None
             messages.append(tool_message(call.name, result))
+            step += 1
             if session.done:
                 break
+        step -= 1
         if session.done:
             trace.stop_reason = "env_done"
         else:
             step += 1
-            answer = answer_text(task.answer)
+            gold_answer = getattr(env, "gold_answer", None)
+            answer = gold_answer(task) if gold_answer is not None else answer_text(task.answer)
+            respond = getattr(session, "respond", None)  # the runtime hands every answer to the user
+            if respond is not None and respond(answer) is not None:
+                return None  # the user still had something to ask: not a whole conversation
             model_call(step, f"<answer>{answer}</answer>")
             trace.events.append({"hook": "after_model", "step": step, "tool_calls": [], "answer": answer,
                                  "parse_error": None})
@@ -339,12 +364,15 @@ def reference_demo(reference: Trace) -> list[Message]:
     model is shown tool results where the runtime will put them, so it never learns to write one
     itself. Failed or empty steps are left out: a demonstration shows the clean path (a reference
     without any clean step gives the task alone, which ``few_shot`` refuses as a demonstration).
+    A conversation with several user turns keeps its replies and the user's later messages.
     """
     meta = reference.metrics.get("reference") or {}
     instruction = meta.get("instruction")
     if instruction is None:
         instruction = next((str(m.get("content", "")) for m in reference.messages if m.get("role") == "user"), "")
     turns: list[Message] = [{"role": "user", "content": instruction}]
+    if reference.replies:  # a whole conversation (a gold one: every step clean): the turns as the runtime held them
+        return turns + [dict(m) for m in reference.messages[1:] if m.get("role") != "system"]
     steps = trace_steps(reference)
     for st in steps:
         kind = st.action()[0]
