@@ -44,8 +44,9 @@ class Generation:
 class Policy(Protocol):
     model_version: str
 
-    def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
-        """One completion per request, in order."""
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Generation | BaseException]:
+        """One completion per request, in order. An exception in a request's place fails that
+        request's episode only (a prompt over the context window); a raised one fails the batch."""
         ...
 
 

@@ -114,9 +114,11 @@ class TransformersPolicy:
         round, so a resumed run samples exactly what an uninterrupted one did."""
         self.seed, self._calls = seed, 0
 
-    def generate(self, requests: Sequence[ChatRequest]) -> list[Generation]:
+    def generate(self, requests: Sequence[ChatRequest]) -> list[Generation | BaseException]:
+        """One completion per request, in order; a request over the context window gets its
+        ``ValueError`` in its place (the runtime ends that episode only) and the others are generated."""
         began = time.perf_counter()
-        results: list[Generation | None] = [None] * len(requests)
+        results: list[Generation | BaseException | None] = [None] * len(requests)
 
         def key(i: int) -> tuple:
             s = requests[i].sampling
@@ -124,8 +126,11 @@ class TransformersPolicy:
 
         run = self._generate_cached if self.engine == "cached" else self._generate_hf
         rendered = [self.prompt_ids(r.messages, r.reply_prefix) for r in requests]
-        self._check_context(requests, rendered)  # before any generation, so nothing is wasted
-        for _, group in itertools.groupby(sorted(range(len(requests)), key=key), key=key):
+        refused = self._check_context(requests, rendered)  # before any generation, so nothing is wasted
+        for i, err in refused.items():
+            results[i] = err
+        fits = [i for i in range(len(requests)) if i not in refused]
+        for _, group in itertools.groupby(sorted(fits, key=key), key=key):
             idx = list(group)
             for start in range(0, len(idx), self.max_batch_size):
                 chunk = idx[start : start + self.max_batch_size]
@@ -139,23 +144,25 @@ class TransformersPolicy:
         self.seconds += time.perf_counter() - began
         return [r for r in results if r is not None]
 
-    def _check_context(self, requests: Sequence[ChatRequest], prompts: list[list[int]]) -> None:
-        """Refuse a request whose prompt plus completion budget exceeds the model's context window
-        (``config.max_position_embeddings``, when the config has one): past it positions the
-        model never saw give garbage or an index error deep in the forward pass."""
+    def _check_context(self, requests: Sequence[ChatRequest], prompts: list[list[int]]) -> dict[int, ValueError]:
+        """The requests whose prompt plus completion budget exceeds the model's context window
+        (``config.max_position_embeddings``, when the config has one), each with its error: past it
+        positions the model never saw give garbage or an index error deep in the forward pass."""
         limit = self.context_window
+        refused: dict[int, ValueError] = {}
         if limit is None:
-            return
+            return refused
         for i, (request, prompt) in enumerate(zip(requests, prompts, strict=True)):
             budget = request.sampling.max_new_tokens
             if len(prompt) + budget > limit:
                 who = f"task {request.task_id!r}" if request.task_id else f"request {i}"
-                raise ValueError(
+                refused[i] = ValueError(
                     f"{who}: the prompt has {len(prompt)} tokens and max_new_tokens is {budget}, "
                     f"{len(prompt) + budget} in all, over the model's context window of {limit} tokens "
                     f"(config.max_position_embeddings); shorten the context (a memory processor, fewer "
                     f"or shorter tool schemas or demonstrations) or lower sampling.max_new_tokens"
                 )
+        return refused
 
     @property
     def context_window(self) -> int | None:

@@ -1,5 +1,7 @@
 """The policy contract on a tiny model: ids, text, log-probs, batching, stops, adapters."""
 
+import re
+
 import pytest
 import torch
 
@@ -139,16 +141,26 @@ def test_a_prompt_over_the_context_window_is_refused_with_its_numbers(policy):
     assert policy.context_window == 4096  # the tiny model's config.max_position_embeddings
     long = [{"role": "user", "content": "word " * 5000}]
     before = policy.prompt_tokens
-    with pytest.raises(ValueError, match=r"prompt has \d+ tokens and max_new_tokens is 16, \d+ in all, over the "
-                                         r"model's context window of 4096 tokens"):
-        policy.generate([ChatRequest(MSGS[1], SamplingParams(max_new_tokens=4)),
-                         ChatRequest(long, SamplingParams(max_new_tokens=16))])
-    assert policy.prompt_tokens == before  # refused before anything was generated
+    short, refused = policy.generate([ChatRequest(MSGS[1], SamplingParams(max_new_tokens=4)),
+                                      ChatRequest(long, SamplingParams(max_new_tokens=16))])
+    assert isinstance(refused, ValueError) and re.search(
+        r"prompt has \d+ tokens and max_new_tokens is 16, \d+ in all, over the model's context window of 4096 tokens",
+        str(refused))
+    assert len(short.completion_ids) > 0  # the request that fits is generated all the same
+    assert policy.prompt_tokens == before + len(policy.prompt_ids(MSGS[1]))  # the long prompt was never read
     n = len(policy.prompt_ids(MSGS[1]))
-    with pytest.raises(ValueError, match="context window"):  # the completion budget counts too
-        policy.generate([ChatRequest(MSGS[1], SamplingParams(max_new_tokens=4097 - n))])
+    (over,) = policy.generate([ChatRequest(MSGS[1], SamplingParams(max_new_tokens=4097 - n))])
+    assert isinstance(over, ValueError) and "context window" in str(over)  # the completion budget counts too
     assert len(policy.generate([ChatRequest(MSGS[1], SamplingParams(max_new_tokens=2))])) == 1
     env = ArithmeticEnv(n_tasks=10)
     harness = base_harness().set_param("system_prompt", "template", "word " * 5000)
     trace = run_episode(env.tasks("test")[0], harness, policy, env)
     assert trace.error_source == "policy" and "context window of 4096" in trace.error
+    # in one batch with an episode that fits, only the long one fails
+    from coevo.agent.episode import Job
+    from coevo.agent.runtime import run_episodes
+
+    task = env.tasks("test")[0]
+    long_run, short_run = run_episodes([Job(task, harness), Job(task, base_harness())], policy, env, batch_size=2,
+                                       max_steps=1)
+    assert long_run.error_source == "policy" and short_run.error is None and short_run.model_calls
