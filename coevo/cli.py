@@ -251,8 +251,8 @@ def evolve_cmd(
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     (run_dir / "summary.md").write_text(evolve_markdown(summary))
     for name, row in summary["splits"].items():
-        console.print(f"{name} pass@1 {row['pass@1'][0]:.3f} -> {row['pass@1'][1]:.3f}   pass@{k} "
-                      f"{row[f'pass@{k}'][0]:.3f} -> {row[f'pass@{k}'][1]:.3f}   ({row['tasks']} tasks)")
+        at_k = f"   pass@{k} {row[f'pass@{k}'][0]:.3f} -> {row[f'pass@{k}'][1]:.3f}" if k > 1 else ""
+        console.print(f"{name} pass@1 {row['pass@1'][0]:.3f} -> {row['pass@1'][1]:.3f}{at_k}   ({row['tasks']} tasks)")
     console.print(f"edits: {len(summary['shipped'])} shipped, {len(summary['rejected'])} rejected, "
                   f"{len(summary['undecided'])} undecided   ({run_dir / 'summary.md'})")
 
@@ -289,11 +289,11 @@ def evolve_markdown(summary: dict) -> str:
     k = summary["k"]
     lines = [f"# coevo evolve: {summary['env']}", "",
              f"{summary['rounds']} rounds (mode=harness_only); the starting → the final harness (routed variants).", "",
-             f"| split | tasks | pass@1 before | pass@1 after | pass@{k} before | pass@{k} after |",
-             "|---|---|---|---|---|---|"]
-    for name, row in summary["splits"].items():
-        lines.append(f"| {name} | {row['tasks']} | {row['pass@1'][0]:.3f} | {row['pass@1'][1]:.3f} | "
-                     f"{row[f'pass@{k}'][0]:.3f} | {row[f'pass@{k}'][1]:.3f} |")
+             "| split | tasks | pass@1 before | pass@1 after |" + (f" pass@{k} before | pass@{k} after |" if k > 1 else ""),
+             "|---|---|---|---|" + ("---|---|" if k > 1 else "")]
+    for name, row in summary["splits"].items():  # pass@k only when it is not pass@1
+        at_k = f" {row[f'pass@{k}'][0]:.3f} | {row[f'pass@{k}'][1]:.3f} |" if k > 1 else ""
+        lines.append(f"| {name} | {row['tasks']} | {row['pass@1'][0]:.3f} | {row['pass@1'][1]:.3f} |{at_k}")
     groups = (("Shipped", summary["shipped"]), ("Rejected", summary["rejected"]),
               ("Undecided", summary.get("undecided", [])))
     for title, rows in groups:

@@ -154,6 +154,8 @@ def test_evolve_summary_reports_pass_at_1_and_k_and_every_verdict():
     text = evolve_markdown(summary)
     assert "| val | 2 | 0.250 | 0.750 | 0.500 | 1.000 |" in text
     assert "## Shipped edits (1)" in text and "reject: no fail→pass" in text
+    one = evolve_markdown({**summary, "k": 1})
+    assert "| val | 2 | 0.250 | 0.750 |\n" in one and "pass@1 before | pass@1 after |\n" in one  # no second pass@1
 
 
 def test_evolve_refuses_an_unknown_gate(tmp_path):
