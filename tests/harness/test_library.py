@@ -428,7 +428,11 @@ def test_journal_and_episode_metrics():
     s.step, s.final_answer, s.stop_reason = 1, "2", "answer"
     EpisodeMetrics().process(ev.TaskEndEvent(s))
     assert s.metrics == {"steps": 2, "tokens_per_step": 60.0, "tool_calls": 4, "tool_error_rate": 0.25,
-                         "answered": True, "stop_reason": "answer"}
+                         "answered": True, "stop_reason": "answer", "user_turns": 1, "delegations": 0}
+    s.replies.append("first reply")
+    s.usage["delegations"] = 2
+    EpisodeMetrics().process(ev.TaskEndEvent(s))
+    assert (s.metrics["user_turns"], s.metrics["delegations"]) == (2, 2)
 
 
 # --- training bridge

@@ -31,7 +31,8 @@ class Journal(Processor):
 
 class EpisodeMetrics(Processor):
     kind = "episode_metrics"
-    description = "Summarises an episode: steps, tokens per step, tool calls and error rate, whether it answered."
+    description = ("Summarises an episode: steps, tokens per step, tool calls and error rate, whether it answered, "
+                   "user turns and delegations.")
     hook = Hook.TASK_END
     dimension = Dimension.OBSERVABILITY
     consumes = produces = TaskEndEvent
@@ -48,5 +49,7 @@ class EpisodeMetrics(Processor):
             tool_error_rate=u.get("tool_errors", 0) / calls if calls else 0.0,
             answered=s.final_answer is not None,
             stop_reason=s.stop_reason,
+            user_turns=1 + len(s.replies),  # several when the env answers replies with a next user turn
+            delegations=u.get("delegations", 0),  # sub-episodes run for specialists
         )
         return event
