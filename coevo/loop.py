@@ -40,8 +40,8 @@ from coevo.agent.outcomes import task_outcomes
 from coevo.agent.rollouts import Rollout, RolloutService, infra_failures, tool_use_rate
 from coevo.agent.trace import Trace
 from coevo.envs.base import Task
-from coevo.evolution.engine import AEGIS, EvolveReport
-from coevo.evolution.types import HarnessEvent
+from coevo.evolution.engine import AEGIS
+from coevo.evolution.types import EvolveReport, HarnessEvent
 from coevo.harness.harness import Harness
 from coevo.loop_state import LoopState
 from coevo.records import (

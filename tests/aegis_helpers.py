@@ -9,7 +9,8 @@ from typing import Any
 from coevo.agent.rollouts import RolloutService
 from coevo.agent.trace import Trace
 from coevo.envs.base import Task
-from coevo.evolution.engine import AEGIS, EvolveReport
+from coevo.evolution.engine import AEGIS
+from coevo.evolution.types import EvolveReport
 
 
 def service(policy: Any, env: Any, *, max_steps: int = 6, batch_size: int = 32, workers: int = 8,

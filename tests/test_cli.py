@@ -128,7 +128,7 @@ def test_evolve_with_a_scripted_policy_writes_rounds_harnesses_and_summary(tmp_p
 def test_evolve_summary_reports_pass_at_1_and_k_and_every_verdict():
     from types import SimpleNamespace
 
-    from coevo.cli import evolve_markdown, evolve_summary
+    from coevo.evolve_summary import evolve_markdown, evolve_summary
     from coevo.evolution.types import Proposal, Verdict
     from coevo.harness.edits import Edit
     from coevo.records import Evaluation, StartRecord, VerdictRecord

@@ -14,8 +14,16 @@ from typing import Any
 
 import pytest
 
-from coevo.evolution.engine import EvolveReport
-from coevo.evolution.types import IMPLICATED, Cluster, Digest, HarnessEvent, Proposal, QualityReport, Verdict
+from coevo.evolution.types import (
+    IMPLICATED,
+    Cluster,
+    Digest,
+    EvolveReport,
+    HarnessEvent,
+    Proposal,
+    QualityReport,
+    Verdict,
+)
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
 from coevo.evolution.meta_agent import TokenLedger

@@ -31,7 +31,6 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from coevo.agent.trace import Trace
@@ -44,7 +43,7 @@ from coevo.evolution.meta_agent import Demo, MetaAgent, MetaAgentError, PlanCont
 from coevo.evolution.monitors import Monitors
 from coevo.evolution.pool import Patience, SnapshotPool
 from coevo.evolution.reference import reference_demo
-from coevo.evolution.types import Digest, HarnessEvent, Proposal, Verdict
+from coevo.evolution.types import Digest, EvolveReport, HarnessEvent, Proposal, Verdict
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import demo_problem
@@ -52,41 +51,6 @@ from coevo.harness.library.context import demo_problem
 log = logging.getLogger("coevo.evolution")
 
 T = TypeVar("T")
-
-
-@dataclass
-class EvolveReport:
-    """What one ``evolve`` call did, for the round table, W&B and the run directory."""
-
-    round: int
-    digests: list[Digest] = field(default_factory=list)
-    verdicts: list[Verdict] = field(default_factory=list)
-    events: list[HarnessEvent] = field(default_factory=list)  # shipped, spawned and rejected candidates
-    warnings: list[str] = field(default_factory=list)
-    stopped: str | None = None  # which patience ran out, when the search is over
-    seconds: dict[str, float] = field(default_factory=dict)  # digest / plan / critic
-
-    @property
-    def shipped(self) -> list[str]:
-        """Candidate ids that became a variant's harness."""
-        return [e.harness.id for e in self.events if e.how == "shipped"]
-
-    @property
-    def spawned(self) -> list[str]:
-        """Names of the variants the round created."""
-        return [e.variant for e in self.events if e.how == "spawned"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "round": self.round,
-            "digests": [d.to_dict() for d in self.digests],
-            "verdicts": [v.to_dict() for v in self.verdicts],
-            "shipped": self.shipped,
-            "spawned": self.spawned,
-            "warnings": self.warnings,
-            "stopped": self.stopped,
-            "seconds": self.seconds,
-        }
 
 
 class AEGIS:

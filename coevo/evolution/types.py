@@ -1,5 +1,5 @@
-"""The values AEGIS passes between its stages: failures and digests, proposals, verdicts, and the
-``HarnessEvent`` records it returns to its caller.
+"""The values AEGIS passes between its stages: failures and digests, proposals, verdicts, and what
+it returns to its caller: ``HarnessEvent`` records and the ``EvolveReport`` of a round.
 
 Digester → ``Digest`` → Planner (a meta-agent) → ``Proposal`` (typed edits + change manifest) →
 Evolver → candidate ``Harness`` → Critic → ``Verdict``. They are plain dataclasses with
@@ -270,3 +270,38 @@ class HarnessEvent:
     def from_verdict(cls, how: str, verdict: Verdict, candidate: Harness | None) -> HarnessEvent:
         return cls(how, verdict.round, verdict.variant, candidate, verdict.parent_id,
                    [e.describe() for e in verdict.proposal.edits], verdict.proposal.hypothesis)
+
+
+@dataclass
+class EvolveReport:
+    """What one ``evolve`` call did, for the round table, W&B and the run directory."""
+
+    round: int
+    digests: list[Digest] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    events: list[HarnessEvent] = field(default_factory=list)  # shipped, spawned and rejected candidates
+    warnings: list[str] = field(default_factory=list)
+    stopped: str | None = None  # which patience ran out, when the search is over
+    seconds: dict[str, float] = field(default_factory=dict)  # digest / plan / critic
+
+    @property
+    def shipped(self) -> list[str]:
+        """Candidate ids that became a variant's harness."""
+        return [e.harness.id for e in self.events if e.how == "shipped"]
+
+    @property
+    def spawned(self) -> list[str]:
+        """Names of the variants the round created."""
+        return [e.variant for e in self.events if e.how == "spawned"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "digests": [d.to_dict() for d in self.digests],
+            "verdicts": [v.to_dict() for v in self.verdicts],
+            "shipped": self.shipped,
+            "spawned": self.spawned,
+            "warnings": self.warnings,
+            "stopped": self.stopped,
+            "seconds": self.seconds,
+        }
