@@ -16,12 +16,16 @@ from typing import Any
 import yaml
 
 from coevo.config import EvolutionConfig, TrainConfig
-from coevo.config_check import check, check_dependencies, check_distributed, check_train_split, device_of
+from coevo.config_check import (
+    SCRIPTED_MODELS,
+    check,
+    check_dependencies,
+    check_distributed,
+    check_train_split,
+    device_of,
+)
 
 log = logging.getLogger("coevo")
-
-SCRIPTED_MODELS = ("scripted", "gold")
-"""``model.name`` values that run without weights (``scripted_policy``)."""
 
 RESUMABLE_CHANGES = {"rounds", "logger", "val_every", "test", "test_limit"}
 """Top-level keys that may differ when a run is started again on its directory."""
@@ -136,7 +140,13 @@ def run(cfg: Any) -> Path:
                               total_steps=cfg.rounds * cfg.trainer.steps_per_round, temperature=temperature,
                               loss_horizon=cfg.rollout.max_new_tokens)
         model = trainer.unwrapped
-    policy, sync = build_policy(cfg, model, tok) if model is not None else (scripted_policy(cfg.model.name, env, cfg.env.name), None)
+    if model is not None:
+        policy, sync = build_policy(cfg, model, tok)
+    else:
+        try:
+            policy, sync = scripted_policy(cfg.model.name, env, cfg.env.name), None
+        except ValueError as err:
+            raise ValueError(f"config model.name={cfg.model.name!r}: {err}") from None
 
     progress = RichProgress() if is_main else NullProgress()
     tasks = {t.task_id: t for t in train}
@@ -251,10 +261,12 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
     return policy, lambda: policy.sync_weights(model, policy.model_version)
 
 
-def scripted_policy(name: str, env: Any, env_name: str) -> Any:
-    """``model.name=scripted`` (the env's scripted solver) or ``gold`` (its tasks' own gold actions,
-    ``coevo.agent.gold``) of ``env`` (named ``env_name`` in the config) as the policy: no weights, so no training (``check`` allows them only in
-    the harness_only and static modes). For plumbing checks and tests."""
+def scripted_policy(name: str, env: Any, env_name: str, *, delegate: bool = False) -> Any:
+    """A policy without weights (``SCRIPTED_MODELS``) for ``env`` (``env_name``: as the config or
+    ``--env`` names it): ``scripted``, the env's scripted solver, or ``gold``, its tasks' own gold
+    actions (``coevo.agent.gold``; with ``delegate``, as a lead handing them to specialists by
+    ``env.tool_owners``). No training (``check`` allows them only in the harness_only and static
+    modes): for plumbing checks and tests. An env without a scripted solver is a ValueError."""
     from coevo.agent.policy import ScriptedPolicy
     from coevo.envs.load import scripted_solver
 
@@ -262,10 +274,11 @@ def scripted_policy(name: str, env: Any, env_name: str) -> Any:
         from coevo.agent.gold import GoldPolicy
 
         tasks = [t for split in ("train", "val", "test") for t in env.tasks(split)]
-        return GoldPolicy(tasks, answer=getattr(env, "gold_answer", None), model_version=f"gold-{env.name}")
+        return GoldPolicy(tasks, answer=getattr(env, "gold_answer", None),
+                          owner=getattr(env, "tool_owners", None) if delegate else None, model_version=f"gold-{env.name}")
     solver = scripted_solver(env_name)
     if solver is None:
-        raise ValueError(f"config model.name='scripted': env {env_name!r} has no scripted solver; name a model")
+        raise ValueError(f"env {env_name!r} has no scripted solver; use a model")
     return ScriptedPolicy(solver, model_version=f"scripted-{env.name}")
 
 

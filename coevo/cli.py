@@ -47,17 +47,19 @@ def with_sampling(h: Harness, temperature: float | None, max_new_tokens: int | N
     return h
 
 
+def split_env_arg(pair: str) -> tuple[str, str]:
+    """``"n_per_dataset=10"`` -> ("n_per_dataset", "10"); anything else is a usage error."""
+    key, sep, value = pair.partition("=")
+    if not sep or not key.isidentifier():
+        raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--env-arg")
+    return key, value
+
+
 def parse_env_args(pairs: list[str]) -> dict[str, object]:
     """``["n_per_dataset=10", "games=[coin]"]`` -> keyword arguments (values parsed as YAML)."""
     import yaml
 
-    kwargs: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--env-arg")
-        kwargs[key] = yaml.safe_load(value)
-    return kwargs
+    return {key: yaml.safe_load(value) for key, value in map(split_env_arg, pairs)}
 
 
 def resolve_env(name: str):
@@ -75,20 +77,14 @@ def build_policy(model: str, backend: str, device: str, adapter: str | None, env
     """The policy for ``coevo eval`` and ``coevo stream``: ``gold`` (``env``'s tasks' own gold
     actions; with ``delegate``, as a lead handing them to specialists by ``env.tool_owners``),
     ``scripted`` (the env's scripted solver), or a model name or path served by transformers or vLLM."""
-    from coevo.agent.policy import ScriptedPolicy
-    from coevo.envs.load import scripted_solver
+    from coevo.build import scripted_policy
+    from coevo.config_check import SCRIPTED_MODELS
 
-    if model == "gold":  # the env's own gold actions, as one agent or, on the agents axis, a delegating lead
-        from coevo.agent.gold import GoldPolicy
-
-        tasks = [t for split in ("train", "val", "test") for t in env.tasks(split)]
-        return GoldPolicy(tasks, answer=getattr(env, "gold_answer", None),
-                          owner=getattr(env, "tool_owners", None) if delegate else None, model_version=f"gold-{env_name}")
-    if model == "scripted":
-        solver = scripted_solver(env_name)
-        if solver is None:
-            raise typer.BadParameter(f"env {env_name!r} has no scripted solver; use a model", param_hint="--model")
-        return ScriptedPolicy(solver, model_version=f"scripted-{env_name}")
+    if model in SCRIPTED_MODELS:  # gold: as one agent or, on the agents axis, a delegating lead
+        try:
+            return scripted_policy(model, env, env_name, delegate=delegate)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--model") from None
     if backend == "transformers":
         from coevo.policy.load import transformers_policy
 
@@ -229,11 +225,7 @@ def evolve_cmd(
         cli += ([f"env={env_name}"] if (CONFIGS / "env" / f"{env_name}.yaml").is_file()
                 else ["~env", f"env.name={json.dumps(env_name)}"])
     cli += [f"{key}={json.dumps(value)}" for key, value in options.items() if value is not None]
-    for pair in env_args:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--env-arg")
-        cli.append(f"++env.args.{key}={value}")
+    cli += [f"++env.args.{key}={value}" for key, value in map(split_env_arg, env_args)]
     out = out or Path("runs") / time.strftime(f"evolve-{(env_name or 'config').rsplit(':', 1)[-1]}-%Y%m%d-%H%M%S")
     try:
         cfg = compose_run_config([*cli, *overrides], out)

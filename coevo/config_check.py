@@ -10,6 +10,9 @@ from typing import Any
 
 from coevo.config import MODES, EvolutionConfig, TrainConfig
 
+SCRIPTED_MODELS = ("scripted", "gold")
+"""``model.name`` values that run without weights (``coevo.build.scripted_policy``)."""
+
 
 def device_of(name: str) -> str:
     """The torch device ``model.device`` names (auto: cuda when available, else cpu)."""
@@ -121,10 +124,10 @@ def check(cfg: TrainConfig) -> None:
                              + ("/v1" if key == "meta_agent.url" else ""))
     if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
         raise ValueError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
-    if cfg.model.name in ("scripted", "gold") and cfg.mode in ("coevolve", "model_only"):
+    if cfg.model.name in SCRIPTED_MODELS and cfg.mode in ("coevolve", "model_only"):
         raise ValueError(f"config model.name={cfg.model.name!r} has no weights to train in mode={cfg.mode!r}; use "
                          "mode=harness_only or mode=static, or name a model")
-    if cfg.model.name in ("scripted", "gold") and cfg.rollout.backend != "transformers":
+    if cfg.model.name in SCRIPTED_MODELS and cfg.rollout.backend != "transformers":
         raise ValueError(f"config model.name={cfg.model.name!r} runs without a serving backend; leave "
                          "rollout=transformers")
     if cfg.evolution.router and cfg.meta_agent.backend == "rule":

@@ -37,7 +37,7 @@ from typing import Any
 
 from coevo import checkpoint
 from coevo.agent.outcomes import task_outcomes
-from coevo.agent.rollouts import Rollout, RolloutService, infra_failures, tool_use_rate
+from coevo.agent.rollouts import Rollout, RolloutService, infra_failures, tool_use_rate, trace_tokens
 from coevo.agent.trace import Trace
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
@@ -381,8 +381,7 @@ class Coevolution:
             train=TrainStats(pass_rate=sum(t.passed for t in traces) / len(traces),
                              mean_reward=sum(t.reward for t in traces) / len(traces),
                              n_traces=len(traces), tool_use_rate=tool_use_rate(traces),
-                             tokens=int(sum(t.cost.get("prompt_tokens", 0) + t.cost.get("completion_tokens", 0)
-                                            for t in traces)),
+                             tokens=trace_tokens(traces),
                              outcomes=task_outcomes(traces)),
             val=val,
             test=test,

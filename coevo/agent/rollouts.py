@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from coevo.agent.outcomes import pass_rates, task_outcomes
@@ -42,6 +43,11 @@ def tool_use_rate(traces: Sequence[Trace]) -> float:
     """Share of episodes that called at least one tool themselves (a processor answering in the
     tool's place does not count): the behaviour harness demos and GRPO are expected to raise."""
     return sum(any(not c.blocked for c in t.tool_calls) for t in traces) / len(traces) if traces else 0.0
+
+
+def trace_tokens(traces: Sequence[Trace]) -> int:
+    """Prompt + completion tokens of ``traces`` (what their episodes cost)."""
+    return int(sum(t.cost.get("prompt_tokens", 0) + t.cost.get("completion_tokens", 0) for t in traces))
 
 
 def infra_failures(traces: Sequence[Trace]) -> InfraFailures:
@@ -68,13 +74,17 @@ class Rollout:
         failure counts as a failed attempt, as None with ``infra="none"``, or not at all)."""
         return task_outcomes(self.traces, self.task_ids, infra=infra)
 
+    @cached_property
+    def _rates(self) -> tuple[float, float]:
+        return pass_rates(self.outcomes())
+
     @property
     def pass_at_1(self) -> float:
-        return pass_rates(self.outcomes())[0]
+        return self._rates[0]
 
     @property
     def pass_at_k(self) -> float:
-        return pass_rates(self.outcomes())[1]
+        return self._rates[1]
 
     @property
     def tool_use_rate(self) -> float:

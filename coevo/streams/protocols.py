@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from coevo.agent.rollouts import RolloutService
+from coevo.agent.rollouts import RolloutService, trace_tokens
 from coevo.agent.trace import Trace
 from coevo.config import EvolutionConfig
 from coevo.envs.base import Task
@@ -43,10 +43,6 @@ PROTOCOLS = ("deployment", "self_evolving")
 """Protocols ``run_stream`` can run; the task-specific reference always runs (FWT needs it)."""
 
 Item = tuple[int, int, Task, Harness, str]  # (stage, cohort, task, harness, variant)
-
-
-def trace_tokens(traces: Sequence[Trace]) -> int:
-    return int(sum(t.cost.get("prompt_tokens", 0) + t.cost.get("completion_tokens", 0) for t in traces))
 
 
 def evaluate_items(items: Sequence[Item], rollouts: RolloutService, *, attempts: int,
