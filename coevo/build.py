@@ -89,6 +89,7 @@ def run(cfg: Any) -> Path:
     from coevo.policy.load import load_model
     from coevo.progress import NullProgress, RichProgress
     from coevo.rundir import lock_run_dir, unlock_run_dir
+    from coevo.sandbox.python_tool import isolation as python_isolation
     from coevo.secrets import install_log_redaction, remember_secrets
     from coevo.tracking import NullTracker, make_tracker
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
@@ -117,6 +118,9 @@ def run(cfg: Any) -> Path:
         raise ValueError(f"config evolution.reference_pool={cfg.evolution.reference_pool}: {err}") from None
     check_train_split(cfg, len(train))
     start = start_harness(cfg)
+    env_tools = session_tools(env, train[0])
+    if "python" in env_tools or any(p.kind == "python_executor" for p in start.processors):
+        python_isolation()  # model-written code will run: the jail must work (or the user opted out)
     run_dir = Path(cfg.run_dir)
     if is_main:
         lock_run_dir(run_dir)  # before anything is written; already held when train.py's callback took it
@@ -163,7 +167,7 @@ def run(cfg: Any) -> Path:
     meta = build_meta(cfg, run_dir)
     critic = make_critic(e, rollouts.critic_rollout())
     aegis = AEGIS(start, meta, critic, tasks=tasks, critic_pool=tasks, references=references,
-                  tools=session_tools(env, train[0]), max_variants=e.max_variants, max_proposals=e.max_proposals,
+                  tools=env_tools, max_variants=e.max_variants, max_proposals=e.max_proposals,
                   max_revisions=e.max_revisions,
                   recent_batches=e.recent_batches, patience=Patience(rounds=e.patience_rounds, batches=10**9, epochs=10**9),
                   router=meta.route if e.router else None, router_threshold=e.router_threshold)

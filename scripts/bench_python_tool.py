@@ -1,9 +1,9 @@
-"""What the python tool's namespace jail costs per cell, side by side with process isolation.
+"""What the python tool's bubblewrap jail costs per cell, side by side with running it unconfined.
 
     python scripts/bench_python_tool.py            # 20 cells per mode, each mode twice, interleaved
 
 Each cell is a trivial print, so the figure is the fixed cost of starting an isolated interpreter
-(docs/PERF.md records it; docs/processors.md says what each mode isolates).
+(docs/PERF.md records it; coevo/sandbox/jail.py says what the jail isolates).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=20)
     args = parser.parse_args()
     figures: dict[str, list[float]] = {}
-    for mode in ("process", "namespaces", "process", "namespaces"):
+    for mode in ("unconfined", "bwrap", "unconfined", "bwrap"):
         figures.setdefault(mode, []).append(seconds_per_cell(mode, args.cells))
     for mode, values in figures.items():
         print(f"{mode}: " + ", ".join(f"{1000 * v:.0f} ms" for v in values) + " per cell")

@@ -10,6 +10,20 @@ set -euo pipefail
 venv="${1:-.venv}"
 python="${PYTHON:-python3}"
 
+# The python tool runs model-written code in a bubblewrap jail with a libseccomp filter
+# (coevo/sandbox/jail.py); without them it refuses to run code. Installed here where missing and
+# we may (root with apt-get); otherwise say what to install.
+if ! command -v bwrap >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q libseccomp.so.2; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "bootstrap: installing bubblewrap and libseccomp2 (the python tool's jail)"
+        apt-get install -y -q bubblewrap libseccomp2 >/dev/null \
+            || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap libseccomp2 >/dev/null; }
+    else
+        echo "bootstrap: WARNING bubblewrap or libseccomp2 is missing: install them (e.g. apt-get install" \
+             "bubblewrap libseccomp2) or the agent's python tool refuses to run code" >&2
+    fi
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
     echo "bootstrap: creating virtual environment $venv"
     "$python" -m venv "$venv"

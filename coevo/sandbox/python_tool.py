@@ -1,25 +1,18 @@
 """The agent's ``python`` tool: run a code cell in a fresh, isolated, resource-limited interpreter.
 
 Unlike ``coevo.sandbox.source_policy`` there is no static policy here: the agent may use the whole
-standard library. What keeps the host safe is process isolation and limits. Every cell runs in a
+standard library. What keeps the host safe is confinement and limits. Every cell runs in a
 separate ``python -I -S`` process (no site-packages, no PYTHON* variables, no user directories)
 with a minimal environment, closed stdin, and address-space, CPU, file-size, process-count and
-core-dump limits. Two isolation modes (``isolation()`` picks the strongest the machine supports):
+core-dump limits, in one of two modes (``isolation()``):
 
-* ``namespaces`` (Linux user namespaces through util-linux ``unshare``, no privileges needed):
-  the cell gets its own network namespace (no interfaces: no sockets reach anything), its own
-  PID namespace (it cannot see the trainer's processes or read their ``/proc/<pid>/environ``; when
-  the cell's first process ends the kernel kills every descendant, detached or not) and its own
-  mount namespace chrooted into a read-only view holding only the system's program directories
-  (``/usr``, ``/bin``, ``/lib*``), the interpreter's install prefix, ``/dev/{null,zero,random,urandom}``,
-  the cell file, and a fresh size-limited tmpfs ``/box/work`` as its working directory. No host
-  file outside those is visible, and nothing it writes reaches the host's disk.
-* ``process`` (fallback, with a loud warning): the same interpreter, limits and minimal
-  environment in its own process group, killed as a group; it shares the host's filesystem view,
-  network and process table.
-
-``COEVO_PYTHON_ISOLATION=process`` forces the fallback (e.g. where namespace setup costs too much);
-``namespaces`` makes the tool fail rather than fall back.
+* ``bwrap`` (the default): the bubblewrap jail of ``coevo.sandbox.jail`` (unprivileged uid, no
+  capabilities, own user/mount/PID/network namespaces, ``pivot_root`` into a read-only view of
+  ``/usr`` and the interpreter, a 16 MiB tmpfs work directory, a seccomp filter). When it cannot
+  run on this machine the tool refuses to run code (``SandboxUnavailable`` names the fix).
+* ``unconfined``, only when ``COEVO_PYTHON_ISOLATION=unconfined`` asks for it, with a loud
+  warning: the same interpreter, limits and minimal environment in its own process group, killed
+  as a group; it shares the host's filesystem view, network and process table.
 """
 
 from __future__ import annotations
@@ -39,13 +32,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from coevo.sandbox import jail
+from coevo.sandbox.jail import SandboxUnavailable
+
 FILE_SIZE_LIMIT_BYTES = 1 << 20
 """Largest file the code may write (RLIMIT_FSIZE): enough for scratch files, too small to fill a disk."""
 WORK_DIR_LIMIT_BYTES = 16 << 20
-"""Size of the cell's tmpfs working directory (``namespaces`` mode): many small files cannot fill a disk."""
+"""Size of the cell's tmpfs working directory (``bwrap`` mode): many small files cannot fill a disk."""
 PROCESS_LIMIT = 64
-"""RLIMIT_NPROC of the cell: bounds fork bombs. The kernel does not apply it to the host's root user."""
-ISOLATION_MODES = ("namespaces", "process")
+"""RLIMIT_NPROC of the cell: bounds fork bombs (the jail runs as ``nobody`` under a root trainer, so it binds)."""
+ISOLATION_MODES = ("bwrap", "unconfined")
+_CELL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 log = logging.getLogger(__name__)
 
@@ -84,97 +81,52 @@ def _coevo_cell():
 _coevo_cell()
 """
 
-# Runs as the (unprivileged) root of fresh user, mount, PID and network namespaces, as PID 1.
-# $1 the new root (an empty directory), $2 the host directory holding cell.py and an empty work/,
-# $3 the work tmpfs size, $4.. read-only directories to show; after "--" the interpreter argv.
-# The shell stays PID 1 (no exec) so that when it exits the kernel kills every process left in
-# the namespace, and so that a signal death of the cell comes back as the exit status 128 + signal
-# (util-linux unshare cannot re-raise some signals itself).
-_JAIL_SETUP = """set -e
-root=$1 box=$2 work_size=$3
-shift 3
-mount -t tmpfs -o size=1m,mode=755 coevo-jail "$root"
-while [ "$1" != "--" ]; do
-  if [ -L "$1" ]; then
-    mkdir -p "$root$(dirname "$1")"; ln -s "$(readlink "$1")" "$root$1"
-  elif [ -d "$1" ]; then
-    mkdir -p "$root$1"; mount --rbind "$1" "$root$1"; mount -o remount,bind,ro "$root$1"
-  fi
-  shift
-done
-shift
-mkdir -p "$root/box" "$root/proc" "$root/dev"
-mount --bind "$box" "$root/box"; mount -o remount,bind,ro "$root/box"
-mount -t tmpfs -o size="$work_size",mode=777 coevo-work "$root/box/work"
-mount -t proc proc "$root/proc"
-for node in null zero random urandom; do touch "$root/dev/$node"; mount --bind "/dev/$node" "$root/dev/$node"; done
-mount -o remount,ro "$root"
-set +e
-"$(PATH=/usr/sbin:/sbin:/usr/bin:/bin command -v chroot)" "$root" /bin/sh -c 'cd /box/work && exec "$@"' cell "$@"
-exit $?
-"""
-_UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount",
-            "--propagation", "private", "--"]
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
-
-
-@functools.cache
-def _shown_dirs() -> tuple[str, ...]:
-    """Directories the jail shows read-only: the system's programs and libraries and the
-    interpreter's install prefix (a pyenv or conda prefix may live under a home directory)."""
-    dirs = [d for d in _SYSTEM_DIRS if os.path.lexists(d)]
-    real = os.path.realpath(sys.executable)
-    for extra in (os.path.realpath(sys.base_prefix), os.path.dirname(real)):
-        if not any(extra == d or extra.startswith(d + "/") for d in dirs):
-            dirs.append(extra)
-    return tuple(dirs)
-
-
-def _jailed(argv: list[str], root: str) -> list[str]:
-    """``argv`` (an interpreter command whose paths are the host's) run inside the jail of ``root``."""
-    jail = os.path.join(root, "jail")
-    os.mkdir(jail)
-    return [*_UNSHARE, "/bin/sh", "-c", _JAIL_SETUP, "jail-setup", jail, root, str(WORK_DIR_LIMIT_BYTES),
-            *_shown_dirs(), "--", *argv]
-
-
 @functools.cache
 def isolation() -> str:
-    """The isolation mode of this machine (``ISOLATION_MODES``), probed once per process by
-    running a cell in the jail; ``COEVO_PYTHON_ISOLATION`` overrides the probe."""
-    wanted = os.environ.get("COEVO_PYTHON_ISOLATION", "")
-    if wanted and wanted not in ISOLATION_MODES:
+    """The isolation mode of this process (``ISOLATION_MODES``), decided once.
+
+    ``bwrap`` unless ``COEVO_PYTHON_ISOLATION=unconfined`` opts out. The jail is probed by running
+    a trivial cell; when it cannot run, this raises ``SandboxUnavailable`` saying why and how to
+    fix it: model-written code never runs unconfined without the user asking for it.
+    """
+    wanted = os.environ.get("COEVO_PYTHON_ISOLATION", "") or "bwrap"
+    if wanted not in ISOLATION_MODES:
         raise ValueError(f"COEVO_PYTHON_ISOLATION={wanted!r} is not allowed; choose one of {list(ISOLATION_MODES)}")
-    if wanted == "process":
-        return "process"
-    problem = _probe_namespaces()
-    if problem is None:
-        return "namespaces"
-    if wanted == "namespaces":
-        raise RuntimeError(f"COEVO_PYTHON_ISOLATION=namespaces, but the namespace jail does not work here: {problem}")
-    log.warning("THE PYTHON TOOL IS NOT ISOLATED: the namespace jail does not work on this machine (%s). Model-written "
-                "code runs as this user with the host's filesystem and network (process-group limits only). Use a "
-                "machine with unprivileged user namespaces (util-linux unshare) for untrusted workloads.", problem)
-    return "process"
+    if wanted == "unconfined":
+        log.warning("THE PYTHON TOOL IS NOT ISOLATED (COEVO_PYTHON_ISOLATION=unconfined): model-written code runs "
+                    "as this user with the host's filesystem, network and processes, bounded only by resource "
+                    "limits. Unset it to run cells in the bubblewrap jail.")
+        return "unconfined"
+    problem = _probe_jail()
+    if problem is not None:
+        raise SandboxUnavailable(f"the python tool's jail cannot run here: {problem}. Fix that, or set "
+                                 "COEVO_PYTHON_ISOLATION=unconfined to run model-written code without confinement "
+                                 "(only for code you trust).")
+    return "bwrap"
 
 
-def _probe_namespaces() -> str | None:
+def _probe_jail() -> str | None:
     """None when a trivial cell runs in the jail, else why not."""
-    if shutil.which("unshare") is None or shutil.which("chroot", path="/usr/sbin:/sbin:/usr/bin:/bin") is None:
-        return "util-linux unshare or chroot is not installed"
-    root = tempfile.mkdtemp(prefix="coevo-python-probe-")
     try:
-        os.mkdir(os.path.join(root, "work"))
-        argv = _jailed([os.path.realpath(sys.executable), "-I", "-S", "-c", "print('jailed')"], root)
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
-                              env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"})
+        cell_fd, seccomp_fd = jail.data_fd("print('jailed')"), jail.seccomp_filter_fd()
+    except jail.SandboxUnavailable as err:
+        return str(err)
+    try:
+        interpreter = jail.cell_interpreter()[0]
+        argv = jail.bwrap_argv([interpreter, "-I", "-S", "/box/cell.py"], cell_fd=cell_fd, seccomp_fd=seccomp_fd,
+                               work_bytes=WORK_DIR_LIMIT_BYTES)
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, env=_CELL_ENV,
+                              pass_fds=(cell_fd, seccomp_fd), **jail.runs_as())  # type: ignore[call-overload]
+    except jail.SandboxUnavailable as err:
+        return str(err)
     except (OSError, subprocess.SubprocessError) as err:
         return f"{type(err).__name__}: {err}"
     finally:
-        _remove_tree(root)
+        os.close(cell_fd)
+        os.close(seccomp_fd)
     if done.returncode != 0 or done.stdout != b"jailed\n":
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"status {done.returncode}"]
-        return tail[0]
+        return f"bwrap failed: {tail[0]}"
     return None
 
 
@@ -200,28 +152,30 @@ def run_python(
     """
     if timeout_s <= 0 or memory_mb <= 0 or max_output_chars < 0:
         raise ValueError("timeout_s and memory_mb must be positive, max_output_chars non-negative")
-    root = tempfile.mkdtemp(prefix="coevo-python-")
+    cpu_s = math.ceil(timeout_s) + 1
+    limits = [str(memory_mb * 2**20), str(cpu_s), str(FILE_SIZE_LIMIT_BYTES), str(PROCESS_LIMIT)]
+    jailed = isolation() == "bwrap"
+    fds: tuple[int, ...] = ()
+    root = None
     try:
-        cell = os.path.join(root, "cell.py")
-        work = os.path.join(root, "work")
-        os.mkdir(work)
-        with open(cell, "w", encoding="utf-8") as f:
-            f.write(code)
-        cpu_s = math.ceil(timeout_s) + 1
-        limits = [str(memory_mb * 2**20), str(cpu_s), str(FILE_SIZE_LIMIT_BYTES), str(PROCESS_LIMIT)]
-        jailed = isolation() == "namespaces"
-        if jailed:  # paths as the cell sees them inside the jail (``_JAIL_SETUP``)
-            cell, work = "/box/cell.py", "/box/work"
-            argv = _jailed([os.path.realpath(sys.executable), "-I", "-S", "-u", "-c", _WRAPPER, cell, *limits], root)
+        if jailed:  # the cell arrives through a memfd: nothing is written to the host's disk
+            fds = (jail.data_fd(code), jail.seccomp_filter_fd())
+            command = [jail.cell_interpreter()[0], "-I", "-S", "-u", "-c", _WRAPPER, "/box/cell.py", *limits]
+            argv = jail.bwrap_argv(command, cell_fd=fds[0], seccomp_fd=fds[1], work_bytes=WORK_DIR_LIMIT_BYTES)
+            work, extra = "/box/work", jail.runs_as()
         else:
-            argv = [sys.executable, "-I", "-S", "-u", "-c", _WRAPPER, cell, *limits]
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-               "HOME": work, "TMPDIR": work}  # fmt: skip
+            root = tempfile.mkdtemp(prefix="coevo-python-")
+            cell, work = os.path.join(root, "cell.py"), os.path.join(root, "work")
+            os.mkdir(work)
+            with open(cell, "w", encoding="utf-8") as f:
+                f.write(code)
+            argv, extra = [sys.executable, "-I", "-S", "-u", "-c", _WRAPPER, cell, *limits], {"cwd": work}
         start = time.monotonic()
         with subprocess.Popen(
-            argv, cwd=root if jailed else work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            argv, env={**_CELL_ENV, "HOME": work, "TMPDIR": work}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, pass_fds=fds,
             start_new_session=True,  # its own session and process group, so killpg reaches its children
+            **extra,  # type: ignore[arg-type]
         ) as proc:  # fmt: skip
             out, err = _HeadCapture(max_output_chars), _TailCapture(_STDERR_TAIL_BYTES)
             sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}  # type: ignore[union-attr]
@@ -232,9 +186,12 @@ def run_python(
             _pump(None, sinks, time.monotonic() + _DRAIN_AFTER_EXIT_S)  # what was still in the pipes
         seconds = time.monotonic() - start
     finally:
-        _remove_tree(root)
+        for fd in fds:
+            os.close(fd)
+        if root is not None:
+            _remove_tree(root)
     returncode = proc.returncode
-    if jailed and returncode > 128:  # the jail's shell reports a signal death as 128 + signal
+    if jailed and returncode > 128:  # bwrap reports its child's signal death as 128 + signal
         returncode = 128 - returncode
     error, timed_out = _error(returncode, err.text(), timed_out, timeout_s, cpu_s, memory_mb)
     return PythonResult(stdout=out.text(), error=error, timed_out=timed_out, seconds=seconds)

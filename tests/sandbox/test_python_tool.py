@@ -140,7 +140,7 @@ def test_temp_dir_is_removed():
     before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("coevo-python-")}
     res = run_python("import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nprint(os.getcwd())")
     assert res.error is None
-    if isolation() == "process":  # the cell's working directory is a host directory
+    if isolation() == "unconfined":  # the cell's working directory is a host directory
         workdir = res.stdout.strip()
         assert workdir.startswith(tempfile.gettempdir())
         assert not os.path.exists(workdir) and not os.path.exists(os.path.dirname(workdir))

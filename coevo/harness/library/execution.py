@@ -13,8 +13,8 @@ from coevo.sandbox.python_tool import run_python
 
 class PythonExecutor(Processor):
     kind = "python_executor"
-    description = ("Offers a `python` tool that runs code in an isolated subprocess (a namespace jail where the "
-                   "machine allows: no network, no host files) with time and memory limits.")
+    description = ("Offers a `python` tool that runs code in an isolated subprocess (a bubblewrap jail: no network, "
+                   "no host files, no privileges) with time and memory limits.")
     hook = Hook.TASK_START
     dimension = Dimension.EXECUTION
     consumes = produces = TaskStartEvent
