@@ -186,6 +186,11 @@ class ReplayBuffer:
             traces.append(decode_trace(store.read(ref)))
         return traces
 
+    def verify(self) -> list[str]:
+        """Check the CRC of every stored trace's payload (``SegmentStore.verify``): one line per damaged
+        trace, naming its segment file; empty when all are intact."""
+        return self._open_store().verify()
+
     def iter_batches(
         self, batch_size: int, *, entries: Sequence[BufferEntry] | None = None, shuffle_seed: int | None = None
     ) -> Iterator[list[Trace]]:

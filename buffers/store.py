@@ -138,13 +138,30 @@ class SegmentStore:
     # -- reading -------------------------------------------------------------------------------
 
     def read(self, ref: RecordRef) -> bytes:
-        """One payload, CRC-checked; segment files stay open for the next reads."""
+        """One payload, CRC-checked (a failure names the segment file); segment files stay open for the
+        next reads."""
         if ref.segment not in self._segments:
             raise KeyError(f"segment {ref.segment} no longer exists (its records were evicted)")
         fd = self._fds.get(ref.segment)
+        path = self.directory / segment_name(ref.segment)
         if fd is None:
-            fd = self._fds[ref.segment] = os.open(self.directory / segment_name(ref.segment), os.O_RDONLY)
-        return read_payload(fd, ref)
+            fd = self._fds[ref.segment] = os.open(path, os.O_RDONLY)
+        try:
+            return read_payload(fd, ref)
+        except CorruptSegmentError as exc:
+            raise CorruptSegmentError(f"{path}: {exc}") from None
+
+    def verify(self) -> list[str]:
+        """Read every live payload and check its CRC (opening checks only the headers); returns one
+        line per damaged record, naming its file and trace: what a resume or an export must refuse
+        before it trusts the buffer. Reads sequentially, one segment after another."""
+        damaged = []
+        for entry, ref in self.live_records():
+            try:
+                self.read(ref)
+            except CorruptSegmentError as exc:
+                damaged.append(f"{exc} (trace {entry.trace_id!r}, seq {entry.seq})")
+        return damaged
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from coevo.config import EvolutionConfig, TrainConfig
 from coevo.config_check import (
     SCRIPTED_MODELS,
     check,
+    check_context_window,
     check_dependencies,
     check_distributed,
     check_train_split,
@@ -42,6 +43,17 @@ def to_config(cfg: Any) -> TrainConfig:
 
 def write_config(run_dir: Path, cfg: TrainConfig) -> None:
     """Write ``config.yaml`` (secrets scrubbed), or check a resumed run's config against it."""
+    data = check_resumable(run_dir, cfg)
+    path = run_dir / "config.yaml"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+
+
+def check_resumable(run_dir: Path, cfg: TrainConfig) -> dict[str, Any]:
+    """The config as ``config.yaml`` records it, after checking it against the run ``run_dir`` holds
+    (fewer rounds than completed, other keys than ``RESUMABLE_CHANGES``); writes nothing, so it can
+    run before the model is loaded while the file is written only after."""
     from omegaconf import OmegaConf
 
     from coevo.tracking import scrub
@@ -58,9 +70,7 @@ def write_config(run_dir: Path, cfg: TrainConfig) -> None:
         if changed:
             raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); resume it with the same "
                              "config, or choose another name= / run_dir=")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    return data
 
 
 def completed_rounds(run_dir: Path) -> int:
@@ -124,7 +134,7 @@ def run(cfg: Any) -> Path:
     run_dir = Path(cfg.run_dir)
     if is_main:
         lock_run_dir(run_dir)  # before anything is written; already held when train.py's callback took it
-        write_config(run_dir, cfg)
+        check_resumable(run_dir, cfg)  # config.yaml itself waits for the model: a bad model.name must not record it
     accelerator.wait_for_everyone()
 
     trains = cfg.mode in ("coevolve", "model_only")
@@ -151,6 +161,9 @@ def run(cfg: Any) -> Path:
             policy, sync = scripted_policy(cfg.model.name, env, cfg.env.name), None
         except ValueError as err:
             raise ValueError(f"config model.name={cfg.model.name!r}: {err}") from None
+    check_context_window(policy, start, env, train[0], cfg.rollout.max_steps)
+    if is_main:  # config and model are valid: the run directory's first file
+        write_config(run_dir, cfg)
 
     progress = RichProgress() if is_main else NullProgress()
     tasks = {t.task_id: t for t in train}

@@ -114,7 +114,8 @@ def eval_cmd(
     harness: str = typer.Option("base", help="built-in harness name or YAML path"),
     split: str = typer.Option("val", help="train | val | test"),
     attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="attempts per task: reports pass@1 and pass@k"),
-    temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
+    temperature: Optional[float] = typer.Option(None, min=0.0, help="override the harness's sampling temperature "
+                                                "(>= 0, 0 is greedy: train.py's rollout.temperature range)"),
     max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
     limit: Optional[int] = typer.Option(None, min=1, help="evaluate only the first N tasks of the split"),
     batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
@@ -264,7 +265,7 @@ def stream_cmd(
     backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
     device: str = typer.Option("cpu", help="torch device for the transformers backend"),
     harness: str = typer.Option("base", help="starting harness: built-in name or YAML path"),
-    temperature: Optional[float] = typer.Option(None, help="override the harness's sampling temperature"),
+    temperature: Optional[float] = typer.Option(None, min=0.0, help="override the harness's sampling temperature"),
     max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
     rounds_per_stage: int = typer.Option(1, min=0, help="self-evolving: AEGIS rounds on each stage's adaptation split"),
     attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="episodes per task (pass@1 is their mean)"),
@@ -339,16 +340,20 @@ def export_cmd(
     min_reward: Optional[float] = typer.Option(None, help="keep traces with reward >= this"),
     max_reward: Optional[float] = typer.Option(None, help="keep traces with reward <= this"),
     passed: Optional[bool] = typer.Option(None, "--passed/--failed", help="keep only passing (or failing) traces"),
+    partial: bool = typer.Option(False, help="export what is intact when the buffer lost traces its checkpoint counts"),
 ) -> None:
     """Write a run's buffered traces in a format TRL's trainers and SFT tooling read."""
+    from coevo.checkpoint import CheckpointError
     from coevo.export import export
 
     out = out or run_dir / f"export-{fmt}.jsonl"
     try:
         n = export(run_dir, out, fmt, rounds=rounds or None, harness_ids=harness_ids or None,
-                   min_reward=min_reward, max_reward=max_reward, passed=passed)
+                   min_reward=min_reward, max_reward=max_reward, passed=passed, partial=partial)
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err)) from None
+    except CheckpointError as err:
+        damaged(err)
     console.print(f"exported {n} records to {out}")
 
 
@@ -358,13 +363,23 @@ def report_cmd(
     out: Optional[Path] = typer.Option(None, help="where to write (default RUN_DIR/report)"),
 ) -> None:
     """Figures (pass rate per round, lineage tree, per-task matrix, time breakdown) and summary.md."""
+    from coevo.checkpoint import CheckpointError
     from coevo.report import write_report
 
     try:
         path = write_report(run_dir, out)
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err), param_hint="RUN_DIR") from None
+    except CheckpointError as err:
+        damaged(err)
     console.print(f"report: {path / 'summary.md'}")
+
+
+def damaged(err: Exception) -> None:
+    """A run file that changed after it was committed: the message (file, recovery) on stderr, exit 1
+    (not a usage error: the command was right, the run directory is not)."""
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(1)
 
 
 def main() -> None:

@@ -14,6 +14,14 @@ SCRIPTED_MODELS = ("scripted", "gold")
 """``model.name`` values that run without weights (``coevo.build.scripted_policy``)."""
 
 
+MAX_LR = {"adamw": 1e-2, "sgd": 1.0}
+"""The largest ``trainer.lr`` per optimizer. AdamW moves every weight by about ``lr`` per step whatever
+the gradient's scale, and a pretrained LLM's weights are of order 1e-2: a larger rate overwrites them
+in a few steps (RL fine-tuning uses 1e-7..1e-5, LoRA up to about 1e-3; the smoke run's random tiny
+model 1e-3). SGD's step scales with the gradient, so its bound is looser. ``lr=0`` (a run that never
+moves the weights) is ``mode=harness_only``'s job."""
+
+
 def device_of(name: str) -> str:
     """The torch device ``model.device`` names (auto: cuda when available, else cpu)."""
     import torch
@@ -96,7 +104,8 @@ def check(cfg: TrainConfig) -> None:
         "rollout.vllm_gpu_memory_utilization": (cfg.rollout.vllm_gpu_memory_utilization, above, 1.0,
                                                 "in (0, 1]: the share of GPU memory vLLM reserves"),
         "meta_agent.timeout_s": (cfg.meta_agent.timeout_s, above, inf, "> 0 seconds"),
-        "trainer.lr": (t.lr, 0.0, inf, ">= 0"),
+        "trainer.lr": (t.lr, above, MAX_LR[t.optimizer], f"in (0, {MAX_LR[t.optimizer]:g}] for {t.optimizer}: "
+                       "fine-tuning rates are 1e-7..1e-3, and larger steps rewrite the weights (1e30 made them 1e30)"),
         "trainer.weight_decay": (t.weight_decay, 0.0, inf, ">= 0"),
         "trainer.max_grad_norm": (t.max_grad_norm, above, inf, "> 0: gradients are clipped to this norm"),
         "trainer.eps_low": (t.eps_low, 0.0, 1.0 - above, "in [0, 1): the clip's lower ratio bound 1 - eps_low"),
@@ -220,3 +229,30 @@ def check_stat_gate(e: EvolutionConfig) -> None:
     if e.stat_confirm_attempts < 0 or (e.stat_confirm_attempts and 0.5**e.stat_confirm_attempts > e.stat_alpha):
         raise ValueError(f"config evolution.stat_confirm_attempts={e.stat_confirm_attempts} must be 0 or enough "
                          f"re-runs for the sign test to reach stat_alpha={e.stat_alpha} (0.5^attempts <= stat_alpha)")
+
+
+def check_context_window(policy: Any, harness: Any, env: Any, task: Any, max_steps: int) -> None:
+    """``rollout.max_new_tokens`` plus the prompt of the first train task's first model call (under the
+    starting harness, as the first rollout renders it) against the model's context window, before any
+    rollout: past it the policy refuses every request, and each trace of the run would end as an
+    infrastructure failure. Policies without a context window (scripted, vLLM) are not checked."""
+    from coevo.agent.episode import EpisodeRun, Job
+
+    limit = getattr(policy, "context_window", None)
+    if not isinstance(limit, int) or not hasattr(policy, "prompt_ids"):
+        return
+    episode = EpisodeRun(Job(task, harness), env, "context-check", max_steps).run()
+    try:
+        request = next(episode)  # the first ChatRequest; no model is called
+    except StopIteration:
+        return  # the episode ended before asking the model (an env or processor error the rollout will report)
+    finally:
+        episode.close()  # closes the env session it opened
+    prompt = len(policy.prompt_ids(request.messages, request.reply_prefix))
+    budget = request.sampling.max_new_tokens
+    if prompt + budget > limit:
+        raise ValueError(f"config rollout.max_new_tokens={budget} does not fit the model's context window: the first "
+                         f"prompt (task {task.task_id!r} under the starting harness) has {prompt} tokens, "
+                         f"{prompt + budget} in all, over the {limit} tokens of model.name's config "
+                         f"(max_position_embeddings); set rollout.max_new_tokens <= {max(limit - prompt, 0)}, or "
+                         "shorten the harness's prompt")

@@ -54,6 +54,8 @@ import yaml
 
 from coevo.agent.trace import Trace
 from coevo.buffers import BufferEntry, ReplayBuffer
+from coevo.records import read_rounds
+from coevo.run_check import committed, verify_run
 from coevo.secret_traces import redact_trace
 from coevo.secrets import contains_secret, redact, secret_env_values
 
@@ -75,6 +77,7 @@ def export(
     *,
     passed: bool | None = None,
     scale_by_std: bool | None = None,
+    partial: bool = False,
 ) -> int:
     """Write the buffered traces of ``run_dir`` that match every given filter to ``out_path`` as
     ``fmt`` (``sft`` | ``grpo`` | ``jsonl``); returns the number of records written.
@@ -82,6 +85,11 @@ def export(
     ``rounds`` / ``harness_ids``: one value or several (None: all); ``min_reward`` /
     ``max_reward``: inclusive bounds; ``passed``: only passing (True) or failing (False) traces.
     ``scale_by_std`` (grpo): None takes the run's ``trainer.scale_by_std`` from its config.yaml.
+
+    The buffer is first checked against the run's checkpoint (``coevo.run_check.verify_run``): every
+    trace it counts present, every payload's CRC, ``rounds.jsonl`` holding its rounds. A damaged
+    payload is a ``CheckpointError`` naming the segment file; missing traces or rounds are one too,
+    unless ``partial`` asks for what is intact (then they warn).
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} is not a format; choose one of {list(FORMATS)}")
@@ -92,6 +100,7 @@ def export(
                                 "static keep none")
     # read-only: an export never changes the run directory (no lock file, recovery or eviction)
     with ReplayBuffer(buffer_dir, capacity=sys.maxsize, read_only=True) as buffer:
+        check_against_checkpoint(run_dir, buffer, partial=partial)
         selected = select(buffer.entries(), rounds=rounds, harness_ids=harness_ids, min_reward=min_reward,
                           max_reward=max_reward, passed=passed)
         advantages: dict[int, float] = {}
@@ -121,6 +130,18 @@ def export(
         log.warning("%s: left out %d model call(s) whose text holds the value of a secret environment variable "
                     "(their token ids would decode to it)", out_path, dropped)
     return written
+
+
+def check_against_checkpoint(run_dir: Path, buffer: ReplayBuffer, *, partial: bool) -> None:
+    """The run's buffer and ``rounds.jsonl`` against its checkpoint, when it has one: an export of a
+    damaged run says so instead of exporting fewer traces without a word, or dying mid-file on a
+    payload that fails its CRC."""
+    found = committed(run_dir)
+    if found is None:
+        return
+    rounds_path = run_dir / "rounds.jsonl"
+    rounds = [r.round for r in read_rounds(rounds_path)] if rounds_path.is_file() else []
+    verify_run(run_dir, *found, buffer=buffer, rounds=rounds, partial=partial)
 
 
 def _shows_secret(trace: Trace, k: int, secrets: Sequence[str]) -> bool:

@@ -55,6 +55,7 @@ from coevo.records import (
     VariantStats,
 )
 from coevo.round_plan import batches_per_epoch, round_batches
+from coevo.run_check import buffer_next_seq, verify_run
 from coevo.secret_traces import redact_trace
 from coevo.secrets import contains_secret, secret_env_values
 from coevo.tracking import edit_rows
@@ -126,7 +127,10 @@ class Coevolution:
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
-        """Restore the last complete round, if any; returns the next round to run."""
+        """Restore the last complete round, if any; returns the next round to run. Before anything is
+        loaded, the run directory is checked against the checkpoint (``coevo.run_check.verify_run``:
+        the checkpoint's files, every buffered trace, the lineage's harness files); a damaged file
+        stops the resume naming it (``checkpoint.CheckpointError``)."""
         directory = checkpoint.latest(self.run_dir / "checkpoint")
         if directory is None:
             return 0
@@ -136,42 +140,27 @@ class Coevolution:
                 f"{directory / 'state.json'}: a harness of the run held the value of a secret environment variable, "
                 "which the checkpoint records as <redacted>; resuming would run other harnesses (under other ids) "
                 "than those that ran. Start the run over in another run_dir=, with no key in its harnesses")
-        self._check_buffer(state.get("buffer_next_seq"), state["next_round"] - 1)
+        verify_run(self.run_dir, directory, state, files=True, buffer=self.buffer, lineage=True)
         if self.trainer is not None:
             try:
                 self.trainer.load(directory / "trainer")
-            except (OSError, StopIteration, ValueError, RuntimeError, KeyError) as err:
+            except Exception as err:  # whatever the loader raises: a file the hashes did not cover, NaN weights
                 raise checkpoint.CheckpointError(
                     f"{directory / 'trainer'} cannot be loaded ({type(err).__name__}: {str(err) or 'no weights file'}); "
                     f"the run cannot resume from it: {checkpoint.RECOVER}") from err
             self.policy.model_version = str(self.trainer.version)
             self.sync_weights()
-        self.aegis.load_state_dict(state["aegis"])
-        checkpoint.set_rng_state(state["rng"])
-        self.state = LoopState.from_state(state, str(directory / "state.json"))
+        where = directory / "state.json"
+        try:
+            self.aegis.load_state_dict(state["aegis"])
+            checkpoint.set_rng_state(state["rng"])
+            self.state = LoopState.from_state(state, str(where))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+            raise checkpoint.CheckpointError(f"{where} is damaged ({type(err).__name__}: {err}); the run cannot "
+                                             f"resume from it: {checkpoint.RECOVER}") from err
         self._write_logs()
         log.info("resumed %s after round %d", self.run_dir, self.state.next_round - 1)
         return self.state.next_round
-
-    def _buffer_next_seq(self) -> int:
-        """One past the newest trace's sequence number (sequence numbers only grow; eviction removes
-        the oldest), 0 when the buffer is empty."""
-        return max((e.seq for e in self.buffer.entries()), default=-1) + 1
-
-    def _check_buffer(self, committed: int | None, round: int) -> None:
-        """The traces the checkpoint counts must be in the buffer: a lost newest segment (deleted, or
-        set aside as ``.corrupt`` when it failed its checks) would otherwise silently shrink every
-        group the remaining rounds train on."""
-        if self.buffer is None or committed is None:
-            return
-        have = self._buffer_next_seq()
-        if have < committed:
-            aside = sorted(p.name for p in self.buffer.path.glob("*.corrupt"))
-            where = f"set aside as damaged: {', '.join(aside)}" if aside else "the newest segment files are missing"
-            raise checkpoint.CheckpointError(
-                f"replay buffer {self.buffer.path} holds {have} traces (by sequence number), but the checkpoint of "
-                f"round {round} counts {committed} ({where}); restore the segment files "
-                f"(rename a .corrupt file back only if it is intact), or start the run over in another run_dir=")
 
     def _commit(self) -> None:
         aegis = self.aegis.state_dict()
@@ -179,7 +168,7 @@ class Coevolution:
         if contains_secret([aegis.get("variants"), aegis.get("pool")]):  # checkpoint.commit redacts them
             state["harnesses_redacted"] = True
         if self.buffer is not None:
-            state["buffer_next_seq"] = self._buffer_next_seq()
+            state["buffer_next_seq"] = buffer_next_seq(self.buffer)
 
         def write_trainer(directory: Path) -> None:
             if self.trainer is not None:

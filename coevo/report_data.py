@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from coevo.records import LineageRow, RoundRecord, read_lineage, read_rounds
+from coevo.run_check import committed, verify_run
 
 TIME_KEYS = ("rollout", "logprobs", "digest", "plan", "critic", "grpo", "eval", "checkpoint", "other")
 """The time breakdown of a round, in the order the figure stacks it."""
@@ -51,7 +52,9 @@ def load_run(run_dir: str | Path) -> Run:
     Raises ValueError naming the file and line for malformed JSON, a missing required field, a
     value of the wrong type or a repeated round, and a ValueError saying the run has no completed
     round yet when ``rounds.jsonl`` is missing or empty (a run killed in its first round).
-    A missing ``lineage.jsonl`` reads as an empty lineage.
+    A missing ``lineage.jsonl`` reads as an empty lineage. When the run has a checkpoint, its
+    ``rounds.jsonl`` and ``lineage/*.yaml`` are checked against it (``coevo.run_check.verify_run``): a
+    lost round or a damaged harness file is a ``CheckpointError`` naming the file and how to recover.
     """
     root = Path(run_dir)
     if not root.is_dir():
@@ -61,6 +64,9 @@ def load_run(run_dir: str | Path) -> Run:
     if not records:
         raise ValueError(f"run {str(root)!r} has no completed round yet ({rounds_path} is missing or empty)")
     records.sort(key=lambda r: r.round)
+    found = committed(root)
+    if found is not None:  # what the report draws must be what the checkpoint committed
+        verify_run(root, *found, lineage=True, rounds=[r.round for r in records])
     return Run(run_dir=root, records=records, lineage=read_lineage(root / "lineage.jsonl"))
 
 

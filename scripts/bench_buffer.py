@@ -146,6 +146,11 @@ def _run_buffer(args: argparse.Namespace) -> str:
             with ReplayBuffer(path, capacity=len(traces)) as buf:
                 assert len(buf) == len(traces)
             record("reopen (index rebuilt from segment headers)", len(traces), None, time.perf_counter() - start)
+            start = time.perf_counter()
+            with ReplayBuffer(path, capacity=len(traces)) as buf:
+                assert not buf.verify()
+            record("reopen + verify() (every payload's CRC: what a resume and an export check)", len(traces),
+                   _segment_bytes(path), time.perf_counter() - start)
 
             for t in traces:
                 t.behaviour_logprobs = None

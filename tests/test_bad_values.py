@@ -16,6 +16,7 @@ from coevo.config_check import check, check_dependencies, check_triton_device
 from coevo.harness import ParamError
 from coevo.harness.defaults import base_harness
 from coevo.harness.library.control import StepBudget
+from coevo.rundir import LOCK_NAME
 from tests.test_config import compose_cfg
 
 NO_MODEL = "model.name=/no/such/model"  # a run that reaches model loading fails on this instead
@@ -47,6 +48,9 @@ NO_MODEL = "model.name=/no/such/model"  # a run that reaches model loading fails
     ("trainer.dual_clip=1.0", "config trainer.dual_clip=1.0 is not allowed; it must be > 1, or null (off)"),
     ("trainer.beta=-0.1", "config trainer.beta=-0.1 is not allowed; it must be >= 0"),
     ("trainer.tis_cap=0", "config trainer.tis_cap=0.0 is not allowed; it must be > 0"),
+    ("trainer.lr=1e30", "config trainer.lr=1e+30 is not allowed; it must be in (0, 0.01] for adamw"),
+    ("trainer.lr=0", "config trainer.lr=0.0 is not allowed; it must be in (0, 0.01] for adamw"),
+    ("trainer.lr=-1e-5", "config trainer.lr=-1e-05 is not allowed; it must be in (0, 0.01] for adamw"),
 ])
 def test_check_names_the_field_the_value_and_what_is_allowed(override, message):
     cfg = compose_cfg([override])
@@ -61,6 +65,12 @@ def test_check_names_the_field_the_value_and_what_is_allowed(override, message):
 ])
 def test_the_edges_that_mean_none_or_off_pass(override):
     check(compose_cfg([override]))
+
+
+@pytest.mark.parametrize("overrides", [["trainer.lr=1e-2"], ["trainer.lr=1e-7"],
+                                       ["trainer.optimizer=sgd", "trainer.lr=0.5"]])
+def test_learning_rates_inside_the_range_pass(overrides):
+    check(compose_cfg(overrides))
 
 
 def test_batch_tasks_beyond_the_buffer_names_batch_tasks_and_the_capacity_that_bounds_it():
@@ -80,6 +90,27 @@ def test_batch_tasks_beyond_the_train_split_stops_the_run_before_the_model_and_t
                                          r"'arithmetic'$"):
         run(cfg)
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_max_new_tokens_over_the_context_window_stops_the_run_before_any_rollout_and_any_file(tmp_path):
+    run_dir = tmp_path / "run"  # the tiny model's context window is 4096 tokens
+    cfg = compose_cfg(["experiment=smoke", "rollout.max_new_tokens=4090", f"run_dir={run_dir}"])
+    with pytest.raises(ValueError, match=r"^config rollout\.max_new_tokens=4090 does not fit the model's context "
+                                         r"window: the first prompt \(task '.*' under the starting harness\) has "
+                                         r"(\d+) tokens, \d+ in all, over the 4096 tokens .*set "
+                                         r"rollout\.max_new_tokens <= \d+"):
+        run(cfg)
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_NAME]  # no config.yaml, references, rounds
+
+
+def test_a_bad_model_name_leaves_the_run_directory_so_the_corrected_rerun_is_accepted(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"^config model\.name='/no/such/model'"):
+        run(compose_cfg(["experiment=smoke", "mode=static", "rounds=1", NO_MODEL, f"run_dir={run_dir}"]))
+    assert not (run_dir / "config.yaml").exists()
+    # not refused as "a different config" (static: no GRPO step, which would move the tiny model other tests load)
+    run(compose_cfg(["experiment=smoke", "mode=static", "rounds=1", f"run_dir={run_dir}"]))
+    assert (run_dir / "rounds.jsonl").read_text().count("\n") == 1
 
 
 def step_budget_yaml(path: Path, max_steps: int) -> Path:
@@ -149,6 +180,17 @@ def test_eval_with_an_unknown_split_is_a_usage_error_listing_the_splits(tmp_path
     assert isinstance(result.exception, SystemExit), result.exception
     text = " ".join(result.output.replace("│", " ").split())  # the error box wraps lines
     assert "--split" in text and "split must be one of ['train', 'val', 'test'], got 'foo'" in text, text
+
+
+def test_eval_with_a_negative_temperature_is_a_usage_error_like_train_py(tmp_path):
+    from coevo.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "--env", "arithmetic", "--model", "scripted", "--temperature", "-1",
+                                      "--out", str(tmp_path / "out")], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "Invalid value for '--temperature'" in text and "greater than or equal to 0" in text, text
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])

@@ -97,7 +97,7 @@ def test_ablation_modes_switch_the_halves_off(tmp_path, mode):
 def test_a_changed_config_does_not_resume_into_an_existing_run(tmp_path):
     coevo.run(smoke(tmp_path / "run", "rounds=1"))
     with pytest.raises(ValueError, match="different config"):
-        coevo.run(smoke(tmp_path / "run", "rounds=1", "trainer.lr=0.5"))
+        coevo.run(smoke(tmp_path / "run", "rounds=1", "trainer.lr=2e-3"))
     coevo.run(smoke(tmp_path / "run", "rounds=2"))  # more rounds: resumes and extends
     assert [r["round"] for r in records(tmp_path / "run")] == [0, 1]
 

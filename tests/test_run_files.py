@@ -4,6 +4,7 @@ that name the file."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,8 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import coevo
+from coevo.buffers.segments import read_header
 from coevo.checkpoint import CheckpointError
 from coevo.harness.harness import Harness
 from coevo.rundir import LOCK_NAME, RunDirInUseError, lock_run_dir, unlock_run_dir
@@ -91,9 +94,11 @@ def newest_segment(run_dir: Path) -> Path:
 
 def test_a_deleted_newest_segment_the_checkpoint_counts_stops_the_resume(finished, tmp_path):
     run_dir = copy_of(finished, tmp_path)
+    newest = read_header(newest_segment(run_dir))  # 8 and 16 alone; more where the Critic's re-runs were buffered
     newest_segment(run_dir).unlink()
-    with pytest.raises(CheckpointError, match=r"replay buffer .*buffer holds 8 traces .* the checkpoint of round 1 "
-                                              r"counts 16 \(the newest segment files are missing\); restore"):
+    with pytest.raises(CheckpointError, match=rf"replay buffer .*buffer holds {newest.first_seq} traces .* the "
+                                              rf"checkpoint of round 1 counts {newest.next_seq} \(the newest segment "
+                                              r"files are missing\); restore"):
         coevo.run(smoke(run_dir))
 
 
@@ -106,12 +111,14 @@ def test_a_damaged_newest_segment_the_checkpoint_counts_stops_the_resume(finishe
         coevo.run(smoke(run_dir))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "binary", "empty"])
+@pytest.mark.parametrize("damage", ["truncated", "binary", "empty", "non_integer_round"])
 def test_a_damaged_state_json_names_the_file(finished, tmp_path, damage):
     run_dir = copy_of(finished, tmp_path)
     state = next((run_dir / "checkpoint").glob("round-*")) / "state.json"
-    state.write_bytes({"truncated": state.read_bytes()[:100], "binary": b"\x00\xff\xfe" * 10, "empty": b""}[damage])
-    with pytest.raises(CheckpointError, match=rf"{state} is damaged .*the run cannot resume from it"):
+    text = state.read_bytes()
+    state.write_bytes({"truncated": text[:100], "binary": b"\x00\xff\xfe" * 10, "empty": b"",
+                       "non_integer_round": json.dumps({**json.loads(text), "next_round": "2"}).encode()}[damage])
+    with pytest.raises(CheckpointError, match=rf"{state} is damaged.*the run cannot resume from it"):
         coevo.run(smoke(run_dir))
 
 
@@ -120,7 +127,43 @@ def test_missing_checkpoint_weights_name_the_directory(finished, tmp_path):
     trainer = next((run_dir / "checkpoint").glob("round-*")) / "trainer"
     for weights in (trainer / "model").glob("*.safetensors"):
         weights.unlink()
-    with pytest.raises(CheckpointError, match=rf"{trainer} cannot be loaded \(StopIteration: no weights file\)"):
+    with pytest.raises(CheckpointError, match=rf"{trainer}/model/\S+\.safetensors is missing from the checkpoint"):
+        coevo.run(smoke(run_dir))
+
+
+def weights_file(run_dir: Path) -> Path:
+    return next(next((run_dir / "checkpoint").glob("round-*")).glob("trainer/model/*.safetensors"))
+
+
+@pytest.mark.parametrize("damage", ["garbled", "truncated"])
+def test_damaged_checkpoint_weights_stop_the_resume_naming_the_file(finished, tmp_path, damage):
+    run_dir = copy_of(finished, tmp_path)
+    weights = weights_file(run_dir)
+    data = bytearray(weights.read_bytes())
+    if damage == "garbled":  # 64 bytes of tensor data (past the safetensors header): loads, then trains on NaN
+        middle = len(data) // 2
+        data[middle : middle + 64] = b"\xff" * 64
+    else:
+        del data[len(data) // 2 :]
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{weights} is damaged: \d+ bytes whose SHA-256 differs from the one "
+                                              r"recorded when round-0001 was committed; the run cannot resume"):
+        coevo.run(smoke(run_dir))
+
+
+def test_non_finite_weights_are_refused_where_no_hash_was_recorded(finished, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    run_dir = copy_of(finished, tmp_path)
+    weights = weights_file(run_dir)
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name][0] = float("nan")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    state = weights.parents[2] / "state.json"  # a checkpoint written before hashes were recorded
+    state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "files"}))
+    with pytest.raises(CheckpointError, match=rf"cannot be loaded \(ValueError: {weights}: tensor '{name}' holds NaN "
+                                              r"or infinite values\)"):
         coevo.run(smoke(run_dir))
 
 
@@ -143,18 +186,95 @@ def snapshot(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def garble_payload(segment: Path) -> None:
+    """Flip bytes inside the last payload of ``segment``: header, length and name stay intact."""
+    data = bytearray(segment.read_bytes())
+    for i in range(len(data) - 40, len(data) - 20):
+        data[i] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+
+def test_a_garbled_payload_stops_resume_and_export_naming_the_segment(finished, tmp_path):
+    from coevo.cli import app
+    from coevo.export import export
+
+    run_dir = copy_of(finished, tmp_path)
+    segment = sorted((run_dir / "buffer").glob("*.seg"))[0]  # the older one: its header check passes
+    garble_payload(segment)
+    message = rf"replay buffer {run_dir / 'buffer'}: 1 stored trace\(s\) fail their CRC \({segment}: .*restore the segment"
+    with pytest.raises(CheckpointError, match=message):
+        coevo.run(smoke(run_dir))
+    with pytest.raises(CheckpointError, match=message):
+        export(run_dir, tmp_path / "out.jsonl", "sft")
+    out = CliRunner().invoke(app, ["export", str(run_dir), "--out", str(tmp_path / "out.jsonl")])
+    assert out.exit_code == 1 and "error: replay buffer" in out.output and "fail their CRC" in out.output, out.output
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_deleted_newest_segment_stops_the_export_unless_partial(finished, tmp_path):
+    from coevo.export import export
+
+    run_dir = copy_of(finished, tmp_path)
+    newest = read_header(newest_segment(run_dir))
+    newest_segment(run_dir).unlink()
+    have, counted = newest.first_seq, newest.next_seq
+    counts = rf"holds {have} traces \(by sequence number\), but the checkpoint of round 1 counts {counted}"
+    with pytest.raises(CheckpointError, match=counts):
+        export(run_dir, tmp_path / "out.jsonl", "jsonl")
+    with pytest.warns(UserWarning, match=counts):
+        assert export(run_dir, tmp_path / "out.jsonl", "jsonl", partial=True) == have
+
+
+def test_damaged_lineage_files_stop_resume_and_report_naming_the_file(finished, tmp_path):
+    from coevo.cli import app
+    from coevo.report import write_report
+
+    run_dir = copy_of(finished, tmp_path)
+    files = sorted((run_dir / "lineage").glob("*.yaml"))
+    assert files
+    for path in files:
+        path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
+    named = rf"{run_dir / 'lineage'}/\w+\.yaml is damaged \(.*not UTF-8 text.*\); restore the file"
+    with pytest.raises(CheckpointError, match=named):
+        coevo.run(smoke(run_dir))
+    with pytest.raises(CheckpointError, match=named):
+        write_report(run_dir)
+    out = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert out.exit_code == 1 and "is damaged" in out.output, out.output
+
+
+def test_a_lost_round_in_rounds_jsonl_stops_report_and_export_and_a_resume_rewrites_it(finished, tmp_path):
+    from coevo.export import export
+    from coevo.report import write_report
+
+    run_dir = copy_of(finished, tmp_path)
+    rounds = run_dir / "rounds.jsonl"
+    whole = rounds.read_text()
+    rounds.write_text("".join(whole.splitlines(keepends=True)[:-1]))
+    lost = rf"{rounds} holds 1 rounds but the checkpoint round-0001 holds 2 \(missing: rounds \[1\]\); start the run again"
+    with pytest.raises(CheckpointError, match=lost):
+        write_report(run_dir)
+    with pytest.raises(CheckpointError, match=lost):
+        export(run_dir, tmp_path / "out.jsonl", "sft")
+    coevo.run(smoke(run_dir))  # the recovery the message names: the resume rewrites rounds.jsonl
+    assert [json.loads(line)["round"] for line in rounds.read_text().splitlines()] == [0, 1]
+    write_report(run_dir)
+
+
 def test_export_never_changes_the_run_directory(finished, tmp_path):
     from coevo.export import export
 
     run_dir = copy_of(finished, tmp_path)
     segment = newest_segment(run_dir)
+    intact = read_header(segment).first_seq
     segment.write_bytes(segment.read_bytes()[:-10])  # damaged: a writer would set it aside as .corrupt
     (run_dir / "buffer" / (segment.name + ".tmp")).write_bytes(b"an add that never committed")
     (run_dir / "buffer" / "LOCK").unlink()  # a copied run: no lock file (a reader must not create one)
     before = snapshot(run_dir)
-    with pytest.warns(UserWarning, match=f"skipped damaged newest segment {segment.name} \\(left as it is\\)"):
-        written = export(run_dir, tmp_path / "out.jsonl", "jsonl")
-    assert written == 8  # the intact segment's traces
+    with pytest.warns(UserWarning, match=f"skipped damaged newest segment {segment.name} \\(left as it is\\)"), \
+            pytest.warns(UserWarning, match=f"holds {intact} traces .* counts"):
+        written = export(run_dir, tmp_path / "out.jsonl", "jsonl", partial=True)
+    assert written == intact  # the intact segments' traces
     assert snapshot(run_dir) == before
 
 

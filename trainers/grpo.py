@@ -261,7 +261,8 @@ class GRPOTrainer:
         return directory
 
     def load(self, directory: str | Path) -> None:
-        """Restore weights, optimizer, scheduler and version saved by ``save``."""
+        """Restore weights, optimizer, scheduler and version saved by ``save``; weights holding NaN or
+        infinity are refused (a ValueError naming the file and the tensor)."""
         from safetensors.torch import load_file
 
         directory = Path(directory)
@@ -280,6 +281,9 @@ class GRPOTrainer:
         state = torch.load(directory / "trainer_state.pt", map_location=self.accelerator.device, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        bad = next((name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+        if bad is not None:  # training on them would give NaN losses from the first step, without a word
+            raise ValueError(f"{weights_file}: tensor {bad!r} holds NaN or infinite values")
         self.version = int(state["version"])
 
 
