@@ -178,7 +178,8 @@ def run(cfg: Any) -> Path:
                               workers=cfg.rollout.workers, seed=cfg.seed, progress=progress)
     e = cfg.evolution
     meta = build_meta(cfg, run_dir)
-    critic = make_critic(e, rollouts.critic_rollout())
+    critic_traces: list | None = [] if trains and cfg.buffer.critic_traces else None  # the gate's evidence trains
+    critic = make_critic(e, rollouts.critic_rollout(keep=critic_traces))
     aegis = AEGIS(start, meta, critic, tasks=tasks, critic_pool=tasks, references=references,
                   tools=env_tools, max_variants=e.max_variants, max_proposals=e.max_proposals,
                   max_revisions=e.max_revisions,
@@ -196,7 +197,8 @@ def run(cfg: Any) -> Path:
         steps_per_round=cfg.trainer.steps_per_round, val_every=cfg.val_every, eval_attempts=cfg.eval_attempts,
         tracker=tracker, progress=progress, is_main=is_main,
         share=(lambda obj: broadcast_object_list([obj], from_process=0)[0]) if accelerator.num_processes > 1 else None,
-        sync_weights=sync, tokenizer=tok,
+        sync_weights=sync, tokenizer=tok, critic_traces=critic_traces,
+        evolve_rounds=lambda r: r < e.early_rounds or (r - e.early_rounds + 1) % e.every == 0,
     )
     try:
         loop.run()

@@ -101,6 +101,10 @@ class EvolutionConfig:
     max_proposals: int = opt(2, "proposals judged per variant per round")
     max_revisions: int = opt(2, "revisions of a proposal rejected by the build or quality gate (T_rev)")
     patience_rounds: int = opt(1000, "stop evolving after this many rounds without a shipped edit")
+    early_rounds: int = opt(0, "evolve the harness in each of the first N rounds (then on the every-N cadence)")
+    every: int = opt(1, "after the early rounds, evolve in every N-th round (1: every round; 3: rounds E+2, E+5, "
+                     "...); GRPO trains every round, so rounds without evolution train the weights on the "
+                     "harness that shipped")
     references: bool = opt(True, "build reference trajectories (env gold solutions) of the train tasks: the Digester's "
                            "first divergence; demonstrations only from tasks no remaining round trains on")
     reference_pool: int = opt(0, "train tasks split off the train split (seeded) as a reference pool that is never "
@@ -149,6 +153,9 @@ class TrainerConfig:
 class BufferConfig:
     capacity: int = opt(512, "FIFO capacity C in traces (model-version lag <= C / traces per round)")
     logprob_batch_size: int = opt(8, "sequences per forward when caching behaviour log-probs")
+    critic_traces: bool = opt(True, "store the Critic's paired re-runs (parent and candidate, shipped or rejected) "
+                              "with their behaviour log-probs; their tasks' groups train in the round beside its "
+                              "rollouts (cross-harness GRPO; only tasks no demonstration of the round can show)")
 
 
 @dataclass

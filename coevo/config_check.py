@@ -88,11 +88,13 @@ def check(cfg: TrainConfig) -> None:
                 "rollout.batch_size": cfg.rollout.batch_size, "rollout.workers": cfg.rollout.workers,
                 "trainer.micro_batch_size": t.micro_batch_size,
                 "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size, "model.lora_r": cfg.model.lora_r,
-                "evolution.max_variants": e.max_variants, "evolution.patience_rounds": e.patience_rounds}
+                "evolution.max_variants": e.max_variants, "evolution.patience_rounds": e.patience_rounds,
+                "evolution.every": e.every}
     non_negative = {"evolution.reference_pool": e.reference_pool, "evolution.max_proposals": e.max_proposals,
                     "evolution.max_revisions": e.max_revisions, "evolution.recent_batches": e.recent_batches,
                     "meta_agent.max_retries": cfg.meta_agent.max_retries, "trainer.warmup_steps": t.warmup_steps,
-                    "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit}
+                    "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit,
+                    "evolution.early_rounds": e.early_rounds}
     for low, values in ((1, positive), (0, non_negative)):
         for key, value in values.items():
             if value is not None and value < low:  # None: the schema's "all" (val_limit, test_limit)

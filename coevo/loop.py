@@ -74,7 +74,11 @@ class Coevolution:
     ``coevo.build``) is their only source: ``rounds``, ``batch_tasks``, ``seed``, ``attempts``,
     ``steps_per_round`` (``trainer.steps_per_round``), ``val_every`` and ``eval_attempts``.
     ``first_round``: the number of the first round, for a loop that continues an engine's history
-    (a stream's next stage: AEGIS's monitors need round numbers that only grow)."""
+    (a stream's next stage: AEGIS's monitors need round numbers that only grow). ``critic_traces``:
+    the list the Critic's re-runs append their traces to, when those train too (cross-harness
+    groups: the gate's parent and candidate episodes join their task's group). ``evolve_rounds(r)``:
+    whether round ``r`` evolves the harness (a schedule that leaves rounds to the weights; default
+    every round)."""
 
     def __init__(
         self,
@@ -103,6 +107,8 @@ class Coevolution:
         sync_weights: Callable[[], None] | None = None,
         tokenizer: Any | None = None,
         first_round: int = 0,
+        critic_traces: list[Trace] | None = None,
+        evolve_rounds: Callable[[int], bool] | None = None,
     ) -> None:
         trains = mode in ("coevolve", "model_only")
         if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
@@ -123,6 +129,8 @@ class Coevolution:
         self.share = share or (lambda obj: obj)  # rank 0's object on every rank (identity on one process)
         self.sync_weights = sync_weights or (lambda: None)
         self.tokenizer = tokenizer
+        self.critic_traces = critic_traces  # filled by the Critic's re-runs (RolloutService.critic_rollout(keep=))
+        self.evolve_rounds = evolve_rounds or (lambda r: True)
         self.state = LoopState()
 
     # ------------------------------------------------------------------ resume
@@ -218,9 +226,15 @@ class Coevolution:
                 seconds["logprobs"] = time.perf_counter() - tick
 
         evolved: EvolveReport | None = None
-        if self.evolves:
-            self.rollouts.reseed(r, "critic")  # the Critic's re-runs go on from here
-            evolved = self.aegis.evolve(traces, round=r, withheld=self.withheld(r))
+        train_ids = {t.task_id for t in batch}
+        if self.evolves and self.evolve_rounds(r):
+            self.rollouts.begin_critic(r)  # the Critic's re-runs go on from here
+            withheld = self.withheld(r)
+            evolved = self.aegis.evolve(traces, round=r, withheld=withheld)
+            if self.trains and self.critic_traces is not None:
+                tick = time.perf_counter()
+                train_ids |= self._buffer_critic_traces(r, version, withheld)
+                seconds["logprobs"] += time.perf_counter() - tick
             for key in ("digest", "plan", "critic"):
                 seconds[key] = evolved.seconds.get(key, 0.0)
             self._lineage(evolved.events)
@@ -232,7 +246,7 @@ class Coevolution:
         grpo = None
         if self.trains:
             tick = time.perf_counter()
-            grpo = self._train(self.share(self._training_batch({t.task_id for t in batch})))
+            grpo = self._train(self.share(self._training_batch(train_ids)))
             seconds["grpo"] = time.perf_counter() - tick
 
         val = None
@@ -288,11 +302,27 @@ class Coevolution:
         return ids | {t.task_id for t in self.val_tasks} | {t.task_id for t in self.test_tasks}
 
     def _buffered(self, r: int) -> list[Trace] | None:
-        """Traces a killed run already committed to the buffer for round ``r`` (reused on resume)."""
+        """The rollouts a killed run already committed to the buffer for round ``r`` (reused on
+        resume; the Critic's traces of the round are not rollouts and are left out)."""
         if self.buffer is None:
             return None
-        entries = self.buffer.query(round=r)
+        entries = [e for e in self.buffer.query(round=r) if e.variant != "critic"]
         return self.buffer.load(entries) if entries else None
+
+    def _buffer_critic_traces(self, r: int, version: int, withheld: set[str]) -> set[str]:
+        """Store the round's Critic re-runs in the buffer with their behaviour log-probs (the model
+        has not changed since they ran: exact), and return their task ids, whose groups the round
+        trains. Only tasks in ``withheld`` are kept: no demonstration any harness of this round
+        showed can hold their gold answer, so no trained prompt holds the answer it is scored on.
+        Traces a killed run already stored (the same ids: the critic phase is seeded) are not
+        stored twice."""
+        stored = {e.trace_id for e in self.buffer.entries()}
+        kept = [t for t in self.critic_traces if t.task_id in withheld and t.trace_id not in stored]
+        self.critic_traces.clear()
+        room = self.buffer.capacity - len(self.buffer.query(round=r))  # never evict the round's own rollouts
+        if kept[:room]:
+            self.buffer.add(self._redacted(kept[:room]), round=r, model_version=version, logprob_fn=self.logprob_fn)
+        return {e.task_id for e in self.buffer.query(round=r) if e.variant == "critic"}
 
     def _routed(self, tasks: Sequence[Task], r: int, phase: str, attempts: int, label: str) -> Rollout:
         """``attempts`` episodes of each task on the variant AEGIS routes it to."""
@@ -323,14 +353,16 @@ class Coevolution:
     def _train(self, batch: tuple[list[Trace], list[int]]) -> GRPOMetrics:
         """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each)."""
         traces, versions = batch
-        metrics = None
+        steps: list[dict] = []
         with self.progress.task("GRPO", self.steps_per_round) as advance:
-            for _ in range(self.steps_per_round):
-                metrics = self.trainer.step(traces, versions=versions)
+            for _ in range(self.steps_per_round):  # passes over the same buffered groups: the ratio is clipped
+                steps.append(self.trainer.step(traces, versions=versions).as_dict())
                 advance()
         self.policy.model_version = str(self.trainer.version)
         self.sync_weights()
-        return GRPOMetrics.from_dict((metrics.as_dict() if metrics is not None else {}) | {"buffer_traces": len(traces)})
+        last = steps[-1] if steps else {}
+        rows = [{k: v for k, v in step.items() if k != "staleness"} for step in steps]  # scalars: a JSON round trip
+        return GRPOMetrics.from_dict(last | {"buffer_traces": len(traces), "steps": rows or None})
 
     def evaluate(self, tasks: Sequence[Task], r: int, phase: str) -> Evaluation:
         """pass@1 and pass@k of the routed variants (k = eval_attempts)."""

@@ -220,7 +220,7 @@ class EvolveRecord(Record):
 @dataclass
 class GRPOMetrics(Record):
     """The round's GRPO update: ``StepMetrics.as_dict()`` of its last step (every field None when
-    no step ran) and the buffered traces it trained on."""
+    no step ran), each step's in ``steps``, and the buffered traces it trained on."""
 
     buffer_traces: Int
     loss: Float | None = None
@@ -240,6 +240,11 @@ class GRPOMetrics(Record):
     grad_norm: Float | None = None
     lr: Float | None = None
     staleness: dict[int, Int] | None = None  # model-version lag → traces (JSON keys are strings: read back as ints)
+    reward_mean: Float | None = None
+    reward_std: Float | None = None
+    approx_kl: Float | None = None  # KL(behaviour || current), k3 from the ratio
+    entropy: Float | None = None  # mean -log pi of the sampled tokens
+    steps: list[dict[str, Any]] | None = None  # every step's scalar StepMetrics (the fields above are the last's)
 
 
 @dataclass

@@ -39,7 +39,7 @@ HARNESS_HOW = LINEAGE_HOWS
 WANDB_ID_FILE = "wandb_id"
 _ARTIFACT_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]+")
-_SKIPPED_KEYS = {"outcomes"}  # per-task outcomes: one entry per task, too large for a metric row
+_SKIPPED_KEYS = {"outcomes", "steps"}  # per-task outcomes, per-step GRPO rows (rounds.jsonl keeps them): not a metric row
 
 
 @runtime_checkable

@@ -69,9 +69,12 @@ def test_smoke_coevolution_run_writes_records_checkpoint_and_report(tmp_path, mo
     assert saved.records[-1].train == loop.state.records[-1].train  # its timings were taken after the commit
     recs = records(run_dir)
     assert [r["round"] for r in recs] == [0, 1]
-    assert all(r["grpo"]["sequences"] == 8 and r["evolve"] is not None for r in recs)
+    with ReplayBuffer(run_dir / "buffer", capacity=64) as buf:  # 8 rollouts a round, and the Critic's re-runs
+        critic = [sum(e.round == r and e.variant == "critic" for e in buf.entries()) for r in (0, 1)]
+    assert all(r["grpo"]["sequences"] >= 8 and r["evolve"] is not None for r in recs)
+    assert [r["grpo"]["buffer_traces"] for r in recs] == [8 + critic[0], 8 + critic[1]]  # batches of distinct tasks
     assert recs[-1]["val"] is not None and recs[0]["val"] is None
-    assert recs[1]["buffer"]["size"] == 16 and recs[1]["model_version"] == 1
+    assert recs[1]["buffer"]["size"] == 16 + sum(critic) and recs[1]["model_version"] == 1
     lineage = [json.loads(line) for line in (run_dir / "lineage.jsonl").read_text().splitlines()]
     assert lineage[0]["how"] == "start" and (run_dir / "lineage" / f"{lineage[0]['id']}.yaml").is_file()
     for name in ("summary.md", "pass_rate.png", "lineage.png", "task_matrix.png", "time_breakdown.png"):

@@ -58,6 +58,10 @@ class StepMetrics:
     grad_norm: float
     lr: float
     staleness: dict[int, int]  # model-version lag -> traces
+    reward_mean: float = 0.0  # over the step's trainable traces (every group, signal or not)
+    reward_std: float = 0.0
+    approx_kl: float = 0.0  # KL(behaviour || current) per token, k3 estimate from the ratio: how far reuse has moved
+    entropy: float = 0.0  # mean -log pi(token) of the sampled tokens under the current policy (an entropy estimate)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items()}
@@ -153,9 +157,10 @@ class GRPOTrainer:
         seqs = training_sequences([traces[i] for i in keep], adv[keep], default_temperature=self.temperature)
         staleness = dict(Counter(self.version - v for v in versions)) if versions is not None else {}
         excluded = (stats.excluded_traces, sum(t.infra_failure for t in traces))
+        rewards = torch.tensor([t.reward for t, m in zip(traces, members) if m], dtype=torch.float64)
         if not seqs:  # nothing to learn from: no step, but say why in the metrics
             return self._metrics(0.0, [], adv[[i for i, m in enumerate(members) if m]], stats.zero_variance_fraction,
-                                 0, 0, start, 0.0, staleness, excluded=excluded)
+                                 0, 0, start, 0.0, staleness, excluded=excluded, rewards=rewards)
         lengths = [len(s.completion_ids) for s in seqs]
         step_tokens, step_seqs = sum(lengths), len(seqs)
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
@@ -182,7 +187,7 @@ class GRPOTrainer:
         self.version += 1
         total_loss = float(self.accelerator.reduce(torch.tensor(total_loss, device=self.accelerator.device), "sum"))
         return self._metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
-                             start, float(grad_norm), staleness, lr, excluded=excluded)
+                             start, float(grad_norm), staleness, lr, excluded=excluded, rewards=rewards)
 
     def _micro_loss(self, mb: list[TrainSequence], step_tokens: int, step_seqs: int) -> tuple[torch.Tensor, Any]:
         if not mb:  # this process has fewer sequences: take part in the gradient reduction with zeros
@@ -217,10 +222,13 @@ class GRPOTrainer:
 
     def _metrics(self, loss: float, details: list[Any], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,
                  start: float, grad_norm: float, staleness: dict[int, int], lr: float | None = None, *,
-                 excluded: tuple[int, int] = (0, 0)) -> StepMetrics:
+                 excluded: tuple[int, int] = (0, 0), rewards: torch.Tensor | None = None) -> StepMetrics:
         """``lr``: the rate the step used (the scheduler has already moved on); None when no step ran.
-        ``excluded``: (traces left out of the groups, infrastructure failures among them)."""
+        ``excluded``: (traces left out of the groups, infrastructure failures among them); ``rewards``:
+        [T] of the trainable traces."""
         ratio = torch.cat([d.ratio for d in details]) if details else torch.ones(1)
+        logp = torch.cat([d.logp for d in details]) if details else torch.zeros(1)
+        rewards = rewards if rewards is not None and rewards.numel() else torch.zeros(1, dtype=torch.float64)
         clipped = torch.cat([d.clipped.float() for d in details]) if details else torch.zeros(1)
         kls = [d.kl for d in details if d.kl is not None]
         return StepMetrics(
@@ -241,6 +249,10 @@ class GRPOTrainer:
             grad_norm=grad_norm,
             lr=lr if lr is not None else float(self.scheduler.get_last_lr()[0]),
             staleness=staleness,
+            reward_mean=float(rewards.mean()),
+            reward_std=float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            approx_kl=float((ratio - 1 - ratio.log()).mean()),
+            entropy=float(-logp.mean()),
         )
 
     # ----------------------------------------------------------------- checkpoints
@@ -269,6 +281,9 @@ class GRPOTrainer:
         model = self.unwrapped
         weights_file = next((directory / "model").glob("*.safetensors"))
         tensors = load_file(weights_file, device=str(self.accelerator.device))
+        bad = next((name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+        if bad is not None:  # training on them would give NaN losses from the first step, without a word
+            raise ValueError(f"{weights_file}: tensor {bad!r} holds NaN or infinite values")
         if hasattr(model, "peft_config"):
             from peft import set_peft_model_state_dict
 
@@ -281,9 +296,6 @@ class GRPOTrainer:
         state = torch.load(directory / "trainer_state.pt", map_location=self.accelerator.device, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        bad = next((name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
-        if bad is not None:  # training on them would give NaN losses from the first step, without a word
-            raise ValueError(f"{weights_file}: tensor {bad!r} holds NaN or infinite values")
         self.version = int(state["version"])
 
 

@@ -122,13 +122,28 @@ class RolloutService:
                                   max_steps=self.max_steps, on_trace=(lambda _t: advance()) if advance else None)
         return Rollout([t for group in groups for t in group], [t.task_id for t in tasks], attempts)
 
-    def critic_rollout(self) -> Callable[[Harness, Sequence[Task], int], dict[str, list[bool | None]]]:
+    def begin_critic(self, round: int) -> None:
+        """Seed round ``round``'s critic phase (once: its re-runs go on from there) and restart the
+        numbering of its traces (``critic<round>-<call>-<task>-<attempt>``, unique within the run)."""
+        self.reseed(round, "critic")
+        self._critic_round, self._critic_calls = round, 0
+
+    def critic_rollout(self, keep: list[Trace] | None = None
+                       ) -> Callable[[Harness, Sequence[Task], int], dict[str, list[bool | None]]]:
         """The Critic's re-run (``coevo.evolution.critic.Rollout``): ``k`` episodes per task on one
         harness → task id → outcomes, None for an episode that ended in an infrastructure failure
-        (no evidence about the harness). No reseeding: the loop seeds the round's critic phase once."""
+        (no evidence about the harness). No reseeding: the loop seeds the round's critic phase once
+        (``begin_critic``). With ``keep``, every re-run's traces (parent and candidate, shipped or
+        rejected) are appended to it: the loop turns the gate's evidence into GRPO groups."""
 
         def rerun(harness: Harness, tasks: Sequence[Task], k: int) -> dict[str, list[bool | None]]:
-            return self.run(harness, tasks, attempts=k, phase=None, variant="critic",
-                            label=f"critic: re-run {harness.id[:8]}").outcomes(infra="none")
+            r, call = getattr(self, "_critic_round", 0), getattr(self, "_critic_calls", 0)
+            self._critic_calls = call + 1
+            done = self.run(harness, tasks, attempts=k, phase=None, variant="critic",
+                            label=f"critic: re-run {harness.id[:8]}",
+                            trace_id=lambda t, a: f"critic{r:04d}-{call:03d}-{t.task_id}-{a}")
+            if keep is not None:
+                keep.extend(done.traces)
+            return done.outcomes(infra="none")
 
         return rerun

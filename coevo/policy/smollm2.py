@@ -10,6 +10,7 @@ in about a second. The cache lives in ``$COEVO_CACHE/models/SmolLM2-135M-Instruc
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -40,8 +41,24 @@ def gguf_path() -> Path:
 def converted_dir(cache: Path | None = None) -> Path:
     """The safetensors copy of the model, converting the GGUF on first use."""
     target = (cache or cache_root()) / "models" / MODEL_DIR
-    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
+    if _complete(target):
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # one converter at a time: runs started side by side (scripts/ablation.py --jobs 2) on a fresh
+    # cache would otherwise replace the directory another one is already loading from
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _complete(target):  # converted while this process waited
+            return target
+        return _convert(target)
+
+
+def _complete(target: Path) -> bool:
+    return (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file()
+
+
+def _convert(target: Path) -> Path:
+    """Dequantise the GGUF into ``target`` (the caller holds the conversion lock)."""
     if importlib.util.find_spec("gguf") is None:
         raise ModuleNotFoundError(f"reading the GGUF needs the package gguf: run `{INSTALL_HINT}`")
     import torch

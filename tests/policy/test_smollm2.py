@@ -68,3 +68,31 @@ def test_cached_engine_is_exact_on_multi_turn_tool_episodes():
             assert cx.sampler_logprobs == pytest.approx(cy.sampler_logprobs, abs=5e-5)
     assert cached.prompt_tokens == full.prompt_tokens == full.prompt_tokens_computed
     assert cached.prompt_tokens_computed < 0.3 * cached.prompt_tokens
+
+
+def test_runs_started_side_by_side_convert_the_model_once(tmp_path, monkeypatch):
+    """Two runs on a fresh cache (scripts/ablation.py --jobs 2): the second waits for the first's
+    conversion instead of replacing the directory the first is loading from (it crashed one run)."""
+    import threading
+    import time
+
+    from coevo.policy import smollm2
+
+    calls = []
+
+    def slow_convert(target):
+        calls.append(target)
+        time.sleep(0.3)
+        target.mkdir(parents=True)
+        (target / "model.safetensors").write_bytes(b"w")
+        (target / "tokenizer.json").write_text("{}")
+        return target
+
+    monkeypatch.setattr(smollm2, "_convert", slow_convert)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(smollm2.converted_dir(tmp_path))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and results == [calls[0], calls[0]]
