@@ -39,6 +39,7 @@ import numpy as np
 
 from coevo.records import RoundRecord
 from coevo.report_data import load_run
+from coevo.stats import bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("static", "harness_only", "model_only", "coevolve")
@@ -52,7 +53,6 @@ PRESETS: dict[str, list[str]] = {
              "test=true", "test_limit=6", "eval_attempts=2", "trainer.steps_per_round=2"],
 }
 """Preset → the Hydra overrides every arm gets (before the user's own, which win)."""
-RESAMPLES = 10_000
 
 
 # ------------------------------------------------------------------------------------ runs
@@ -94,17 +94,6 @@ def task_matrix(runs: Sequence[list[RoundRecord]], metric: str) -> tuple[list[st
         rows.append([float(np.mean(outcomes[t])) if metric == "pass_at_1" else float(any(outcomes[t]))
                      for t in tasks])
     return tasks, np.asarray(rows)
-
-
-def bootstrap(scores: np.ndarray, rng: np.random.Generator, resamples: int = RESAMPLES) -> tuple[float, float, float]:
-    """(mean, 2.5th, 97.5th percentile) of the mean of ``scores`` [seeds, tasks] over task resamples:
-    tasks are drawn with replacement and every seed keeps its own score for each drawn task (paired
-    across seeds; for a difference of two arms, paired across arms too)."""
-    n = scores.shape[1]
-    idx = rng.integers(0, n, size=(resamples, n))  # [resamples, tasks]
-    means = scores[:, idx].mean(axis=(0, 2))  # [seeds, resamples, tasks] -> [resamples]
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(scores.mean()), float(lo), float(hi)
 
 
 def summarise(results: dict[str, list[list[RoundRecord]]], seed: int = 0) -> dict:

@@ -1,0 +1,24 @@
+"""Confidence intervals the experiment scripts report: a paired task bootstrap.
+
+Pass rates here are means over a fixed set of sealed test tasks, run once per seed; the noise that
+matters is which tasks the set happens to hold. Resampling tasks (the same draw for every seed, and
+for both sides of a difference) keeps each task paired with itself, which removes the between-task
+variance that unpaired intervals would carry (scripts/ablation.py, scripts/learning_curve.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+RESAMPLES = 10_000
+
+
+def bootstrap(scores: np.ndarray, rng: np.random.Generator, resamples: int = RESAMPLES) -> tuple[float, float, float]:
+    """(mean, 2.5th, 97.5th percentile) of the mean of ``scores`` [seeds, tasks] over task resamples:
+    tasks are drawn with replacement and every seed keeps its own score for each drawn task (paired
+    across seeds; for a difference of two arms, or of after and before, paired across those too)."""
+    n = scores.shape[1]
+    idx = rng.integers(0, n, size=(resamples, n))  # [resamples, tasks]
+    means = scores[:, idx].mean(axis=(0, 2))  # [seeds, resamples, tasks] -> [resamples]
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(scores.mean()), float(lo), float(hi)
