@@ -49,6 +49,27 @@ def behaviour_logprobs(traces: Sequence[Trace], logprob_fn: LogprobFn) -> list[l
     return result
 
 
+def sampler_first(traces: Sequence[Trace], logprob_fn: LogprobFn) -> LogprobFn:
+    """A LogprobFn for ``behaviour_logprobs(traces, ...)`` that answers each model call with the
+    log-probs its sampler recorded and calls ``logprob_fn`` only for calls recorded without them.
+
+    Only exact when the sampler is the model being trained, at the weights the buffer records (the
+    transformers policy: its decode engine and the trainer's forward agree to ~1e-5 per token,
+    docs/PERF.md); never for vLLM, whose probabilities differ from the trainer's by design. It
+    saves the forward pass over every prompt and completion that recomputing them costs.
+    """
+    rows = [call.sampler_logprobs for trace in traces for call in trace.model_calls]
+
+    def answer(queries: Sequence[LogprobQuery]) -> list[list[float]]:
+        if len(queries) != len(rows):
+            raise ValueError(f"sampler_first was built for {len(rows)} model calls, asked for {len(queries)}")
+        missing = [q for q, row in zip(queries, rows) if row is None]
+        computed = iter(logprob_fn(missing) if missing else [])
+        return [list(row) if row is not None else next(computed) for row in rows]
+
+    return answer
+
+
 def _floats(row: Any) -> list[float]:
     """A row as plain floats, accepting lists, tuples, numpy arrays or 1-D tensors."""
     if hasattr(row, "tolist"):

@@ -197,7 +197,7 @@ def run(cfg: Any) -> Path:
         steps_per_round=cfg.trainer.steps_per_round, val_every=cfg.val_every, eval_attempts=cfg.eval_attempts,
         tracker=tracker, progress=progress, is_main=is_main,
         share=(lambda obj: broadcast_object_list([obj], from_process=0)[0]) if accelerator.num_processes > 1 else None,
-        sync_weights=sync, tokenizer=tok, critic_traces=critic_traces,
+        sync_weights=sync, tokenizer=tok, critic_traces=critic_traces, sampler_logprobs=cfg.buffer.sampler_logprobs,
         evolve_rounds=lambda r: r < e.early_rounds or (r - e.early_rounds + 1) % e.every == 0,
     )
     try:

@@ -147,12 +147,17 @@ class TrainerConfig:
     scale_by_std: bool = opt(True, "divide advantages by the group std (False: Dr. GRPO's advantage)")
     drop_zero_variance: bool = opt(True, "skip groups whose rewards are all equal (reported either way)")
     kernel: str = opt("auto", "GRPO loss path: auto | chunked | reference | triton")
+    pack_calls: bool = opt(True, "train a trace's chained model calls (each prompt extends the last) as one row: one "
+                           "forward pass instead of one per call, the same per-token loss")
 
 
 @dataclass
 class BufferConfig:
     capacity: int = opt(512, "FIFO capacity C in traces (model-version lag <= C / traces per round)")
     logprob_batch_size: int = opt(8, "sequences per forward when caching behaviour log-probs")
+    sampler_logprobs: bool = opt(False, "take each model call's own sampling log-probs as its behaviour log-probs "
+                                 "instead of recomputing them (transformers policy only: it samples with the trained "
+                                 "model, ~1e-5 apart; refused with rollout=vllm)")
     critic_traces: bool = opt(True, "store the Critic's paired re-runs (parent and candidate, shipped or rejected) "
                               "with their behaviour log-probs; their tasks' groups train in the round beside its "
                               "rollouts (cross-harness GRPO; only tasks no demonstration of the round can show)")

@@ -135,6 +135,9 @@ def check(cfg: TrainConfig) -> None:
                              + ("/v1" if key == "meta_agent.url" else ""))
     if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
         raise ValueError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
+    if cfg.buffer.sampler_logprobs and cfg.rollout.backend == "vllm":
+        raise ValueError("config buffer.sampler_logprobs=true needs rollout.backend=transformers: vLLM's probabilities "
+                         "differ from the trainer's, so its log-probs are no behaviour log-probs (leave it false)")
     if cfg.model.name in SCRIPTED_MODELS and cfg.mode in ("coevolve", "model_only"):
         raise ValueError(f"config model.name={cfg.model.name!r} has no weights to train in mode={cfg.mode!r}; use "
                          "mode=harness_only or mode=static, or name a model")

@@ -39,6 +39,7 @@ from coevo import checkpoint
 from coevo.agent.outcomes import task_outcomes
 from coevo.agent.rollouts import Rollout, RolloutService, infra_failures, tool_use_rate, trace_tokens
 from coevo.agent.trace import Trace
+from coevo.buffers.logprobs import sampler_first
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.types import EvolveReport, HarnessEvent
@@ -78,7 +79,8 @@ class Coevolution:
     the list the Critic's re-runs append their traces to, when those train too (cross-harness
     groups: the gate's parent and candidate episodes join their task's group). ``evolve_rounds(r)``:
     whether round ``r`` evolves the harness (a schedule that leaves rounds to the weights; default
-    every round)."""
+    every round). ``sampler_logprobs``: store the policy's own sampling log-probs as behaviour
+    log-probs (``buffers.logprobs.sampler_first``) instead of recomputing them."""
 
     def __init__(
         self,
@@ -109,6 +111,7 @@ class Coevolution:
         first_round: int = 0,
         critic_traces: list[Trace] | None = None,
         evolve_rounds: Callable[[int], bool] | None = None,
+        sampler_logprobs: bool = False,
     ) -> None:
         trains = mode in ("coevolve", "model_only")
         if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
@@ -131,6 +134,7 @@ class Coevolution:
         self.tokenizer = tokenizer
         self.critic_traces = critic_traces  # filled by the Critic's re-runs (RolloutService.critic_rollout(keep=))
         self.evolve_rounds = evolve_rounds or (lambda r: True)
+        self.sampler_logprobs = sampler_logprobs  # behaviour log-probs from the sampler (buffer.sampler_logprobs)
         self.state = LoopState()
 
     # ------------------------------------------------------------------ resume
@@ -222,7 +226,7 @@ class Coevolution:
             seconds["rollout"] = time.perf_counter() - tick
             if self.trains:
                 tick = time.perf_counter()
-                self.buffer.add(traces, round=r, model_version=version, logprob_fn=self.logprob_fn)
+                self.buffer.add(traces, round=r, model_version=version, logprob_fn=self._logprob_fn(traces))
                 seconds["logprobs"] = time.perf_counter() - tick
 
         evolved: EvolveReport | None = None
@@ -321,7 +325,8 @@ class Coevolution:
         self.critic_traces.clear()
         room = self.buffer.capacity - len(self.buffer.query(round=r))  # never evict the round's own rollouts
         if kept[:room]:
-            self.buffer.add(self._redacted(kept[:room]), round=r, model_version=version, logprob_fn=self.logprob_fn)
+            kept = self._redacted(kept[:room])
+            self.buffer.add(kept, round=r, model_version=version, logprob_fn=self._logprob_fn(kept))
         return {e.task_id for e in self.buffer.query(round=r) if e.variant == "critic"}
 
     def _routed(self, tasks: Sequence[Task], r: int, phase: str, attempts: int, label: str) -> Rollout:
@@ -344,6 +349,11 @@ class Coevolution:
             self._train(self.share(None))
         self.state.next_round = r + 1
         self._commit()
+
+    def _logprob_fn(self, traces: Sequence[Trace]) -> Callable:
+        """The buffer's LogprobFn for ``traces``: the sampler's own log-probs where the run trusts them
+        (``buffer.sampler_logprobs``), else a forward pass of the current model."""
+        return sampler_first(traces, self.logprob_fn) if self.sampler_logprobs else self.logprob_fn
 
     def _training_batch(self, task_ids: set[str]) -> tuple[list[Trace], list[int]]:
         """Every buffered trace of the round's tasks (cross-harness, cross-checkpoint groups)."""

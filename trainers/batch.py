@@ -1,10 +1,17 @@
-"""From traces to training sequences: one sequence per trainable model call.
+"""From traces to training sequences: one sequence per trainable model call, packed per trace.
 
 Every model call of a trace is trained with that trace's advantage (DESIGN §6). A sequence keeps
 the exact prompt and completion ids the policy saw and produced, the behaviour log-probs cached
 by the replay buffer, the sampler's log-probs when the policy gave them, and the temperature its
 tokens were drawn at: the harness may sample calls at different temperatures (a temperature
 schedule), and current-policy log-probs, ratios and KL must use each token's own.
+
+A multi-turn trace's calls usually chain: call k's prompt and completion are the start of call
+k + 1's prompt (the runtime extends one conversation). ``pack_calls`` trains such a chain as one
+row, every completion span read off one forward pass: the same hidden states (causal attention,
+the same positions) for a fraction of the tokens, since each call's prompt is no longer
+re-read. The calls stay the loss's sequences (``Collated.lengths``), so every aggregation weighs
+them as before.
 """
 
 from __future__ import annotations
@@ -55,6 +62,40 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
     return out
 
 
+@dataclass(frozen=True)
+class PackedSequence:
+    """Calls of one trace that chain (each call's prompt + completion starts the next one's prompt):
+    one row of ``parts[-1].prompt_ids + parts[-1].completion_ids`` with every part's completion."""
+
+    parts: tuple[TrainSequence, ...]
+
+    @property
+    def temperatures(self) -> set[float]:
+        return {p.temperature for p in self.parts}
+
+
+def pack_calls(seqs: Sequence[TrainSequence]) -> list[TrainSequence | PackedSequence]:
+    """Merge consecutive sequences of the same trace whose tokens chain; others stay as they are."""
+    out: list[TrainSequence | PackedSequence] = []
+    chain: list[TrainSequence] = []
+    for s in seqs:
+        if chain:
+            last = chain[-1]
+            full = last.prompt_ids + last.completion_ids
+            if s.trace_index == last.trace_index and s.prompt_ids[: len(full)] == full:
+                chain.append(s)
+                continue
+            out.append(chain[0] if len(chain) == 1 else PackedSequence(tuple(chain)))
+        chain = [s]
+    if chain:
+        out.append(chain[0] if len(chain) == 1 else PackedSequence(tuple(chain)))
+    return out
+
+
+def parts_of(item: TrainSequence | PackedSequence) -> tuple[TrainSequence, ...]:
+    return item.parts if isinstance(item, PackedSequence) else (item,)
+
+
 @dataclass
 class Collated:
     input_ids: torch.Tensor  # [B, T] right-padded prompt+completion
@@ -67,21 +108,26 @@ class Collated:
     advantages: torch.Tensor  # [N]
     loss_weights: torch.Tensor  # [N]
     temperatures: torch.Tensor  # [N] the temperature each token was sampled at
-    lengths: list[int]  # completion tokens per sequence
+    lengths: list[int]  # completion tokens per sequence (per call: a packed row holds several)
 
 
-def collate(seqs: Sequence[TrainSequence], pad_id: int, device: torch.device | str = "cpu") -> Collated:
-    full = [s.prompt_ids + s.completion_ids for s in seqs]
+def collate(items: Sequence[TrainSequence | PackedSequence], pad_id: int,
+            device: torch.device | str = "cpu") -> Collated:
+    """One right-padded batch row per item; every completion token's (row, position, target) and
+    per-token values, in item order and, within a packed item, call order."""
+    full = [parts_of(item)[-1].prompt_ids + parts_of(item)[-1].completion_ids for item in items]
     width = max(len(f) for f in full)
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
     rows, positions = [], []
-    for b, (s, f) in enumerate(zip(seqs, full, strict=True)):
+    seqs = [s for item in items for s in parts_of(item)]
+    for b, (item, f) in enumerate(zip(items, full, strict=True)):
         input_ids[b, : len(f)] = torch.tensor(f)
         mask[b, : len(f)] = 1
-        start = len(s.prompt_ids) - 1  # the hidden state at position p predicts token p + 1
-        positions.extend(range(start, start + len(s.completion_ids)))
-        rows.extend([b] * len(s.completion_ids))
+        for s in parts_of(item):
+            start = len(s.prompt_ids) - 1  # the hidden state at position p predicts token p + 1
+            positions.extend(range(start, start + len(s.completion_ids)))
+            rows.extend([b] * len(s.completion_ids))
 
     def flat(values: Sequence[Sequence[float]]) -> torch.Tensor:
         return torch.tensor([v for seq in values for v in seq], dtype=torch.float32, device=device)

@@ -35,7 +35,7 @@ from coevo.config import ModelConfig, TrainerConfig
 from coevo.kernels import LossParams, grpo_loss
 from coevo.kernels.objective import pick, token_weights
 from coevo.trainers.advantages import group_advantages
-from coevo.trainers.batch import TrainSequence, collate, training_sequences
+from coevo.trainers.batch import PackedSequence, TrainSequence, collate, pack_calls, parts_of, training_sequences
 from coevo.trainers.logprobs import completion_hidden, lm_head_weight, token_logprobs
 
 
@@ -164,8 +164,9 @@ class GRPOTrainer:
         lengths = [len(s.completion_ids) for s in seqs]
         step_tokens, step_seqs = sum(lengths), len(seqs)
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        mine = seqs[rank::world]
-        n_micro = math.ceil(math.ceil(len(seqs) / world) / self.micro_batch_size)
+        rows = pack_calls(seqs) if self.config.pack_calls else seqs  # a chained trace: one forward pass
+        mine = rows[rank::world]
+        n_micro = math.ceil(math.ceil(len(rows) / world) / self.micro_batch_size)
         micro = [mine[k * self.micro_batch_size : (k + 1) * self.micro_batch_size] for k in range(n_micro)]
 
         self.model.train()
@@ -189,7 +190,8 @@ class GRPOTrainer:
         return self._metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
                              start, float(grad_norm), staleness, lr, excluded=excluded, rewards=rewards)
 
-    def _micro_loss(self, mb: list[TrainSequence], step_tokens: int, step_seqs: int) -> tuple[torch.Tensor, Any]:
+    def _micro_loss(self, mb: list[TrainSequence | PackedSequence], step_tokens: int,
+                    step_seqs: int) -> tuple[torch.Tensor, Any]:
         if not mb:  # this process has fewer sequences: take part in the gradient reduction with zeros
             return sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0, None
         device = self.accelerator.device
@@ -299,10 +301,10 @@ class GRPOTrainer:
         self.version = int(state["version"])
 
 
-def _temperature(seqs: Sequence[TrainSequence], batch: Any) -> float | torch.Tensor:
+def _temperature(items: Sequence[TrainSequence | PackedSequence], batch: Any) -> float | torch.Tensor:
     """The micro-batch's temperature: one float when every sequence was sampled at the same one (the
     kernels' scalar path), else the [N] per-token tensor. Decided from the sequences, on the host."""
-    temperatures = {s.temperature for s in seqs}
+    temperatures = {s.temperature for item in items for s in parts_of(item)}
     return next(iter(temperatures)) if len(temperatures) == 1 else batch.temperatures
 
 
