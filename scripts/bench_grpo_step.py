@@ -1,0 +1,76 @@
+"""What one GRPO step and the buffer's behaviour log-probs cost on real multi-turn traces, with and
+without packing a trace's chained calls into one row, and with recomputed vs sampler log-probs.
+
+    python scripts/bench_grpo_step.py BUFFER_DIR [--traces 16] [--repeats 2]
+
+BUFFER_DIR is a run's replay buffer (copied: the bench opens it for writing its lock), e.g. the
+tool-path harness's ``runs/learn2/s0/buffer``. The model is the embedded SmolLM2-135M with the run's
+LoRA shape (r 16 on q/k/v/o), the traces the buffer's first ``--traces`` whose group has a reward
+spread (what a step trains on). Steps alternate packed / one row per call, on the same weights (lr
+0), so the two time the same work; docs/PERF.md records the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def main() -> None:
+    from coevo.buffers import ReplayBuffer
+    from coevo.buffers.logprobs import behaviour_logprobs, sampler_first
+    from coevo.config import TrainerConfig
+    from coevo.policy.load import load_model
+    from coevo.trainers.batch import pack_calls, training_sequences
+    from coevo.trainers.grpo import GRPOTrainer, apply_lora
+    from coevo.trainers.logprobs import logprob_fn
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("buffer", help="a replay buffer directory (a copy)")
+    ap.add_argument("--traces", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+
+    with ReplayBuffer(args.buffer, capacity=4096) as buf:
+        traces = buf.load(buf.entries())
+    by_task: dict[str, list] = {}
+    for t in traces:
+        by_task.setdefault(t.task_id, []).append(t)
+    chosen = [t for group in by_task.values() if len({t.reward for t in group}) > 1 for t in group][: args.traces]
+    if not chosen:
+        raise SystemExit("no group with a reward spread in that buffer")
+    model, tok = load_model("smollm2", dtype="float32")
+    model = apply_lora(model, r=16, alpha=32, dropout=0.0)
+    seqs = training_sequences(chosen, torch.zeros(len(chosen)))
+    rows = pack_calls(seqs)
+    tokens = lambda items: sum(len(s.prompt_ids) + len(s.completion_ids) for s in items)  # noqa: E731
+    print(f"{len(chosen)} traces, {len(seqs)} calls -> {len(rows)} packed rows; "
+          f"tokens read per step: {tokens(seqs)} one row per call")
+
+    fn = logprob_fn(model, tok.pad_token_id, temperature=0.7, batch_size=8)
+    start = time.perf_counter()
+    behaviour_logprobs(chosen, fn)
+    recompute = time.perf_counter() - start
+    start = time.perf_counter()
+    behaviour_logprobs(chosen, sampler_first(chosen, fn))
+    sampler = time.perf_counter() - start
+    print(f"behaviour log-probs: recomputed {recompute:.1f} s, from the sampler {sampler:.3f} s")
+
+    figures: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.repeats):
+        for pack in (True, False):
+            cfg = TrainerConfig(lr=0.0, micro_batch_size=4, pack_calls=pack)
+            trainer = GRPOTrainer(model, cfg, pad_id=tok.pad_token_id, total_steps=10, temperature=0.7,
+                                  loss_horizon=None)
+            start = time.perf_counter()
+            trainer.step(chosen)
+            figures[pack].append(time.perf_counter() - start)
+    for pack, values in figures.items():
+        print(f"GRPO step, {'packed rows' if pack else 'one row per call'}: "
+              + ", ".join(f"{v:.1f} s" for v in values))
+
+
+if __name__ == "__main__":
+    main()
