@@ -18,7 +18,7 @@ differences are resampled together (tasks drawn with replacement, the same draw 
 which removes the between-task variance that unpaired intervals would carry. The figure shows the
 learning curves (train pass rate and tool-use rate per round) and the test pass rates.
 
-Presets: ``efficacy`` (issue 12: 100 sealed test tasks, 3 seeds, groups of 8, several GRPO steps
+Presets: ``efficacy`` (issues 12 and 23: 100 sealed test tasks, 3 seeds, groups of 8, six rounds that evolve in 0, 1, 4 and train in each, 4 GRPO passes a round
 per round; hours on 2 CPU cores), ``protocol`` (the original one-round check, ~45 min), ``tiny``
 (the tiny random model on the arithmetic env; the test suite runs it in about a minute).
 """
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=None, help="default: runs/ablation-<preset>")
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs side by side, each with cores/jobs intra-op threads and its console in "
-                         "<out>/<mode>-s<seed>.log (the efficacy preset took 52.7 min with --jobs 2 on 2 cores; "
+                         "<out>/<mode>-s<seed>.log (issue 12's 3-round efficacy preset took 52.7 min with --jobs 2 on 2 cores; "
                          "docs/PERF.md)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = ap.parse_args(argv)
