@@ -18,8 +18,8 @@ differences are resampled together (tasks drawn with replacement, the same draw 
 which removes the between-task variance that unpaired intervals would carry. The figure shows the
 learning curves (train pass rate and tool-use rate per round) and the test pass rates.
 
-Presets: ``efficacy`` (issues 12 and 23: 100 sealed test tasks, 3 seeds, groups of 8, six rounds that evolve in 0, 1, 4 and train in each, 4 GRPO passes a round
-per round; hours on 2 CPU cores), ``protocol`` (the original one-round check, ~45 min), ``tiny``
+Presets: ``efficacy`` (issues 12 and 23: 100 sealed test tasks, 3 seeds, groups of 8, six rounds
+that evolve in rounds 0, 1 and 4 and train in each, 4 GRPO passes a round; hours on 2 CPU cores), ``protocol`` (the original one-round check, ~45 min), ``tiny``
 (the tiny random model on the arithmetic env; the test suite runs it in about a minute).
 """
 
