@@ -40,6 +40,7 @@ from coevo.agent.outcomes import task_outcomes
 from coevo.agent.rollouts import Rollout, RolloutService, infra_failures, tool_use_rate, trace_tokens
 from coevo.agent.trace import Trace
 from coevo.buffers.logprobs import sampler_first
+from coevo.trainers.advantages import group_advantages
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.types import EvolveReport, HarnessEvent
@@ -372,7 +373,12 @@ class Coevolution:
         self.sync_weights()
         last = steps[-1] if steps else {}
         rows = [{k: v for k, v in step.items() if k != "staleness"} for step in steps]  # scalars: a JSON round trip
-        return GRPOMetrics.from_dict(last | {"buffer_traces": len(traces), "steps": rows or None})
+        critic = sum(t.variant == "critic" for t in traces)
+        without = [t for t in traces if t.variant != "critic"]  # what the groups would be without the gate's re-runs
+        stats = group_advantages([t.task_id for t in without], [t.reward for t in without],
+                                 members=[t.trainable for t in without])[2]
+        return GRPOMetrics.from_dict(last | {"buffer_traces": len(traces), "steps": rows or None, "critic_traces": critic,
+                                             "zero_variance_without_critic": stats.zero_variance_fraction})
 
     def evaluate(self, tasks: Sequence[Task], r: int, phase: str) -> Evaluation:
         """pass@1 and pass@k of the routed variants (k = eval_attempts)."""

@@ -245,6 +245,8 @@ class GRPOMetrics(Record):
     approx_kl: Float | None = None  # KL(behaviour || current), k3 from the ratio
     entropy: Float | None = None  # mean -log pi of the sampled tokens
     steps: list[dict[str, Any]] | None = None  # every step's scalar StepMetrics (the fields above are the last's)
+    critic_traces: Int | None = None  # of buffer_traces, the Critic's paired re-runs (buffer.critic_traces)
+    zero_variance_without_critic: Float | None = None  # the groups' zero-variance share had they been left out
 
 
 @dataclass

@@ -60,6 +60,8 @@ def test_the_critics_re_runs_train_beside_the_rollouts_with_exact_behaviour_logp
         rollouts = sum(1 for e in entries if e.round <= rec["round"] and e.variant != "critic")
         if rec["round"] in rounds_with_critic and rec["evolve"] is not None:
             assert rec["grpo"]["buffer_traces"] > min(rollouts, 8)
+            assert rec["grpo"]["critic_traces"] == sum(e.round == rec["round"] for e in critic)
+            assert 0.0 <= rec["grpo"]["zero_variance_without_critic"] <= 1.0
 
 
 def test_without_critic_traces_the_buffer_holds_rollouts_only(tmp_path):
