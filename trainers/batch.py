@@ -55,8 +55,12 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
             if len(old) != len(call.completion_ids):
                 raise ValueError(f"trace {trace.trace_id} call {k}: {len(old)} behaviour log-probs for "
                                  f"{len(call.completion_ids)} tokens")
+            sampler = call.sampler_logprobs
+            if sampler is not None and len(sampler) != len(call.completion_ids):  # would misalign every later token
+                raise ValueError(f"trace {trace.trace_id} call {k}: {len(sampler)} sampler log-probs for "
+                                 f"{len(call.completion_ids)} tokens")
             temperature = call.logprob_temperature()
-            out.append(TrainSequence(i, call.prompt_ids, call.completion_ids, old, call.sampler_logprobs,
+            out.append(TrainSequence(i, call.prompt_ids, call.completion_ids, old, sampler,
                                      float(adv), call.loss_weight,
                                      default_temperature if temperature is None else temperature))
     return out
@@ -104,7 +108,8 @@ class Collated:
     positions: torch.Tensor  # [N] position whose hidden state predicts that token
     targets: torch.Tensor  # [N] the completion token ids
     old_logp: torch.Tensor  # [N]
-    sampler_logp: torch.Tensor | None  # [N] (None when any sequence lacks sampler log-probs)
+    sampler_logp: torch.Tensor | None  # [N]; a sequence without them has its behaviour log-probs here (no
+    # correction for its tokens); None when no sequence of the batch has them
     advantages: torch.Tensor  # [N]
     loss_weights: torch.Tensor  # [N]
     temperatures: torch.Tensor  # [N] the temperature each token was sampled at
@@ -132,7 +137,7 @@ def collate(items: Sequence[TrainSequence | PackedSequence], pad_id: int,
     def flat(values: Sequence[Sequence[float]]) -> torch.Tensor:
         return torch.tensor([v for seq in values for v in seq], dtype=torch.float32, device=device)
 
-    has_sampler = all(s.sampler_logp is not None for s in seqs)
+    has_sampler = any(s.sampler_logp is not None for s in seqs)
     lengths = [len(s.completion_ids) for s in seqs]
     return Collated(
         input_ids=input_ids.to(device),
@@ -141,7 +146,8 @@ def collate(items: Sequence[TrainSequence | PackedSequence], pad_id: int,
         positions=torch.tensor(positions, device=device),
         targets=torch.tensor([t for s in seqs for t in s.completion_ids], device=device),
         old_logp=flat([s.old_logp for s in seqs]),
-        sampler_logp=flat([s.sampler_logp for s in seqs]) if has_sampler else None,  # type: ignore[misc]
+        sampler_logp=flat([s.old_logp if s.sampler_logp is None else s.sampler_logp for s in seqs])
+        if has_sampler else None,
         advantages=flat([[s.advantage] * n for s, n in zip(seqs, lengths, strict=True)]),
         loss_weights=flat([[s.loss_weight] * n for s, n in zip(seqs, lengths, strict=True)]),
         temperatures=flat([[s.temperature] * n for s, n in zip(seqs, lengths, strict=True)]),

@@ -21,6 +21,7 @@ chosen by name from its table.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -62,6 +63,12 @@ class StepMetrics:
     reward_std: float = 0.0
     approx_kl: float = 0.0  # KL(behaviour || current) per token, k3 estimate from the ratio: how far reuse has moved
     entropy: float = 0.0  # mean -log pi(token) of the sampled tokens under the current policy (an entropy estimate)
+    # sampler/trainer mismatch over the step's tokens whose calls carry the sampler's log-probs (None: no such token):
+    # |behaviour log-prob (the buffer's, the trainer's recomputation) - the sampler's own| per token
+    sampler_mismatch_mean: float | None = None
+    sampler_mismatch_max: float | None = None
+    sampler_tokens: int = 0  # tokens with sampler log-probs (the others are not corrected)
+    tis_truncated_fraction: float | None = None  # of those, the share whose weight trainer.tis_cap cut (None: off)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items()}
@@ -158,6 +165,7 @@ class GRPOTrainer:
         staleness = dict(Counter(self.version - v for v in versions)) if versions is not None else {}
         excluded = (stats.excluded_traces, sum(t.infra_failure for t in traces))
         rewards = torch.tensor([t.reward for t, m in zip(traces, members) if m], dtype=torch.float64)
+        mismatch = self._sampler_mismatch(seqs)
         if not seqs:  # nothing to learn from: no step, but say why in the metrics
             return self._metrics(0.0, [], adv[[i for i, m in enumerate(members) if m]], stats.zero_variance_fraction,
                                  0, 0, start, 0.0, staleness, excluded=excluded, rewards=rewards)
@@ -187,8 +195,23 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         total_loss = float(self.accelerator.reduce(torch.tensor(total_loss, device=self.accelerator.device), "sum"))
-        return self._metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
-                             start, float(grad_norm), staleness, lr, excluded=excluded, rewards=rewards)
+        metrics = self._metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
+                                start, float(grad_norm), staleness, lr, excluded=excluded, rewards=rewards)
+        return dataclasses.replace(metrics, **mismatch)
+
+    def _sampler_mismatch(self, seqs: Sequence[TrainSequence]) -> dict[str, Any]:
+        """The mismatch figures of ``StepMetrics`` over every sequence of the step (each process holds
+        them all, so no reduction): |old - sampler| per token, and the share of tokens whose importance
+        weight exp(old - sampler) exceeds ``tis_cap``. Empty when no sequence has sampler log-probs."""
+        pairs = [s for s in seqs if s.sampler_logp is not None]
+        if not pairs:
+            return {}
+        old = torch.tensor([v for s in pairs for v in s.old_logp], dtype=torch.float64)
+        sampler = torch.tensor([v for s in pairs for v in s.sampler_logp], dtype=torch.float64)  # type: ignore[union-attr]
+        delta = old - sampler
+        truncated = None if self.tis_cap is None else float((delta.exp() > self.tis_cap).double().mean())
+        return {"sampler_mismatch_mean": float(delta.abs().mean()), "sampler_mismatch_max": float(delta.abs().max()),
+                "sampler_tokens": int(delta.numel()), "tis_truncated_fraction": truncated}
 
     def _micro_loss(self, mb: list[TrainSequence | PackedSequence], step_tokens: int,
                     step_seqs: int) -> tuple[torch.Tensor, Any]:
