@@ -94,6 +94,12 @@ LAUNCHES: dict[str, Launch] = {
                         "--main_process_ip $MASTER_ADDR", (MODEL, "rollout=vllm", "logger=wandb", "name=qwen1.5b-2n")),
     "sweep": Launch("python", ("logger=wandb", "logger.group=lr-sweep", "name=lr-sweep"),
                     sweep=(("trainer.lr", ("1e-5", "5e-5")), ("seed", ("0", "1", "2")))),
+    "slurm_sweep": Launch("python", ("hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
+                                     "hydra.launcher.gpus_per_node=1", "hydra.launcher.cpus_per_task=8",
+                                     "hydra.launcher.mem_gb=64", "hydra.launcher.timeout_min=240",
+                                     "hydra.launcher.max_num_timeout=3", MODEL, "logger=wandb",
+                                     "logger.group=lr-sweep", "name=lr-sweep"),
+                          sweep=(("trainer.lr", ("1e-5", "5e-5")), ("seed", ("0", "1", "2")))),
 }
 """The commands docs/gpu-cluster.md shows (tests check that it shows exactly these)."""
 
