@@ -207,7 +207,7 @@ class GRPOTrainer:
         if not pairs:
             return {}
         old = torch.tensor([v for s in pairs for v in s.old_logp], dtype=torch.float64)
-        sampler = torch.tensor([v for s in pairs for v in s.sampler_logp], dtype=torch.float64)  # type: ignore[union-attr]
+        sampler = torch.tensor([v for s in pairs for v in s.sampler_logp or ()], dtype=torch.float64)
         delta = old - sampler
         truncated = None if self.tis_cap is None else float((delta.exp() > self.tis_cap).double().mean())
         return {"sampler_mismatch_mean": float(delta.abs().mean()), "sampler_mismatch_max": float(delta.abs().max()),
