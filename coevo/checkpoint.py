@@ -107,7 +107,8 @@ def load_state(directory: Path) -> dict[str, Any]:
     expected = int(named) + 1 if named.isdigit() else None
     if type(next_round) is not int or next_round < 1 or (expected is not None and next_round != expected):
         raise CheckpointError(f"{path} is damaged: 'next_round' is {next_round!r}, but {directory.name} holds round "
-                              f"{named.lstrip('0') or 0} (next_round {expected}); the run cannot resume from it: {RECOVER}")
+                              f"{named.lstrip('0') or 0} (next_round {expected}); the run cannot resume from it: "
+                              f"{RECOVER}")
     return state
 
 
