@@ -40,7 +40,6 @@ from coevo.agent.outcomes import task_outcomes
 from coevo.agent.rollouts import Rollout, RolloutService, infra_failures, tool_use_rate, trace_tokens
 from coevo.agent.trace import Trace
 from coevo.buffers.logprobs import sampler_first
-from coevo.trainers.advantages import group_advantages
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.types import EvolveReport, HarnessEvent
@@ -55,6 +54,13 @@ from coevo.records import (
     StartRecord,
     TrainStats,
     VariantStats,
+)
+from coevo.round_grpo import (
+    buffered_rollouts,
+    critic_task_ids,
+    critic_traces_to_store,
+    grpo_record,
+    training_batch,
 )
 from coevo.round_plan import batches_per_epoch, round_batches
 from coevo.run_check import buffer_next_seq, verify_run
@@ -251,7 +257,7 @@ class Coevolution:
         grpo = None
         if self.trains:
             tick = time.perf_counter()
-            grpo = self._train(self.share(self._training_batch(train_ids)))
+            grpo = self._train(self.share(training_batch(self.buffer, train_ids)))
             seconds["grpo"] = time.perf_counter() - tick
 
         val = None
@@ -307,28 +313,17 @@ class Coevolution:
         return ids | {t.task_id for t in self.val_tasks} | {t.task_id for t in self.test_tasks}
 
     def _buffered(self, r: int) -> list[Trace] | None:
-        """The rollouts a killed run already committed to the buffer for round ``r`` (reused on
-        resume; the Critic's traces of the round are not rollouts and are left out)."""
-        if self.buffer is None:
-            return None
-        entries = [e for e in self.buffer.query(round=r) if e.variant != "critic"]
-        return self.buffer.load(entries) if entries else None
+        return None if self.buffer is None else buffered_rollouts(self.buffer, r)
 
     def _buffer_critic_traces(self, r: int, version: int, withheld: set[str]) -> set[str]:
-        """Store the round's Critic re-runs in the buffer with their behaviour log-probs (the model
-        has not changed since they ran: exact), and return their task ids, whose groups the round
-        trains. Only tasks in ``withheld`` are kept: no demonstration any harness of this round
-        showed can hold their gold answer, so no trained prompt holds the answer it is scored on.
-        Traces a killed run already stored (the same ids: the critic phase is seeded) are not
-        stored twice."""
-        stored = {e.trace_id for e in self.buffer.entries()}
-        kept = [t for t in self.critic_traces if t.task_id in withheld and t.trace_id not in stored]
+        """Store the round's Critic re-runs with their behaviour log-probs (the model has not changed
+        since they ran: exact; ``round_grpo.critic_traces_to_store`` says which) and return the tasks
+        whose groups they joined."""
+        kept = self._redacted(critic_traces_to_store(self.critic_traces, self.buffer, r, withheld))
         self.critic_traces.clear()
-        room = self.buffer.capacity - len(self.buffer.query(round=r))  # never evict the round's own rollouts
-        if kept[:room]:
-            kept = self._redacted(kept[:room])
+        if kept:
             self.buffer.add(kept, round=r, model_version=version, logprob_fn=self._logprob_fn(kept))
-        return {e.task_id for e in self.buffer.query(round=r) if e.variant == "critic"}
+        return critic_task_ids(self.buffer, r)
 
     def _routed(self, tasks: Sequence[Task], r: int, phase: str, attempts: int, label: str) -> Rollout:
         """``attempts`` episodes of each task on the variant AEGIS routes it to."""
@@ -356,11 +351,6 @@ class Coevolution:
         (``buffer.sampler_logprobs``), else a forward pass of the current model."""
         return sampler_first(traces, self.logprob_fn) if self.sampler_logprobs else self.logprob_fn
 
-    def _training_batch(self, task_ids: set[str]) -> tuple[list[Trace], list[int]]:
-        """Every buffered trace of the round's tasks (cross-harness, cross-checkpoint groups)."""
-        entries = [e for e in self.buffer.entries() if e.task_id in task_ids]
-        return self.buffer.load(entries), [e.model_version for e in entries]
-
     def _train(self, batch: tuple[list[Trace], list[int]]) -> GRPOMetrics:
         """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each)."""
         traces, versions = batch
@@ -371,14 +361,7 @@ class Coevolution:
                 advance()
         self.policy.model_version = str(self.trainer.version)
         self.sync_weights()
-        last = steps[-1] if steps else {}
-        rows = [{k: v for k, v in step.items() if k != "staleness"} for step in steps]  # scalars: a JSON round trip
-        critic = sum(t.variant == "critic" for t in traces)
-        without = [t for t in traces if t.variant != "critic"]  # what the groups would be without the gate's re-runs
-        stats = group_advantages([t.task_id for t in without], [t.reward for t in without],
-                                 members=[t.trainable for t in without])[2]
-        return GRPOMetrics.from_dict(last | {"buffer_traces": len(traces), "steps": rows or None, "critic_traces": critic,
-                                             "zero_variance_without_critic": stats.zero_variance_fraction})
+        return grpo_record(steps, traces)
 
     def evaluate(self, tasks: Sequence[Task], r: int, phase: str) -> Evaluation:
         """pass@1 and pass@k of the routed variants (k = eval_attempts)."""

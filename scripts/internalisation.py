@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -74,10 +75,7 @@ def evaluate_run(run_dir: Path, limit: int) -> dict[str, dict[str, dict]]:
     for form, h in harness_forms(Harness.load(variant)).items():
         for weights in ("trained", "frozen"):
             policy.model_version = f"internalisation-{weights}"  # a new version: no prefix cache crosses weights
-            if weights == "frozen":
-                with model.disable_adapter():
-                    done = rollouts.run(h, tasks, attempts=1, phase="test", round=10**6, label=f"{form}, {weights}")
-            else:
+            with model.disable_adapter() if weights == "frozen" else nullcontext():
                 done = rollouts.run(h, tasks, attempts=1, phase="test", round=10**6, label=f"{form}, {weights}")
             by_task = {t.task_id: [tr for tr in done.traces if tr.task_id == t.task_id] for t in tasks}
             out.setdefault(form, {})[weights] = {

@@ -61,6 +61,12 @@ class SandboxUnavailable(RuntimeError):
 
 def seccomp_filter_fd() -> int:
     """A memfd holding the compiled seccomp program (``bwrap --seccomp FD`` reads it)."""
+    return _memfd("coevo-seccomp", _seccomp_program())
+
+
+@functools.cache
+def _seccomp_program() -> bytes:
+    """The filter compiled to BPF once per process: every cell loads the same program."""
     try:
         import pyseccomp as seccomp
     except ImportError as err:  # pragma: no cover - a dependency of coevo on Linux
@@ -74,22 +80,31 @@ def seccomp_filter_fd() -> int:
         # clone3 passes its flags in memory, where a filter cannot read them: say "not implemented"
         # so that libc falls back to clone, whose flags the rules above check
         rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-        fd = os.memfd_create("coevo-seccomp")
-        with open(fd, "wb", closefd=False) as f:
-            rules.export_bpf(f)
+        fd = os.memfd_create("coevo-seccomp-build")
+        try:
+            with open(fd, "wb", closefd=False) as f:
+                rules.export_bpf(f)
+            os.lseek(fd, 0, os.SEEK_SET)
+            with open(fd, "rb", closefd=False) as f:
+                return f.read()
+        finally:
+            os.close(fd)
     except (AttributeError, OSError, RuntimeError) as err:
         raise SandboxUnavailable(f"libseccomp could not build the filter ({type(err).__name__}: {err}); "
                                  "install libseccomp2 (Debian/Ubuntu: apt-get install libseccomp2)") from err
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """A memfd holding ``data``, positioned at its start, for a child to read through ``pass_fds``."""
+    fd = os.memfd_create(name)
+    os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
 
 def data_fd(text: str) -> int:
     """A memfd holding ``text``: the cell reaches the jail without a file on the host's disk."""
-    fd = os.memfd_create("coevo-cell")
-    os.write(fd, text.encode("utf-8"))
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+    return _memfd("coevo-cell", text.encode("utf-8"))
 
 
 def runs_as() -> dict[str, object]:

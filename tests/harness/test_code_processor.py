@@ -151,8 +151,9 @@ def test_an_edit_that_makes_the_agent_run_code_runs_it_in_the_jail(tmp_path, mon
     from coevo.harness.library import PythonExecutor
     from coevo.sandbox.python_tool import isolation
 
-    if isolation() != "bwrap":
-        pytest.skip("COEVO_PYTHON_ISOLATION=unconfined shares the host's filesystem (the python tool warns)")
+    monkeypatch.delenv("COEVO_PYTHON_ISOLATION", raising=False)  # the jail, whatever the caller's environment
+    isolation.cache_clear()
+    assert isolation() == "bwrap"
     monkeypatch.setenv("OPENAI_API_KEY", "sk-coevo-injected-0123456789")
     target = tmp_path / "pwned"
     code = (f"import os\nopen({str(target)!r}, 'w').write('x') if os.path.isdir({str(tmp_path)!r}) else None\n"

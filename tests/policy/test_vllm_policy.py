@@ -11,10 +11,11 @@ from coevo.policy.vllm import EngineOutput, VLLMPolicy, named_weights
 
 class FakeEngine:
     """Greedy decoding with a real tiny model, returning log-probs at the request temperature —
-    what vLLM with processed_logprobs returns — and recording weight loads."""
+    what vLLM with processed_logprobs returns — and recording weight loads. ``shift``: reported
+    log-probs that far below the model's own (a sampler whose probabilities differ by a known factor)."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, shift: float = 0.0):
+        self.model, self.shift = model, shift
         self.calls: list[tuple[int, SamplingParams]] = []
         self.loaded: dict[str, torch.Tensor] = {}
 
@@ -27,7 +28,7 @@ class FakeEngine:
             for _ in range(sampling.max_new_tokens):
                 logits = self.model(torch.tensor([ids])).logits[0, -1].double()
                 tok = int(logits.argmax())
-                lps.append(float(torch.log_softmax(logits / max(sampling.temperature, 1e-6), -1)[tok]))
+                lps.append(float(torch.log_softmax(logits / max(sampling.temperature, 1e-6), -1)[tok]) - self.shift)
                 ids.append(tok)
             outs.append(EngineOutput(ids[len(p):], lps, "length"))
         return outs

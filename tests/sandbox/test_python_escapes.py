@@ -7,7 +7,6 @@ only when asked for. The battery runs in the jail whatever ``COEVO_PYTHON_ISOLAT
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import subprocess
@@ -261,9 +260,19 @@ def test_a_missing_bwrap_or_libseccomp_is_named(monkeypatch):
     with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
         jail.bwrap_argv(["true"], cell_fd=0, seccomp_fd=0, work_bytes=1)
     monkeypatch.undo()
-    monkeypatch.setattr(jail.os, "memfd_create", lambda name: (_ for _ in ()).throw(OSError(errno.ENOSYS, "no memfd")))
-    with pytest.raises(SandboxUnavailable, match="libseccomp2"):
-        jail.seccomp_filter_fd()
+    import pyseccomp
+
+    def no_libseccomp(**_):  # what pyseccomp does when libseccomp.so.2 is missing: ctypes finds no symbol
+        raise AttributeError("seccomp_init")
+
+    monkeypatch.setattr(pyseccomp, "SyscallFilter", no_libseccomp)
+    jail._seccomp_program.cache_clear()  # compiled once per process: build it again without the library
+    try:
+        with pytest.raises(SandboxUnavailable, match="libseccomp2"):
+            jail.seccomp_filter_fd()
+    finally:
+        monkeypatch.undo()
+        jail._seccomp_program.cache_clear()
 
 
 @pytest.mark.parametrize("param,value", [("timeout_s", 100000.0), ("timeout_s", 0.0), ("memory_mb", 10**6),

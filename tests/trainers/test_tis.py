@@ -22,10 +22,11 @@ from coevo.agent.trace import ModelCall, Trace
 from coevo.buffers import ReplayBuffer
 from coevo.harness.events import SamplingParams
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
-from coevo.policy.vllm import EngineOutput, VLLMPolicy
+from coevo.policy.vllm import VLLMPolicy
 from coevo.records import GRPOMetrics
 from coevo.trainers.advantages import group_advantages
 from coevo.trainers.logprobs import logprob_fn
+from tests.policy.test_vllm_policy import FakeEngine
 from tests.trainers.helpers import make_trainer, synthetic_traces
 
 OFFSETS = [-1.0, -0.3, 0.0, 0.4, 2.0, -2.5]  # sampler - trainer per token, cycled: exp(-offset) = 2.7, 1.35, 1, ...
@@ -157,34 +158,10 @@ def test_a_sampler_logprob_count_that_does_not_fit_the_call_is_refused(tok):
     assert trainer.version == 0
 
 
-class ShiftedEngine:
-    """A fake vLLM engine: greedy decoding with the tiny model, reporting log-probs ``shift`` below the
-    model's own (a sampler whose probabilities differ from the trainer's by a known factor)."""
-
-    def __init__(self, model, shift):
-        self.model, self.shift = model, shift
-
-    @torch.no_grad()
-    def generate(self, prompts, sampling):
-        outs = []
-        for p in prompts:
-            ids, lps = list(p), []
-            for _ in range(sampling.max_new_tokens):
-                logits = self.model(torch.tensor([ids])).logits[0, -1].double()
-                tok = int(logits.argmax())
-                lps.append(float(torch.log_softmax(logits / sampling.temperature, -1)[tok]) - self.shift)
-                ids.append(tok)
-            outs.append(EngineOutput(ids[len(p):], lps, "length"))
-        return outs
-
-    def load_weights(self, weights):
-        pass
-
-
 def test_a_fake_vllm_engines_logprobs_travel_beside_the_recomputed_ones_to_the_step(tok, tmp_path):
     model = tiny_model(tok, seed=0)
     shift = 0.25
-    policy = VLLMPolicy(ShiftedEngine(model, shift), tok)
+    policy = VLLMPolicy(FakeEngine(model, shift), tok)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=4)
     traces = []
     for t in range(2):
