@@ -149,6 +149,9 @@ class TrainerConfig:
     kernel: str = opt("auto", "GRPO loss path: auto | chunked | reference | triton")
     pack_calls: bool = opt(True, "train a trace's chained model calls (each prompt extends the last) as one row: one "
                            "forward pass instead of one per call, the same per-token loss")
+    share_prefix: bool = opt(True, "read the prompt prefix a micro-batch's rows share (a group's prompt, a harness's "
+                             "system prompt and demonstrations) once, through a KV cache, instead of once per row: "
+                             "the same loss and gradients within fp32 rounding")
 
 
 @dataclass

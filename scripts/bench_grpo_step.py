@@ -1,13 +1,15 @@
 """What one GRPO step and the buffer's behaviour log-probs cost on real multi-turn traces, with and
-without packing a trace's chained calls into one row, and with recomputed vs sampler log-probs.
+without packing a trace's chained calls into one row and reading a micro-batch's shared prompt
+prefix once, and with recomputed vs sampler log-probs.
 
-    python scripts/bench_grpo_step.py BUFFER_DIR [--traces 16] [--repeats 2]
+    python scripts/bench_grpo_step.py BUFFER_DIR [--traces 16] [--repeats 2] [--micro-batch-size 8]
 
 BUFFER_DIR is a run's replay buffer (copied: the bench opens it for writing its lock), e.g. the
 tool-path harness's ``runs/learn2/s0/buffer``. The model is the embedded SmolLM2-135M with the run's
 LoRA shape (r 16 on q/k/v/o), the traces the buffer's first ``--traces`` whose group has a reward
-spread (what a step trains on). Steps alternate packed / one row per call, on the same weights (lr
-0), so the two time the same work; docs/PERF.md records the figures.
+spread (what a step trains on). Steps alternate between the variants (one row per call; packed;
+packed with the shared prefix read once) on the same weights (lr 0), so all time the same work;
+docs/PERF.md records the figures.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("buffer", help="a replay buffer directory (a copy)")
     ap.add_argument("--traces", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--micro-batch-size", type=int, default=8)
     args = ap.parse_args()
 
     with ReplayBuffer(args.buffer, capacity=4096) as buf:
@@ -54,22 +57,27 @@ def main() -> None:
     behaviour_logprobs(chosen, fn)
     recompute = time.perf_counter() - start
     start = time.perf_counter()
+    behaviour_logprobs(chosen, logprob_fn(model, tok.pad_token_id, temperature=0.7, batch_size=8, share_prefix=True))
+    recompute_shared = time.perf_counter() - start
+    start = time.perf_counter()
     behaviour_logprobs(chosen, sampler_first(chosen, fn))
     sampler = time.perf_counter() - start
-    print(f"behaviour log-probs: recomputed {recompute:.1f} s, from the sampler {sampler:.3f} s")
+    print(f"behaviour log-probs: recomputed {recompute:.1f} s, recomputed with the shared prefix read once "
+          f"{recompute_shared:.1f} s, from the sampler {sampler:.3f} s")
 
-    figures: dict[bool, list[float]] = {True: [], False: []}
+    variants = {"one row per call": (False, False), "packed rows": (True, False),
+                "packed rows, shared prefix read once": (True, True)}
+    figures: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.repeats):
-        for pack in (True, False):
-            cfg = TrainerConfig(lr=0.0, micro_batch_size=4, pack_calls=pack)
+        for name, (pack, share) in variants.items():
+            cfg = TrainerConfig(lr=0.0, micro_batch_size=args.micro_batch_size, pack_calls=pack, share_prefix=share)
             trainer = GRPOTrainer(model, cfg, pad_id=tok.pad_token_id, total_steps=10, temperature=0.7,
                                   loss_horizon=None)
             start = time.perf_counter()
             trainer.step(chosen)
-            figures[pack].append(time.perf_counter() - start)
-    for pack, values in figures.items():
-        print(f"GRPO step, {'packed rows' if pack else 'one row per call'}: "
-              + ", ".join(f"{v:.1f} s" for v in values))
+            figures[name].append(time.perf_counter() - start)
+    for name, values in figures.items():
+        print(f"GRPO step ({args.micro_batch_size} rows a micro-batch), {name}: " + ", ".join(f"{v:.1f} s" for v in values))
 
 
 if __name__ == "__main__":

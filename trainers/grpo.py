@@ -173,6 +173,8 @@ class GRPOTrainer:
         step_tokens, step_seqs = sum(lengths), len(seqs)
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
         rows = pack_calls(seqs) if self.config.pack_calls else seqs  # a chained trace: one forward pass
+        if self.config.share_prefix:  # rows of one prompt side by side: their micro-batch reads it once
+            rows = sorted(rows, key=lambda row: parts_of(row)[0].prompt_ids)
         mine = rows[rank::world]
         n_micro = math.ceil(math.ceil(len(rows) / world) / self.micro_batch_size)
         micro = [mine[k * self.micro_batch_size : (k + 1) * self.micro_batch_size] for k in range(n_micro)]
@@ -219,7 +221,8 @@ class GRPOTrainer:
             return sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0, None
         device = self.accelerator.device
         batch = collate(mb, self.pad_id, device)
-        hidden = completion_hidden(self.model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
+        hidden = completion_hidden(self.model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
+                                   share_prefix=self.config.share_prefix)
         weight = lm_head_weight(self.model)
         weights = token_weights(batch.lengths, self.aggregation, step_tokens=step_tokens, step_sequences=step_seqs,
                                 horizon=self.loss_horizon)
@@ -238,11 +241,13 @@ class GRPOTrainer:
         model = self.unwrapped
         if hasattr(model, "disable_adapter"):  # LoRA: the reference is the base model
             with model.disable_adapter():
-                hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
+                hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
+                                           share_prefix=self.config.share_prefix)
                 return token_logprobs(hidden, lm_head_weight(model), batch.targets, temperature)
         if self.ref_model is None:
             raise ValueError("beta > 0 needs a ref_model (or a LoRA model, whose base is the reference)")
-        hidden = completion_hidden(self.ref_model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
+        hidden = completion_hidden(self.ref_model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
+                                   share_prefix=self.config.share_prefix)
         return token_logprobs(hidden, lm_head_weight(self.ref_model), batch.targets, temperature)
 
     def _metrics(self, loss: float, details: list[Any], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,

@@ -7,6 +7,7 @@ row chunks. Using one path keeps the ratio exactly 1 on-policy up to float round
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Sequence
 
 import torch
@@ -24,17 +25,60 @@ def lm_head_weight(model: Any) -> torch.Tensor:
     return head.weight
 
 
+MIN_SHARED_PREFIX = 32
+"""Shortest common prefix (tokens) worth its own forward pass; below it one pass reads every row."""
+
+
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> int:
+    """Tokens at the start of every row of a batch, up to the first position whose hidden state is
+    needed (hidden states from ``positions.min()`` on must come from the rows' own pass).
+
+    A group's attempts share their prompt, and a harness's prompts share its system prompt and
+    demonstrations: under the tool-path harness 420 of a 468-token row are common to all rows."""
+    if input_ids.shape[0] < 2:
+        return 0
+    limit = min(int(attention_mask.sum(1).min()), int(positions.min()))
+    same = (input_ids[:, :limit] == input_ids[:1, :limit]).all(0)  # [limit]
+    return int(same.long().cumprod(0).sum())
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The forward argument that takes a KV cache: ``cache`` in newer transformers, ``past_key_values``
+    before (an unknown keyword would be swallowed by ``**kwargs`` and the prefix silently ignored)."""
+    base = getattr(model, "module", model)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
 def completion_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
-                      positions: torch.Tensor) -> torch.Tensor:
+                      positions: torch.Tensor, *, share_prefix: bool = False) -> torch.Tensor:
     """[N, H] hidden states that predict each completion token.
 
     It calls the model's own forward (so DDP/FSDP wrappers see the forward they need for gradient
     synchronisation) with ``logits_to_keep=1``, so the LM head runs on one position only; the
     final normed hidden states come back as the last entry of ``hidden_states``.
+
+    With ``share_prefix`` the tokens every row starts with (``shared_prefix_length``) are read once:
+    one pass over the prefix fills a KV cache, which is repeated over the batch for the rows' own
+    pass. Causal attention makes this the same computation (the cache keeps the autograd graph, so
+    the prefix's gradients are the sum over rows), ~1e-6 apart in fp32 from reading every row whole.
     """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, logits_to_keep=1,
-                use_cache=False)
-    return out.hidden_states[-1][rows, positions]  # [N, H]
+    shared = shared_prefix_length(input_ids, attention_mask, positions) if share_prefix else 0
+    if shared < MIN_SHARED_PREFIX:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                    logits_to_keep=1, use_cache=False)
+        return out.hidden_states[-1][rows, positions]  # [N, H]
+    from transformers import DynamicCache
+
+    key = _cache_kwarg(model)
+    # The prefix pass goes to the wrapped module: a DDP wrapper must see exactly one forward per backward.
+    inner = getattr(model, "module", model)
+    cache = DynamicCache()  # filled in place by the prefix pass
+    inner(input_ids=input_ids[:1, :shared], use_cache=True, logits_to_keep=1, **{key: cache})
+    cache.batch_repeat_interleave(input_ids.shape[0])  # [1, heads, S, d] -> [B, heads, S, d] per layer
+    out = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, output_hidden_states=True,
+                logits_to_keep=1, use_cache=True, **{key: cache})
+    return out.hidden_states[-1][rows, positions - shared]  # [N, H]
 
 
 @torch.no_grad()
@@ -51,13 +95,14 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     return out
 
 
-def logprob_fn(model: Any, pad_id: int, *, temperature: float, batch_size: int
+def logprob_fn(model: Any, pad_id: int, *, temperature: float, batch_size: int, share_prefix: bool = False
                ) -> Callable[[Sequence[Sequence[Any]]], list[list[float]]]:
     """The replay buffer's LogprobFn: behaviour log-probs of ``LogprobQuery`` items (prompt ids,
     completion ids, temperature) under ``model`` as it is now, each at its own temperature, in
     batches of ``batch_size`` sequences (one forward per batch). ``temperature`` is the run's
     rollout temperature, for items without one (None, or plain (prompt, completion) pairs). Neither has a
-    default here: a run passes ``buffer.logprob_batch_size`` and its rollout temperature."""
+    default here: a run passes ``buffer.logprob_batch_size`` and its rollout temperature.
+    ``share_prefix``: read each batch's common prefix once (``completion_hidden``)."""
 
     @torch.no_grad()
     def fn(pairs: Sequence[Sequence[Any]]) -> list[list[float]]:
@@ -76,7 +121,8 @@ def logprob_fn(model: Any, pad_id: int, *, temperature: float, batch_size: int
                     out.extend([] for _ in chunk)
                     continue
                 batch = collate(nonempty, pad_id, device)
-                hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions)
+                hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
+                                          share_prefix=share_prefix)
                 logp = token_logprobs(hidden, weight, batch.targets, batch.temperatures).tolist()
                 it = iter(batch.lengths)
                 for q in chunk:

@@ -9,17 +9,19 @@ from coevo.trainers.logprobs import logprob_fn
 
 
 def synthetic_traces(model, tok, *, n_tasks: int = 3, per_task: int = 4, calls: int = 2, seed: int = 0,
-                     stale: float = 0.0) -> list[Trace]:
+                     stale: float = 0.0, system: int = 0) -> list[Trace]:
     """Traces with random prompt/completion ids, binary rewards that vary within each task, and
-    behaviour log-probs from ``model`` (shifted by ``stale`` to imitate an older checkpoint)."""
+    behaviour log-probs from ``model`` (shifted by ``stale`` to imitate an older checkpoint).
+    ``system``: every prompt starts with the same that many tokens (a harness's system prompt)."""
     rng = random.Random(seed)
     vocab = len(tok)
+    head = [rng.randrange(3, vocab) for _ in range(system)]
     traces = []
     for t in range(n_tasks):
         for k in range(per_task):
             mc = []
             for c in range(calls):
-                prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 9))]
+                prompt = head + [rng.randrange(3, vocab) for _ in range(rng.randint(3, 9))]
                 completion = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 7))]
                 mc.append(ModelCall(c, [], prompt, completion, None, "", "stop"))
             traces.append(Trace(f"tr-{t}-{k}", f"task-{t}", "env", "train", f"h{k % 2}", "base", "0",

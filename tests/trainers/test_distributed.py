@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_two_processes_equal_one_with_doubled_accumulation(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "tests.trainers.ddp_worker", str(tmp_path / "one.pt"), "2"],
+    one = subprocess.run([sys.executable, "-m", "tests.trainers.ddp_worker", str(tmp_path / "one.pt"), "4"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-              "29517", "-m", "tests.trainers.ddp_worker", str(tmp_path / "two.pt"), "1"]
+              "29517", "-m", "tests.trainers.ddp_worker", str(tmp_path / "two.pt"), "2"]
     two = subprocess.run(launch, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "rank 1 of 2 done" in two.stdout and "rank 0 of 2 done" in two.stdout
