@@ -8,6 +8,8 @@ removed).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import random
 from pathlib import Path
@@ -113,7 +115,12 @@ def run(cfg: Any) -> Path:
     device = device_of(cfg.model.device)
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
     accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed)
-    check_distributed(accelerator.distributed_type)
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if check_distributed(accelerator.distributed_type, getattr(plugin, "fsdp_version", None)) == "fsdp2":
+        # an FSDP2 launch config: the trainer shards itself, with the config's resharding choice
+        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+            cfg.trainer, sharding="fsdp2", reshard_after_forward=bool(plugin.reshard_after_forward)))
+        check(cfg)
     is_main = accelerator.is_main_process
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -148,14 +155,20 @@ def run(cfg: Any) -> Path:
     if trains and cfg.model.lora:
         model = apply_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha, dropout=cfg.model.lora_dropout)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
-    trainer = None
+    trainer, sharded = None, trains and cfg.trainer.sharding == "fsdp2"
+    # Sharded, no rank holds whole weights to generate with: rank 0 keeps a whole copy for rollouts
+    # and behaviour log-probs, refreshed from the gathered weights after every round's steps.
+    rollout_model = copy.deepcopy(model) if sharded and is_main else None
     if trains:
         trainer = GRPOTrainer(model, cfg.trainer, pad_id=tok.pad_token_id, accelerator=accelerator,
                               total_steps=cfg.rounds * cfg.trainer.steps_per_round, temperature=temperature,
                               loss_horizon=cfg.rollout.max_new_tokens)
         model = trainer.unwrapped
     if model is not None:
-        policy, sync = build_policy(cfg, model, tok)
+        policy, sync = build_policy(cfg, rollout_model or model, tok)
+        if sharded:
+            sync = gathered_sync(trainer.model, rollout_model)
+        model = rollout_model or model
     else:
         try:
             policy, sync = scripted_policy(cfg.model.name, env, cfg.env.name), None
@@ -257,6 +270,22 @@ def start_harness(cfg: TrainConfig) -> Any:
             raise ValueError(f"rollout.keep_truncated=true needs a 'token_annotation' processor in harness {spec!r}")
         h = h.set_param("token_annotation", "exclude_truncated", False)
     return h
+
+
+def gathered_sync(sharded_model: Any, rollout_model: Any | None) -> Any:
+    """The weight sync of a sharded run: every rank gathers the trained weights (a collective), rank 0
+    loads them into its rollout copy (``rollout_model``; None on the other ranks)."""
+
+    from coevo.trainers.sharding import full_model_state
+
+    def sync() -> None:
+        state = full_model_state(sharded_model)
+        if rollout_model is not None:
+            _, unexpected = rollout_model.load_state_dict(state, strict=False)
+            if unexpected:
+                raise RuntimeError(f"the gathered weights do not fit the rollout copy: {unexpected[:5]}")
+
+    return sync
 
 
 def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:

@@ -149,6 +149,10 @@ class TrainerConfig:
     kernel: str = opt("auto", "GRPO loss path: auto | chunked | reference | triton")
     pack_calls: bool = opt(True, "train a trace's chained model calls (each prompt extends the last) as one row: one "
                            "forward pass instead of one per call, the same per-token loss")
+    sharding: str = opt("none", "none (whole parameters on every rank: one process or DDP) | fsdp2 (parameters, "
+                        "gradients and optimizer state sharded over the ranks by FSDP2; docs/gpu-cluster.md)")
+    reshard_after_forward: bool = opt(True, "fsdp2: free each layer's gathered parameters after its forward (gathered "
+                                      "again for backward): less memory, one more all-gather per layer")
     share_prefix: bool = opt(True, "read the prompt prefix a micro-batch's rows share (a group's prompt, a harness's "
                              "system prompt and demonstrations) once, through a KV cache, instead of once per row: "
                              "the same loss and gradients within fp32 rounding")

@@ -56,6 +56,7 @@ def check(cfg: TrainConfig) -> None:
         "trainer.kl_estimator": (cfg.trainer.kl_estimator, KL_ESTIMATORS),
         "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
         "trainer.kernel": (cfg.trainer.kernel, IMPLS),
+        "trainer.sharding": (cfg.trainer.sharding, ("none", "fsdp2")),
         "logger.kind": (cfg.logger.kind, ("none", "wandb")),
         "logger.mode": (cfg.logger.mode, tuple(WANDB_MODES)),
     }
@@ -138,6 +139,10 @@ def check(cfg: TrainConfig) -> None:
     if cfg.buffer.sampler_logprobs and cfg.rollout.backend == "vllm":
         raise ValueError("config buffer.sampler_logprobs=true needs rollout.backend=transformers: vLLM's probabilities "
                          "differ from the trainer's, so its log-probs are no behaviour log-probs (leave it false)")
+    if cfg.trainer.sharding == "fsdp2" and cfg.rollout.backend == "vllm":
+        raise ValueError("config trainer.sharding=fsdp2 with rollout.backend=vllm is not supported: the weight sync to "
+                         "vLLM reads whole (merged) parameters from the trainer, which FSDP2 holds sharded; use "
+                         "rollout.backend=transformers (rank 0 generates from a gathered copy) or DDP + LoRA with vLLM")
     if cfg.model.name in SCRIPTED_MODELS and cfg.mode in ("coevolve", "model_only"):
         raise ValueError(f"config model.name={cfg.model.name!r} has no weights to train in mode={cfg.mode!r}; use "
                          "mode=harness_only or mode=static, or name a model")
@@ -187,17 +192,25 @@ def check_dependencies(cfg: TrainConfig) -> None:
         require("triton", "trainer.kernel=triton")
 
 
-def check_distributed(distributed_type: Any) -> None:
-    """Refuse sharded training before any work: the trainer applies the LM head outside the model's
-    forward, accumulates micro-batches itself and saves rank 0's optimizer state, none of which holds
-    under FSDP or DeepSpeed (docs/gpu-cluster.md, "Sharded training")."""
+def check_distributed(distributed_type: Any, fsdp_version: int | None = None) -> str | None:
+    """What the accelerate launch asks for, checked before any work. Returns ``"fsdp2"`` when the launch
+    config is FSDP version 2 (the trainer then shards itself: ``coevo.trainers.sharding``), else None.
+    FSDP version 1 and DeepSpeed are refused: the trainer applies the LM head outside the model's
+    forward and drives the optimizer itself, which FSDP2's root unit allows and neither of them does
+    (docs/gpu-cluster.md, "Sharded training")."""
     from accelerate.utils import DistributedType
 
-    if distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-        raise ValueError(f"accelerate's distributed_type={distributed_type.value} is not supported: coevo's GRPO trainer "
-                         "needs whole parameters on every rank and drives the optimizer itself (docs/gpu-cluster.md, "
-                         "'Sharded training'); launch with DDP (accelerate launch --multi_gpu), with LoRA for large "
-                         "models")
+    if distributed_type == DistributedType.FSDP:
+        if fsdp_version == 2:
+            return "fsdp2"
+        raise ValueError(f"accelerate's FSDP version {fsdp_version} is not supported: coevo shards with FSDP2; set "
+                         "fsdp_config.fsdp_version: 2 (configs/accelerate/fsdp2.yaml)")
+    if distributed_type == DistributedType.DEEPSPEED:
+        raise ValueError("accelerate's distributed_type=DEEPSPEED is not supported: DeepSpeed's engine owns the "
+                         "backward and optimizer step that coevo's GRPO trainer drives itself; for ZeRO-3's "
+                         "memory use FSDP2 (accelerate launch --config_file configs/accelerate/fsdp2.yaml, which "
+                         "shards parameters, gradients and optimizer state the same way), or DDP + LoRA")
+    return None
 
 
 def check_triton_device(cfg: TrainConfig) -> None:

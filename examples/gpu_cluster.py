@@ -2,7 +2,7 @@
 
 The worked example of docs/gpu-cluster.md, which shows the same commands and table:
 
-- ``check_accelerate_config``: each sample config in examples/accelerate/ is read by accelerate's own
+- ``check_accelerate_config``: each accelerate config in configs/accelerate/ is read by accelerate's own
   parser (it refuses unknown keys), and every ``fsdp_config`` / ``deepspeed_config`` key must be an
   ``accelerate launch`` option with an allowed value;
 - ``LAUNCHES``: the train.py commands of the guide; ``compose`` builds each one's config with Hydra's
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-ACCELERATE_CONFIGS = ROOT / "examples" / "accelerate"
+ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
 GIB = 2**30
 
 
@@ -83,15 +83,24 @@ LAUNCHES: dict[str, Launch] = {
     "cpu_ddp_smoke": Launch("accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no "
                             "--dynamo_backend no", ("experiment=smoke",)),
     "one_gpu": Launch("python", (MODEL, "rollout=vllm", "logger=wandb", "name=qwen1.5b-1gpu")),
-    "ddp_colocated": Launch("accelerate launch --config_file examples/accelerate/ddp.yaml",
+    "ddp_colocated": Launch("accelerate launch --config_file configs/accelerate/ddp.yaml",
                             (MODEL, "env=reasoning", "rollout=vllm", "rollout.vllm_gpu_memory_utilization=0.3",
                              "batch_tasks=32", "rollout.attempts=8", "trainer.micro_batch_size=8", "logger=wandb",
                              "logger.project=coevo", "name=qwen1.5b-ddp")),
+    "fsdp2": Launch("accelerate launch --config_file configs/accelerate/fsdp2.yaml",
+                    ("model.name=/models/Llama-3.1-8B-Instruct", "model.lora=false", "env=reasoning", "batch_tasks=32",
+                     "rollout.attempts=8", "trainer.micro_batch_size=4", "logger=wandb", "name=llama8b-fsdp2")),
+    "cpu_fsdp2_smoke": Launch("accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no "
+                              "--dynamo_backend no", ("experiment=smoke", "trainer.sharding=fsdp2")),
     "server": Launch("CUDA_VISIBLE_DEVICES=0 python",
                      (MODEL, "rollout=vllm", "rollout.vllm_mode=server", "rollout.vllm_server_url=http://127.0.0.1:8000",
                       "name=qwen1.5b-server")),
-    "two_nodes": Launch("accelerate launch --config_file examples/accelerate/ddp_2nodes.yaml --machine_rank $NODE_RANK "
+    "two_nodes": Launch("accelerate launch --config_file configs/accelerate/ddp_2nodes.yaml --machine_rank $NODE_RANK "
                         "--main_process_ip $MASTER_ADDR", (MODEL, "rollout=vllm", "logger=wandb", "name=qwen1.5b-2n")),
+    "two_nodes_server": Launch("python", ("model.name=/models/Qwen2.5-7B-Instruct", "rollout=vllm",
+                                          "rollout.vllm_mode=server", "rollout.vllm_server_url=http://$VLLM_NODE:8000",
+                                          "batch_tasks=32", "rollout.attempts=8", "logger=wandb",
+                                          "name=qwen7b-2n-server")),
     "sweep": Launch("python", ("logger=wandb", "logger.group=lr-sweep", "name=lr-sweep"),
                     sweep=(("trainer.lr", ("1e-5", "5e-5")), ("seed", ("0", "1", "2")))),
     "slurm_sweep": Launch("python", ("hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
@@ -143,6 +152,7 @@ ARCHS = (
     Arch("Qwen2.5-3B", 151936, 2048, 36, 16, 2, 128, 11008, True, True),
     Arch("Qwen2.5-7B", 152064, 3584, 28, 28, 4, 128, 18944, False, True),
     Arch("Llama-3.1-8B", 128256, 4096, 32, 32, 8, 128, 14336, False, False),
+    Arch("Qwen2.5-32B", 152064, 5120, 64, 40, 8, 128, 27648, False, True),
 )
 
 
@@ -198,6 +208,41 @@ def memory_table(tokens: int = 8 * 1024) -> str:
     return "\n".join(rows)
 
 
+def sharded_estimate(a: Arch, *, gpus: int = 8, tokens: int = 8 * 1024, r: int = 16) -> dict[str, float]:
+    """GiB per GPU for the three ways to fit a large model, bf16 weights (model.dtype=auto on CUDA):
+
+    - DDP + LoRA: the whole frozen model on every GPU, the fp32 adapter state beside it;
+    - FSDP2 (coevo's ``trainer.sharding=fsdp2``): weights, gradients and AdamW moments in the
+      parameter dtype, 8·P, divided over the GPUs, plus what is gathered at once: the root unit
+      (embeddings and head, kept for the loss) and two decoder layers (the one computing and the next
+      prefetched); rank 0 also holds a whole bf16 copy (2·P) to generate with;
+    - DeepSpeed ZeRO-3 (not supported by coevo; for comparison): bf16 weights and gradients plus fp32
+      master weights and moments, 16·P, divided over the GPUs.
+    Activations (one micro-batch of ``tokens``) are per GPU in every case."""
+    p, per_layer = params(a), (params(a) - a.vocab * a.hidden * (1 if a.tied else 2) - a.hidden) // a.layers
+    root = 2 * a.vocab * a.hidden * (1 if a.tied else 2)
+    gathered = root + 2 * 2 * per_layer
+    return {"params_b": p / 1e9, "ddp_lora": (2 * p + 16 * lora_params(a, r)) / GIB,
+            "fsdp2_full": (8 * p / gpus + gathered) / GIB, "fsdp2_lora": (2 * p / gpus + 16 * lora_params(a, r) / gpus
+                                                                           + gathered) / GIB,
+            "rollout_copy": 2 * p / GIB, "zero3_full": (16 * p / gpus + gathered) / GIB,
+            "activations": activation_bytes(a, tokens) / GIB}
+
+
+def sharded_table(gpus: int = 8, tokens: int = 8 * 1024) -> str:
+    """The guide's table for sharded training, in Markdown (8B and 32B)."""
+    rows = [f"| model ({gpus} GPUs) | DDP + LoRA | FSDP2 full fine-tune | FSDP2 + LoRA | ZeRO-3 full fine-tune "
+            f"(comparison) | + activations, {tokens} tokens | + rank 0's rollout copy (FSDP2) |",
+            "|---|---|---|---|---|---|---|"]
+    for a in ARCHS:
+        if a.name not in ("Llama-3.1-8B", "Qwen2.5-32B"):
+            continue
+        e = sharded_estimate(a, gpus=gpus, tokens=tokens)
+        rows.append(f"| {a.name} | {e['ddp_lora']:.1f} GiB | {e['fsdp2_full']:.1f} GiB | {e['fsdp2_lora']:.1f} GiB | "
+                    f"{e['zero3_full']:.1f} GiB | {e['activations']:.1f} GiB | {e['rollout_copy']:.1f} GiB |")
+    return "\n".join(rows)
+
+
 def main() -> dict[str, Any]:
     configs = {p.name: check_accelerate_config(p) for p in sorted(ACCELERATE_CONFIGS.glob("*.yaml"))}
     for name, c in configs.items():
@@ -206,9 +251,10 @@ def main() -> dict[str, Any]:
     for name, launch in LAUNCHES.items():
         composed[name] = [compose(overrides) for overrides in launch.override_sets()]
         print(f"{name} ({len(composed[name])} run(s)): {launch.command()}")
-    table = memory_table()
+    table, sharded = memory_table(), sharded_table()
     print(table)
-    return {"configs": configs, "composed": composed, "table": table}
+    print(sharded)
+    return {"configs": configs, "composed": composed, "table": table, "sharded_table": sharded}
 
 
 if __name__ == "__main__":

@@ -193,16 +193,17 @@ def test_eval_with_a_negative_temperature_is_a_usage_error_like_train_py(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED"])
-def test_sharded_training_is_refused_naming_what_to_use(kind):
+def test_distributed_launches_are_checked_naming_what_to_use():
     from accelerate.utils import DistributedType
 
     from coevo.config_check import check_distributed
 
-    with pytest.raises(ValueError, match=f"distributed_type={kind} is not supported.*accelerate launch --multi_gpu"):
-        check_distributed(DistributedType[kind])
-    check_distributed(DistributedType.MULTI_GPU)  # DDP and one process are what the trainer supports
-    check_distributed(DistributedType.NO)
+    with pytest.raises(ValueError, match="DEEPSPEED is not supported.*configs/accelerate/fsdp2.yaml"):
+        check_distributed(DistributedType.DEEPSPEED)
+    with pytest.raises(ValueError, match="FSDP version 1 is not supported.*fsdp_version: 2"):
+        check_distributed(DistributedType.FSDP, 1)
+    assert check_distributed(DistributedType.FSDP, 2) == "fsdp2"  # the trainer shards itself
+    assert check_distributed(DistributedType.MULTI_GPU) is None and check_distributed(DistributedType.NO) is None
 
 
 def test_the_agents_axis_on_an_env_without_owners_is_a_usage_error_before_the_model_loads():

@@ -16,8 +16,12 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 EXTRA = {"meta_agent/openai": ["meta_agent.model=some-model"]}  # its one required value
 
 
+LAUNCHER_CONFIGS = {"accelerate"}  # configs/accelerate/: accelerate launch --config_file files, not Hydra groups
+
+
 def options() -> list[tuple[str, str]]:
-    return sorted((d.name, f.stem) for d in CONFIGS.iterdir() if d.is_dir() for f in d.glob("*.yaml"))
+    return sorted((d.name, f.stem) for d in CONFIGS.iterdir() if d.is_dir() and d.name not in LAUNCHER_CONFIGS
+                  for f in d.glob("*.yaml"))
 
 
 def compose_cfg(overrides: list[str]) -> TrainConfig:

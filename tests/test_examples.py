@@ -465,8 +465,8 @@ def test_gpu_cluster_example_checks_configs_composes_launches_and_matches_its_gu
 
     out = main()
     assert {name: c.distributed_type.value for name, c in out["configs"].items()} == {
-        "ddp.yaml": "MULTI_GPU", "ddp_2nodes.yaml": "MULTI_GPU", "fsdp.yaml": "FSDP",
-        "deepspeed_zero2.yaml": "DEEPSPEED"}
+        "ddp.yaml": "MULTI_GPU", "ddp_2nodes.yaml": "MULTI_GPU", "fsdp2.yaml": "FSDP"}
+    assert out["configs"]["fsdp2.yaml"].fsdp_config["fsdp_version"] == 2
     assert out["configs"]["ddp_2nodes.yaml"].num_machines == 2
     assert len(out["composed"]["sweep"]) == 6
     assert {(c.trainer.lr, c.seed) for c in out["composed"]["sweep"]} == {
@@ -478,15 +478,15 @@ def test_gpu_cluster_example_checks_configs_composes_launches_and_matches_its_gu
     guide = (ROOT / "docs" / "gpu-cluster.md").read_text()
     for name, launch in LAUNCHES.items():
         assert launch.command() in guide, name
-    assert out["table"] in guide
+    assert out["table"] in guide and out["sharded_table"] in guide
 
 
 def test_accelerate_config_checks_refuse_keys_and_values_accelerate_would_not_take(tmp_path):
     from examples.gpu_cluster import ACCELERATE_CONFIGS, check_accelerate_config
 
-    text = (ACCELERATE_CONFIGS / "fsdp.yaml").read_text()
-    for bad, match in ((text.replace("SHARD_GRAD_OP", "SHARD_EVERYTHING"), "fsdp_sharding_strategy"),
-                       (text.replace("fsdp_use_orig_params", "fsdp_use_original_params"), "not an accelerate launch"),
+    text = (ACCELERATE_CONFIGS / "fsdp2.yaml").read_text()
+    for bad, match in ((text.replace("fsdp_version: 2", "fsdp_version: 3"), "fsdp_version"),
+                       (text.replace("fsdp_reshard_after_forward", "fsdp_reshard_after_fwd"), "not an accelerate launch"),
                        (text + "num_gpus: 8\n", "unknown keys")):
         path = tmp_path / "bad.yaml"
         path.write_text(bad)
@@ -503,7 +503,7 @@ def test_memory_arithmetic_counts_the_parameters_transformers_builds():
     from examples.gpu_cluster import ARCHS, lora_params, params
 
     nominal = {"Qwen2.5-0.5B": 0.494, "Qwen2.5-1.5B": 1.544, "Qwen2.5-3B": 3.086, "Qwen2.5-7B": 7.616,
-               "Llama-3.1-8B": 8.030}
+               "Llama-3.1-8B": 8.030, "Qwen2.5-32B": 32.764}
     for a in ARCHS:
         assert abs(params(a) / 1e9 - nominal[a.name]) < 0.005 * nominal[a.name], a.name
     for a in (replace(ARCHS[0], layers=2), replace(ARCHS[-1], layers=2)):  # tied + biases, untied + none

@@ -203,6 +203,27 @@ def test_two_processes_under_accelerate_write_one_run_directory(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_sharded_run_rolls_out_the_trained_weights_and_resumes(tmp_path):
+    """trainer.sharding=fsdp2 on two gloo ranks: rank 0 generates from a whole copy refreshed after
+    every round's steps, so each round's first step is on-policy (its behaviour log-probs came from
+    that copy: a stale one would put the ratio off 1 by the last round's update); the run resumes
+    from its gathered checkpoint into a fresh sharded model."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", "29535"]
+    common = ["experiment=smoke", "trainer.sharding=fsdp2", "trainer.lr=1e-2", f"hydra.run.dir={tmp_path / 'run'}"]
+    out = _train_py([*common, "rounds=2"], cwd=tmp_path, launcher=launcher)
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = _train_py([*common, "rounds=3"], cwd=tmp_path, launcher=launcher)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rounds = records(tmp_path / "run")
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    for r in rounds:
+        first = r["grpo"]["steps"][0]
+        assert first["sequences"] > 0 and abs(first["ratio_min"] - 1) < 1e-4 and abs(first["ratio_max"] - 1) < 1e-4, r
+
+
+@pytest.mark.slow
 def test_wandb_offline_run_resumes_the_same_wandb_run(tmp_path):
     env_dirs = [f"hydra.run.dir={tmp_path / 'run'}", "logger=wandb", "logger.mode=offline", "experiment=smoke"]
     first = _train_py([*env_dirs, "rounds=1"], cwd=tmp_path)

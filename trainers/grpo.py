@@ -35,9 +35,10 @@ from coevo.agent.trace import Trace
 from coevo.config import ModelConfig, TrainerConfig
 from coevo.kernels import LossParams, grpo_loss
 from coevo.kernels.objective import pick, token_weights
+from coevo.trainers import sharding
 from coevo.trainers.advantages import group_advantages
 from coevo.trainers.batch import PackedSequence, TrainSequence, collate, pack_calls, parts_of, training_sequences
-from coevo.trainers.logprobs import completion_hidden, lm_head_weight, token_logprobs
+from coevo.trainers.logprobs import MIN_SHARED_PREFIX, completion_hidden, lm_head_weight, shared_prefix_length, token_logprobs
 
 
 @dataclass
@@ -120,6 +121,14 @@ class GRPOTrainer:
         if micro_batch_size < 1 or temperature <= 0:
             raise ValueError("micro_batch_size must be >= 1 and temperature > 0")
         self.accelerator = accelerator or Accelerator()
+        if c.sharding not in ("none", "fsdp2"):
+            raise ValueError(f"config trainer.sharding={c.sharding!r}; choose one of ['fsdp2', 'none']")
+        self.sharded = c.sharding == "fsdp2"
+        if self.sharded:  # before the optimizer: it must hold the sharded parameters
+            if not torch.distributed.is_initialized():
+                raise ValueError("trainer.sharding=fsdp2 needs a process group: launch with accelerate launch "
+                                 "(--multi_gpu --num_processes N, or --config_file configs/accelerate/fsdp2.yaml)")
+            sharding.shard_model(model, reshard_after_forward=c.reshard_after_forward)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters")
@@ -134,7 +143,10 @@ class GRPOTrainer:
             return warm * max(0.0, 1.0 - step / max(total_steps, 1))
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, opt, scheduler)
+        if self.sharded:  # already wrapped; accelerate would add DDP on top
+            self.model, self.optimizer, self.scheduler = model, opt, scheduler
+        else:
+            self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, opt, scheduler)
         self.ref_model = ref_model
         self.pad_id = pad_id
         self.config = config
@@ -183,14 +195,22 @@ class GRPOTrainer:
         total_loss, details = 0.0, []
         for k, mb in enumerate(micro):
             sync = k == n_micro - 1
-            ctx = contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model)
+            if self.sharded:
+                sharding.set_gradient_sync(self.model, sync)
+                ctx = contextlib.nullcontext()
+            else:
+                ctx = contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model)
             with ctx:
-                loss, detail = self._micro_loss(mb, step_tokens, step_seqs)
-                self.accelerator.backward(loss * world)  # undo DDP's mean: the step loss is a sum
+                loss, detail = self._micro_loss(mb, step_tokens, step_seqs, filler=rows[0])
+                self.accelerator.backward(loss * world)  # undo DDP's (and FSDP's) mean: the step loss is a sum
             total_loss += float(loss.detach())
             if detail is not None:
                 details.append(detail)
-        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if self.sharded:
+            grad_norm = sharding.clip_grad_norm([p for p in self.model.parameters() if p.requires_grad],
+                                                self.max_grad_norm)
+        else:
+            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         lr = float(self.scheduler.get_last_lr()[0])  # the rate this step used
         self.optimizer.step()
         self.scheduler.step()
@@ -215,14 +235,21 @@ class GRPOTrainer:
         return {"sampler_mismatch_mean": float(delta.abs().mean()), "sampler_mismatch_max": float(delta.abs().max()),
                 "sampler_tokens": int(delta.numel()), "tis_truncated_fraction": truncated}
 
-    def _micro_loss(self, mb: list[TrainSequence | PackedSequence], step_tokens: int,
-                    step_seqs: int) -> tuple[torch.Tensor, Any]:
-        if not mb:  # this process has fewer sequences: take part in the gradient reduction with zeros
+    def _micro_loss(self, mb: list[TrainSequence | PackedSequence], step_tokens: int, step_seqs: int,
+                    filler: TrainSequence | PackedSequence) -> tuple[torch.Tensor, Any]:
+        """The micro-batch's share of the step loss. A process with fewer sequences than the others
+        still takes part in the gradient reduction: with zeros, or under FSDP2 (whose forward
+        gathers parameters with every rank) with a forward of ``filler`` weighted 0."""
+        if not mb and not self.sharded:
             return sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0, None
         device = self.accelerator.device
-        batch = collate(mb, self.pad_id, device)
+        batch = collate(mb or [filler], self.pad_id, device)
+        share = self._share_prefix(batch)
         hidden = completion_hidden(self.model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
-                                   share_prefix=self.config.share_prefix)
+                                   share_prefix=share)
+        if not mb:
+            weight = lm_head_weight(self.model)
+            return (hidden.float() @ weight.T.float()).sum() * 0.0, None
         weight = lm_head_weight(self.model)
         weights = token_weights(batch.lengths, self.aggregation, step_tokens=step_tokens, step_sequences=step_seqs,
                                 horizon=self.loss_horizon)
@@ -230,24 +257,33 @@ class GRPOTrainer:
         if self.tis_cap is not None and batch.sampler_logp is not None:
             weights = weights * torch.exp(batch.old_logp - batch.sampler_logp).clamp(max=self.tis_cap)
         temperature = _temperature(mb, batch)
-        ref = self._ref_logp(batch, temperature) if self.beta > 0 else None
+        ref = self._ref_logp(batch, temperature, share) if self.beta > 0 else None
         out = grpo_loss(hidden, weight, batch.targets, batch.old_logp, batch.advantages, weights, ref_logp=ref,
                         temperature=temperature, params=self.loss_params, impl=self.kernel)
         return out.loss, out
 
+    def _share_prefix(self, batch: Any) -> bool:
+        """Whether this micro-batch reads its common prefix once. Not under FSDP2: its layers free
+        their gathered parameters after each forward and gather them again for one backward, and two
+        forwards through a layer before its backward (the prefix pass, then the rows) leave the first
+        one's parameters freed when its backward needs them (measured: torch 2.13 fails the backward)."""
+        if not self.config.share_prefix or self.sharded:
+            return False
+        return shared_prefix_length(batch.input_ids, batch.attention_mask, batch.positions) >= MIN_SHARED_PREFIX
+
     @torch.no_grad()
-    def _ref_logp(self, batch: Any, temperature: float | torch.Tensor) -> torch.Tensor:
+    def _ref_logp(self, batch: Any, temperature: float | torch.Tensor, share: bool) -> torch.Tensor:
         """[N] reference log-probs at each token's own temperature, so the k3 KL compares like with like."""
         model = self.unwrapped
         if hasattr(model, "disable_adapter"):  # LoRA: the reference is the base model
             with model.disable_adapter():
                 hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
-                                           share_prefix=self.config.share_prefix)
+                                           share_prefix=share)
                 return token_logprobs(hidden, lm_head_weight(model), batch.targets, temperature)
         if self.ref_model is None:
             raise ValueError("beta > 0 needs a ref_model (or a LoRA model, whose base is the reference)")
         hidden = completion_hidden(self.ref_model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
-                                   share_prefix=self.config.share_prefix)
+                                   share_prefix=share)
         return token_logprobs(hidden, lm_head_weight(self.ref_model), batch.targets, temperature)
 
     def _metrics(self, loss: float, details: list[Any], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,
@@ -291,11 +327,15 @@ class GRPOTrainer:
         ``directory/trainer_state.pt`` with optimizer, scheduler and version. Rank 0 writes."""
         directory = Path(directory)
         self.accelerator.wait_for_everyone()
+        if self.sharded:  # collectives: every rank gathers, rank 0 receives the whole tensors
+            weights = sharding.full_model_state(self.model)
+            optimizer = sharding.full_optimizer_state(self.model, self.optimizer)
+        else:
+            weights, optimizer = None, self.optimizer.state_dict()
         if self.accelerator.is_main_process:
             directory.mkdir(parents=True, exist_ok=True)
-            self.unwrapped.save_pretrained(directory / "model")
-            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                     "version": self.version}
+            self.unwrapped.save_pretrained(directory / "model", state_dict=weights)
+            state = {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(), "version": self.version}
             tmp = directory / "trainer_state.pt.tmp"
             torch.save(state, tmp)
             tmp.replace(directory / "trainer_state.pt")
@@ -310,11 +350,14 @@ class GRPOTrainer:
         directory = Path(directory)
         model = self.unwrapped
         weights_file = next((directory / "model").glob("*.safetensors"))
-        tensors = load_file(weights_file, device=str(self.accelerator.device))
+        device = "cpu" if self.accelerator.device.type == "cpu" else str(self.accelerator.device)  # not "cpu:0"
+        tensors = load_file(weights_file, device=device)
         bad = next((name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
         if bad is not None:  # training on them would give NaN losses from the first step, without a word
             raise ValueError(f"{weights_file}: tensor {bad!r} holds NaN or infinite values")
-        if hasattr(model, "peft_config"):
+        if self.sharded:
+            sharding.load_full_model_state(model, _model_keys(model, tensors))
+        elif hasattr(model, "peft_config"):
             from peft import set_peft_model_state_dict
 
             set_peft_model_state_dict(model, tensors)
@@ -323,10 +366,32 @@ class GRPOTrainer:
             tied = {k for k in missing if "lm_head" in k}  # tied heads are not saved twice
             if set(missing) - tied or unexpected:
                 raise ValueError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
-        state = torch.load(directory / "trainer_state.pt", map_location=self.accelerator.device, weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        state = torch.load(directory / "trainer_state.pt", map_location=device, weights_only=True)
+        if self.sharded:
+            sharding.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
+
+
+def _model_keys(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors under the model's own state-dict names: a PEFT adapter is saved without
+    its adapter name (``...lora_A.weight``) and lives in the model as ``...lora_A.<adapter>.weight``.
+    A name that matches neither is a ValueError (a checkpoint of another model)."""
+    keys = set(model.state_dict())
+    adapter = model.active_adapter if hasattr(model, "peft_config") else None
+    out = {}
+    for name, tensor in tensors.items():
+        head, _, leaf = name.rpartition(".")
+        named = f"{head}.{adapter}.{leaf}" if adapter else name
+        if named in keys:
+            out[named] = tensor
+        elif name in keys:
+            out[name] = tensor
+        else:
+            raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
+    return out
 
 
 def _temperature(items: Sequence[TrainSequence | PackedSequence], batch: Any) -> float | torch.Tensor:
