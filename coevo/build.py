@@ -88,24 +88,9 @@ def run(cfg: Any) -> Path:
     committed round), write the report. Returns the run directory."""
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import broadcast_object_list
 
-    from coevo.buffers import ReplayBuffer
     from coevo.envs.load import make_env
-    from coevo.agent.rollouts import RolloutService
-    from coevo.envs.base import session_tools
-    from coevo.evolution.engine import AEGIS
-    from coevo.evolution.pool import Patience
-    from coevo.evolution.reference import ReferenceStore, build_references, split_reference_pool
-    from coevo.loop import Coevolution
-    from coevo.policy.load import load_model
-    from coevo.progress import NullProgress, RichProgress
-    from coevo.rundir import lock_run_dir, unlock_run_dir
-    from coevo.sandbox.python_tool import isolation as python_isolation
     from coevo.secrets import install_log_redaction, remember_secrets
-    from coevo.tracking import NullTracker, make_tracker
-    from coevo.trainers.grpo import GRPOTrainer, apply_lora
-    from coevo.trainers.logprobs import logprob_fn
 
     cfg = to_config(cfg)
     check(cfg)
@@ -121,7 +106,6 @@ def run(cfg: Any) -> Path:
         cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
             cfg.trainer, sharding="fsdp2", reshard_after_forward=bool(plugin.reshard_after_forward)))
         check(cfg)
-    is_main = accelerator.is_main_process
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
 
@@ -129,6 +113,39 @@ def run(cfg: Any) -> Path:
     # they can check (batch_tasks against the train split, a harness YAML's parameters) stops the
     # run before config.yaml records it and before minutes of model loading
     env = make_env(cfg.env.name, cfg.env.args)
+    try:
+        return run_on_env(cfg, env, accelerator)
+    finally:  # every exit path, a failing start included: a TextWorld env's JVMs must not outlive the run
+        close_env(env)
+
+
+def close_env(env: Any) -> None:
+    """``env.close()`` where the env has one (it is optional in the Env protocol)."""
+    close = getattr(env, "close", None)
+    if close is not None:
+        close()
+
+
+def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
+    """The rest of ``run`` once the env is built; ``run`` closes the env however this ends."""
+    from accelerate.utils import broadcast_object_list
+
+    from coevo.agent.rollouts import RolloutService
+    from coevo.buffers import ReplayBuffer
+    from coevo.envs.base import session_tools
+    from coevo.evolution.engine import AEGIS
+    from coevo.evolution.pool import Patience
+    from coevo.evolution.reference import ReferenceStore, build_references, split_reference_pool
+    from coevo.loop import Coevolution
+    from coevo.policy.load import load_model
+    from coevo.progress import NullProgress, RichProgress
+    from coevo.rundir import lock_run_dir, unlock_run_dir
+    from coevo.sandbox.python_tool import isolation as python_isolation
+    from coevo.tracking import NullTracker, make_tracker
+    from coevo.trainers.grpo import GRPOTrainer, apply_lora
+    from coevo.trainers.logprobs import logprob_fn
+
+    is_main = accelerator.is_main_process
     try:
         pool, train = split_reference_pool(env.tasks("train"), cfg.evolution.reference_pool, cfg.seed)
     except ValueError as err:
@@ -219,9 +236,6 @@ def run(cfg: Any) -> Path:
     finally:
         if buffer is not None:
             buffer.close()
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
         tracker.finish()
     if is_main:
         from coevo.report import write_report
@@ -336,7 +350,8 @@ def build_meta(cfg: TrainConfig, run_dir: Path) -> Any:
 
     m = cfg.meta_agent
     return make_meta_agent(m.backend, url=m.url, model=m.model, cache_dir=run_dir / "meta_cache",
-                           api_key_env=m.api_key_env, timeout_s=m.timeout_s, max_retries=m.max_retries)
+                           api_key_env=m.api_key_env, timeout_s=m.timeout_s, max_retries=m.max_retries,
+                           request_retries=m.request_retries, router_failure=cfg.evolution.router_failure)
 
 
 def tracker_kwargs(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:

@@ -112,6 +112,9 @@ class EvolutionConfig:
                               "epochs return to every other train task (0: no pool)")
     router: bool = opt(False, "route tasks with the meta-agent (LLM backends) instead of records")
     router_threshold: float = opt(0.5, "router confidence below which a task goes to the base variant")
+    router_failure: str = opt("fallback", "when the router gets no usable answer (its endpoint fails, or every reply "
+                              "is invalid): fallback (log a warning; the task goes to the base variant) | raise "
+                              "(stop the run with the router's error)")
 
 
 @dataclass
@@ -123,6 +126,9 @@ class MetaAgentConfig:
     api_key_env: str = opt("OPENAI_API_KEY", "openai: NAME of the environment variable holding the key (never the key)")
     timeout_s: float = opt(60.0, "openai: request timeout")
     max_retries: int = opt(3, "retries of an invalid JSON reply, quoting the error")
+    request_retries: int = opt(2, "openai: retries of a failed request (connection error, timeout, HTTP 408/409/429/"
+                               "5xx) by the SDK with exponential backoff, before the call fails and the round goes "
+                               "on without it")
 
 
 @dataclass

@@ -39,6 +39,7 @@ def check(cfg: TrainConfig) -> None:
     from coevo.kernels import IMPLS
     from coevo.kernels.objective import AGGREGATIONS, KL_ESTIMATORS, REMOVED_AGGREGATIONS
     from coevo.meta import BACKENDS, meta_agent_factory
+    from coevo.meta.llm import ROUTER_FAILURES
     from coevo.policy.hf import ENGINES
     from coevo.secret_refusal import refuse_secrets
     from coevo.tracking import MODES as WANDB_MODES
@@ -52,6 +53,7 @@ def check(cfg: TrainConfig) -> None:
         "rollout.vllm_mode": (cfg.rollout.vllm_mode, ("colocate", "server")),
         "rollout.engine": (cfg.rollout.engine, ENGINES),
         "evolution.gate": (cfg.evolution.gate, GATES),
+        "evolution.router_failure": (cfg.evolution.router_failure, ROUTER_FAILURES),
         "trainer.aggregation": (cfg.trainer.aggregation, AGGREGATIONS),
         "trainer.kl_estimator": (cfg.trainer.kl_estimator, KL_ESTIMATORS),
         "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
@@ -93,7 +95,9 @@ def check(cfg: TrainConfig) -> None:
                 "evolution.every": e.every}
     non_negative = {"evolution.reference_pool": e.reference_pool, "evolution.max_proposals": e.max_proposals,
                     "evolution.max_revisions": e.max_revisions, "evolution.recent_batches": e.recent_batches,
-                    "meta_agent.max_retries": cfg.meta_agent.max_retries, "trainer.warmup_steps": t.warmup_steps,
+                    "meta_agent.max_retries": cfg.meta_agent.max_retries,
+                    "meta_agent.request_retries": cfg.meta_agent.request_retries,
+                    "trainer.warmup_steps": t.warmup_steps,
                     "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit,
                     "evolution.early_rounds": e.early_rounds}
     for low, values in ((1, positive), (0, non_negative)):

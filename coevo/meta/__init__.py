@@ -7,12 +7,12 @@ also be the import path of a no-argument factory of your own (``load_meta_agent`
 
 from typing import Any
 
-from coevo.config import MetaAgentConfig
+from coevo.config import EvolutionConfig, MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgent, MetaAgentError, PlanContext, TokenLedger
-from coevo.imports import import_object
+from coevo.imports import import_object, missing_dependency
 from coevo.meta.cache import CachedCall, CallCache
 from coevo.meta.clients import ChatClient, HFClient, LLMConnectionError, OpenAIClient
-from coevo.meta.llm import LLMMetaAgent, hf_meta_agent, openai_meta_agent
+from coevo.meta.llm import LLMMetaAgent, RouterError, hf_meta_agent, openai_meta_agent
 from coevo.meta.rule import RuleMetaAgent
 from coevo.meta.templates import CATALOGUE, TEMPLATES
 
@@ -28,35 +28,32 @@ def meta_agent_factory(path: str) -> Any:
     Every mistake in ``path`` is a ValueError naming it, a module that the factory's module imports
     but is not installed included: the config check (``coevo.config_check.check``, ``coevo evolve``)
     reports ValueErrors as the value's fault, before the run starts."""
-    try:
-        factory = import_object(path, "meta-agent factory")
-    except ModuleNotFoundError as err:  # not the module itself (import_object says so): one that it imports
-        raise _missing_dependency(path, err) from err
+    factory = import_object(path, "meta-agent factory")  # a missing dependency of its module included
     if not callable(factory):
         raise ValueError(f"meta-agent factory {path!r} is {factory!r}, not a callable that returns a meta-agent")
     return factory
 
 
-def _missing_dependency(path: str, err: ModuleNotFoundError) -> ValueError:
-    return ValueError(f"meta-agent factory {path!r} needs module {err.name!r}, which is not installed ({err}); "
-                      "install it, or fix the import in the factory's module")
-
-
 def make_meta_agent(backend: str, *, url: str | None = None, model: str | None = None,
                     cache_dir: Any = None, api_key_env: str = MetaAgentConfig.api_key_env,
-                    timeout_s: float = MetaAgentConfig.timeout_s, max_retries: int = MetaAgentConfig.max_retries
-                    ) -> MetaAgent:
+                    timeout_s: float = MetaAgentConfig.timeout_s, max_retries: int = MetaAgentConfig.max_retries,
+                    request_retries: int = MetaAgentConfig.request_retries,
+                    router_failure: str = EvolutionConfig.router_failure) -> MetaAgent:
     """The meta-agent of ``backend`` (a ``BACKENDS`` name or a factory's import path), for
     ``train.py`` and ``coevo evolve`` alike. ``url``/``model`` serve ``openai`` (both needed) and
-    ``hf`` (``model``, default the embedded SmolLM2); ``cache_dir`` holds the LLM call cache."""
+    ``hf`` (``model``, default the embedded SmolLM2); ``cache_dir`` holds the LLM call cache;
+    ``request_retries`` serves ``openai`` (its SDK's retries of a failed request) and
+    ``router_failure`` both LLM backends (``LLMMetaAgent.route``)."""
     if backend == "rule":
         return RuleMetaAgent()
     if backend not in BACKENDS:
         return load_meta_agent(backend)
     if backend == "openai":
         return openai_meta_agent(url, model, api_key_env=api_key_env, timeout_s=timeout_s, cache_dir=cache_dir,
-                                 max_retries=max_retries)
-    return hf_meta_agent(model or "smollm2", cache_dir=cache_dir, max_retries=max_retries)
+                                 max_retries=max_retries, request_retries=request_retries,
+                                 router_failure=router_failure)
+    return hf_meta_agent(model or "smollm2", cache_dir=cache_dir, max_retries=max_retries,
+                         router_failure=router_failure)
 
 
 def load_meta_agent(path: str) -> MetaAgent:
@@ -67,7 +64,7 @@ def load_meta_agent(path: str) -> MetaAgent:
     except TypeError as err:
         raise ValueError(f"meta-agent factory {path!r} must take no arguments: {err}") from None
     except ModuleNotFoundError as err:
-        raise _missing_dependency(path, err) from err
+        raise missing_dependency("meta-agent factory", path, err) from err
     needed = ("propose", "revise", "state_dict", "load_state_dict")
     missing = [m for m in needed if not callable(getattr(agent, m, None))]
     if missing or not hasattr(agent, "ledger"):
@@ -90,6 +87,7 @@ __all__ = [
     "MetaAgentError",
     "OpenAIClient",
     "PlanContext",
+    "RouterError",
     "RuleMetaAgent",
     "TokenLedger",
     "hf_meta_agent",

@@ -68,7 +68,8 @@ class OpenAIClient:
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str = MetaAgentConfig.api_key_env,
-                 timeout_s: float = MetaAgentConfig.timeout_s, request_retries: int = 2, *,
+                 timeout_s: float = MetaAgentConfig.timeout_s,
+                 request_retries: int = MetaAgentConfig.request_retries, *,
                  temperature: float = 0.0) -> None:
         if not base_url:
             raise ValueError("base_url must be a URL such as http://localhost:8000/v1")

@@ -14,7 +14,8 @@ algebra's errors name the offending processor and rule, which is what a model ne
 reply; what still fails after that is dropped with a logged warning. A failure of the model
 itself (``MetaAgentError``: an endpoint still failing after the SDK's retries, a reply that is no
 chat completion) is not the model's to fix: ``propose`` and ``revise`` raise it, and AEGIS records
-it as a warning of the round and goes on; ``route`` falls back to no opinion.
+it as a warning of the round and goes on; ``route`` falls back to no opinion, or raises
+``RouterError`` with ``router_failure="raise"`` (``evolution.router_failure``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from coevo.config import MetaAgentConfig
+from coevo.config import EvolutionConfig, MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgentError, PlanContext, TokenLedger
 from coevo.evolution.types import Digest, Proposal
 from coevo.harness.edits import Edit, apply_edit, check_proposed
@@ -45,6 +46,14 @@ log = logging.getLogger("coevo.meta")
 
 T = TypeVar("T")
 
+ROUTER_FAILURES = ("fallback", "raise")
+"""What ``route`` does when it gets no usable answer: log and return no opinion, or raise."""
+
+
+class RouterError(MetaAgentError):
+    """The router got no usable answer and ``router_failure="raise"``: a run that relies on routing
+    stops rather than silently sending every task to the base variant."""
+
 
 # ---------------------------------------------------------------------------------------- agent
 class LLMMetaAgent:
@@ -52,9 +61,13 @@ class LLMMetaAgent:
     ledger per stage and an optional disk cache of calls (``cache_dir``)."""
 
     def __init__(self, client: ChatClient, *, cache_dir: str | os.PathLike[str] | None = None,
-                 max_retries: int = MetaAgentConfig.max_retries, name: str = "llm") -> None:
+                 max_retries: int = MetaAgentConfig.max_retries, name: str = "llm",
+                 router_failure: str = EvolutionConfig.router_failure) -> None:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if router_failure not in ROUTER_FAILURES:
+            raise ValueError(f"router_failure must be one of {list(ROUTER_FAILURES)}, got {router_failure!r}")
+        self.router_failure = router_failure
         self.client = client
         self.name = name
         self.max_retries = max_retries
@@ -206,9 +219,10 @@ class LLMMetaAgent:
 
     def route(self, task_text: str, options: dict[str, str], lessons: list[str]) -> tuple[str, float]:
         """(variant, confidence) for a task; ``options`` maps variant name → its record. When the
-        model never gives a usable answer, or its endpoint fails (``MetaAgentError``): the first
-        option with confidence 0.0 (no opinion), so a router can fall back on prior records and the
-        rollout goes on."""
+        model never gives a usable answer, or its endpoint fails (``MetaAgentError``): with
+        ``router_failure="fallback"`` a logged warning and the first option with confidence 0.0 (no
+        opinion), so the task goes to the base variant and the rollout goes on; with ``"raise"`` a
+        ``RouterError`` saying why, for runs whose results mean nothing without routing."""
         if not options:
             raise ValueError("options must name at least one variant")
 
@@ -225,6 +239,8 @@ class LLMMetaAgent:
         except MetaAgentError as err:
             choice, error = None, f"{type(err).__name__}: {err}"
         if choice is None:
+            if self.router_failure == "raise":
+                raise RouterError(f"{self.name} router: no usable answer ({error}); evolution.router_failure=raise")
             log.warning("%s router: no usable answer (%s); falling back to %r with no confidence",
                         self.name, error, next(iter(options)))
             return next(iter(options)), 0.0
@@ -234,15 +250,23 @@ class LLMMetaAgent:
 # ----------------------------------------------------------------------------------- backends
 def openai_meta_agent(base_url: str, model: str, *, api_key_env: str = MetaAgentConfig.api_key_env,
                       timeout_s: float = MetaAgentConfig.timeout_s, cache_dir: str | os.PathLike[str] | None = None,
-                      max_retries: int = MetaAgentConfig.max_retries) -> LLMMetaAgent:
-    """The ``openai`` backend: any OpenAI-compatible endpoint (OpenAI, a vLLM server, ...)."""
-    client = OpenAIClient(base_url, model, api_key_env=api_key_env, timeout_s=timeout_s)
-    return LLMMetaAgent(client, cache_dir=cache_dir, max_retries=max_retries, name="openai")
+                      max_retries: int = MetaAgentConfig.max_retries,
+                      request_retries: int = MetaAgentConfig.request_retries,
+                      router_failure: str = EvolutionConfig.router_failure) -> LLMMetaAgent:
+    """The ``openai`` backend: any OpenAI-compatible endpoint (OpenAI, a vLLM server, ...).
+    ``request_retries``: the SDK's retries of a failed request; ``max_retries``: the agent's of an
+    invalid reply."""
+    client = OpenAIClient(base_url, model, api_key_env=api_key_env, timeout_s=timeout_s,
+                          request_retries=request_retries)
+    return LLMMetaAgent(client, cache_dir=cache_dir, max_retries=max_retries, name="openai",
+                        router_failure=router_failure)
 
 
 def hf_meta_agent(model_name_or_path: str = "smollm2", *, device: str = "cpu", max_new_tokens: int = 512,
                   cache_dir: str | os.PathLike[str] | None = None,
-                  max_retries: int = MetaAgentConfig.max_retries) -> LLMMetaAgent:
+                  max_retries: int = MetaAgentConfig.max_retries,
+                  router_failure: str = EvolutionConfig.router_failure) -> LLMMetaAgent:
     """The ``hf`` backend: a local transformers model."""
     client = HFClient(model_name_or_path, device=device, max_new_tokens=max_new_tokens)
-    return LLMMetaAgent(client, cache_dir=cache_dir, max_retries=max_retries, name="hf")
+    return LLMMetaAgent(client, cache_dir=cache_dir, max_retries=max_retries, name="hf",
+                        router_failure=router_failure)

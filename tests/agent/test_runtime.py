@@ -514,3 +514,13 @@ def test_run_attempts_shares_one_harness_and_checks_its_arguments():
         run_attempts(tasks, base_harness(), ScriptedPolicy(calculator_solver), env, attempts=0)
     with pytest.raises(ValueError, match="2 tasks, but 1 harnesses and 2 variants"):
         run_attempts(tasks, [base_harness()], ScriptedPolicy(calculator_solver), env)
+
+
+def test_an_empty_answer_ends_the_episode_and_is_scored():
+    """``<answer></answer>`` is the model's empty reply (issue 26): the episode ends on it, the verifier
+    scores it, and ``parse_retry`` does not ask the model again as if nothing had been answered."""
+    env = FakeEnv()
+    trace = run_episode(env.tasks("test")[0], base_harness(), ScriptedPolicy(lambda messages: "<answer></answer>"), env)
+    assert trace.error is None and trace.stop_reason == "answer"
+    assert trace.final_answer == "" and not trace.passed and trace.reward == 0.0
+    assert len(trace.model_calls) == 1  # no format reminder, no second call

@@ -46,3 +46,19 @@ def test_scripted_solvers_come_from_the_table_or_the_env_class():
     assert scripted_solver("arithmetic") is calculator_solver
     assert scripted_solver(PATH) is CountdownEnv.scripted_solver
     assert scripted_solver("reasoning") is None
+
+
+def test_an_env_module_whose_dependency_is_missing_names_the_path_and_the_package(tmp_path, monkeypatch):
+    """A module that exists but imports an uninstalled package is told apart from a module that
+    does not exist: the error names the import path and the package to install (issue 26)."""
+    (tmp_path / "env_needing_a_dep.py").write_text("import coevo_no_such_dependency\n\n\nclass Env:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = "env_needing_a_dep:Env"
+    for resolve in (lambda: env_class(path), lambda: make_env(path, {})):
+        with pytest.raises(ValueError) as info:
+            resolve()
+        message = str(info.value)
+        assert message.startswith(f"env {path!r} needs module 'coevo_no_such_dependency', which is not installed")
+        assert "module 'env_needing_a_dep' imports it" in message and "not importable" not in message
+    with pytest.raises(ValueError, match=r"module 'env_not_there' is not importable .*PYTHONPATH"):
+        env_class("env_not_there:Env")

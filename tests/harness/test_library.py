@@ -338,6 +338,10 @@ def test_tool_timeout_per_tool():
         ("Final answer: 8\nbye", "8"),
         ("Answer: 12", "12"),
         ("I think it is 5", None),
+        ("<answer></answer>", ""),  # an empty reply, scored as such; not a format failure to retry
+        ("so <answer>  \n </answer>", ""),
+        ("\\boxed{}", ""),
+        ("Final answer: \n", None),  # open-ended: nothing after it is no answer
     ],
 )
 def test_answer_extraction(text, answer):

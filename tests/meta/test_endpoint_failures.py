@@ -197,3 +197,56 @@ def test_a_backend_module_whose_dependency_is_missing_is_refused_naming_the_path
                                       "--out", str(tmp_path / "evo")])
     assert result.exit_code != 0 and "coevo_no_such_dependency" in result.output
     assert not isinstance(result.exception, ModuleNotFoundError)
+
+
+# -------------------------------------------------------------------------------- config fields (issue 26)
+def openai_cfg(url: str, *overrides: str):
+    from tests.test_config import compose_cfg
+
+    return compose_cfg(["meta_agent=openai", f"meta_agent.url={url}", "meta_agent.model=served", *overrides])
+
+
+@pytest.mark.parametrize(("retries", "requests"), [(0, 1), (3, 3)])
+def test_request_retries_is_a_config_field_the_sdk_obeys(tmp_path, sdk_waits, retries, requests):
+    """``meta_agent.request_retries`` reaches the openai client through ``build_meta`` (train.py and
+    ``coevo evolve``): with 0 a single 500 fails the call; with 3 two 500s are retried past."""
+    from coevo.build import build_meta
+    from coevo.config_check import check
+
+    with FakeServer([SERVER_ERROR, SERVER_ERROR, PLAN_REPLY]) as srv:
+        cfg = openai_cfg(srv.url, f"meta_agent.request_retries={retries}")
+        check(cfg)
+        agent = build_meta(cfg, tmp_path)
+        assert agent.client.request_retries == retries
+        if retries == 0:
+            with pytest.raises(MetaAgentError, match="Error code: 500"):
+                agent.call("plan", [{"role": "user", "content": "propose"}])
+        else:
+            assert json.loads(agent.call("plan", [{"role": "user", "content": "propose"}]))["proposals"]
+    assert len(srv.requests) == requests and len(sdk_waits) == requests - 1
+    with pytest.raises(ValueError, match=r"config meta_agent.request_retries=-1 must be >= 0"):
+        check(openai_cfg(srv.url, "meta_agent.request_retries=-1"))
+
+
+@pytest.mark.parametrize("router_failure", ["fallback", "raise"])
+def test_router_failure_falls_back_or_stops_the_run_as_configured(tmp_path, caplog, router_failure):
+    """``evolution.router_failure``: ``fallback`` (the default, as before) logs the failure and sends
+    the task to the base variant; ``raise`` stops with a ``RouterError`` saying why."""
+    from coevo.build import build_meta
+    from coevo.config_check import check
+    from coevo.meta import RouterError
+
+    cfg = openai_cfg(f"http://127.0.0.1:{free_port()}/v1", "meta_agent.request_retries=0", "evolution.router=true",
+                     f"evolution.router_failure={router_failure}")
+    check(cfg)
+    agent = build_meta(cfg, tmp_path)
+    options = {"base": "passed 3/4", "v1": "passed 1/4"}
+    if router_failure == "fallback":
+        with caplog.at_level(logging.WARNING, logger="coevo.meta"):
+            assert agent.route("What is 2 + 3?", options, []) == ("base", 0.0)
+        assert any("router: no usable answer" in r.getMessage() for r in caplog.records)
+    else:
+        with pytest.raises(RouterError, match=r"router: no usable answer \(LLMConnectionError: could not reach"):
+            agent.route("What is 2 + 3?", options, [])
+    with pytest.raises(ValueError, match=r"config evolution.router_failure='ignore' is not allowed"):
+        check(openai_cfg("http://127.0.0.1:1/v1", "evolution.router_failure=ignore"))

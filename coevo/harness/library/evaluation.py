@@ -46,7 +46,7 @@ class AnswerExtraction(Processor):
             return event
         for rx in self._regexes:
             m = rx.search(event.text)
-            if m and m.group(1).strip():
+            if m and (m.group(1).strip() or _closed(m)):
                 event.answer = m.group(1).strip()
                 return event
         if self.config["last_number_fallback"]:
@@ -54,6 +54,16 @@ class AnswerExtraction(Processor):
             if numbers:
                 event.answer = numbers[-1]
         return event
+
+
+def _closed(match: re.Match[str]) -> bool:
+    """Whether the pattern matched a closing delimiter after its group (``</answer>``, ``}``).
+
+    Such a match is an answer even when the group is blank: ``<answer></answer>`` is the model's
+    empty reply, which ends the episode and which the verifier scores, not a format failure that
+    ``parse_retry`` would ask about again. An open-ended pattern ("Final answer:" to the end of the
+    line) with nothing after it found no answer."""
+    return match.end(1) < match.end()
 
 
 class SelfVerification(Processor):
