@@ -129,11 +129,13 @@ def eval_cmd(
     from coevo.envs.base import SPLITS
     from coevo.evaluate import evaluate, write_eval
     from coevo.progress import RichProgress
+    from coevo.secrets import start_redaction
 
     if split not in SPLITS:
         raise typer.BadParameter(f"split must be one of {list(SPLITS)}, got {split!r}", param_hint="--split")
     env_cls = resolve_env(env_name)
     h = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts, max_steps)
+    start_redaction()  # before the env: a variable it unsets after reading stays redacted from the files
     try:
         env = env_cls(**parse_env_args(env_args))
     except (TypeError, ValueError) as err:
@@ -153,7 +155,7 @@ def eval_cmd(
         if close is not None:
             close()
     out = out or Path("runs") / time.strftime(f"eval-{env.name}-%Y%m%d-%H%M%S")
-    write_eval(out, h, report, traces)
+    write_eval(out, h, report, traces, tokenizer=getattr(policy, "tokenizer", None))
     table = Table(title=f"{env_name} / {split} — harness {h.name} ({h.id}), policy {report.model_version}")
     columns = {"tasks": str(report.n_tasks), "attempts": str(attempts), "pass@1": f"{report.pass_at_1:.3f}"}
     if attempts > 1:
@@ -279,6 +281,7 @@ def stream_cmd(
 ) -> None:
     """Release an env's capabilities along an axis in stages and evaluate retention and adaptation
     under the deployment and self-evolving protocols: the pass matrix, FWT/BWT, tokens and a figure."""
+    from coevo.secrets import start_redaction
     from coevo.streams import PROTOCOLS, run_stream
     from coevo.streams.axes import get_axis, tool_owners
 
@@ -291,6 +294,7 @@ def stream_cmd(
     if bad:
         raise typer.BadParameter(f"protocol must be one of {list(PROTOCOLS)}, got {bad}", param_hint="--protocol")
     start = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts, max_steps)
+    start_redaction()  # before the env: a variable it unsets after reading stays redacted from the files
     env = env_cls(**parse_env_args(env_args))
     if axis == "agents":
         try:

@@ -13,6 +13,8 @@ from coevo.agent.rollouts import RolloutService
 from coevo.agent.trace import Trace
 from coevo.envs.base import check_split
 from coevo.harness.harness import Harness
+from coevo.secret_traces import redact_trace
+from coevo.secrets import redact, redact_text, secret_env_values
 
 
 @dataclass
@@ -123,14 +125,22 @@ def markdown_report(report: EvalReport, traces: Sequence[Trace]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_eval(out_dir: str | Path, harness: Harness, report: EvalReport, traces: Sequence[Trace]) -> Path:
-    """Write harness.yaml, traces.jsonl, summary.json and report.md into ``out_dir``."""
+def write_eval(out_dir: str | Path, harness: Harness, report: EvalReport, traces: Sequence[Trace], *,
+               tokenizer: Any | None = None) -> Path:
+    """Write harness.yaml, traces.jsonl, summary.json and report.md into ``out_dir``.
+
+    Redacted as a run directory is: a task or a tool output may quote a secret environment value, so
+    traces go through ``redact_trace`` (with the policy's ``tokenizer``, the token ids that spell a
+    key are re-encoded; without one, a call that showed it loses its ids), the other files through
+    ``redact``; the harness YAML redacts itself (``Harness.to_yaml``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    secrets = secret_env_values()
     harness.save(out / "harness.yaml")
+    traces = [redact_trace(t, tokenizer, secrets) for t in traces] if secrets else list(traces)
     with open(out / "traces.jsonl", "w") as f:
         for t in traces:
             f.write(json.dumps(t.to_dict()) + "\n")
-    (out / "summary.json").write_text(json.dumps(asdict(report), indent=2))
-    (out / "report.md").write_text(markdown_report(report, traces))
+    (out / "summary.json").write_text(json.dumps(redact(asdict(report), secrets), indent=2))
+    (out / "report.md").write_text(redact_text(markdown_report(report, traces), secrets))
     return out

@@ -9,11 +9,13 @@ themselves). This module says what a secret is and scrubs it from what a run wri
   of such variables, plus those the environment held when the run started, ``remember_secrets``);
 - **redaction** of what a run writes: ``redact`` replaces every secret value in the strings of a
   structure, ``redact_text`` in one string, ``contains_secret`` is the cheap test before a copy,
-  and ``install_log_redaction`` filters log records (``RedactingFilter``). The write points call
-  them: references (``ReferenceStore.put``), harness YAML (``Harness.to_yaml``: lineage, W&B
-  artifacts), ``rounds.jsonl`` / ``lineage.jsonl``, checkpoint state, the meta-agent's call cache,
-  the report, exports, ``config.yaml`` and the W&B config (``coevo.tracking.scrub``), W&B metrics
-  and tables.
+  and ``install_log_redaction`` filters log records (``RedactingFilter``; ``start_redaction`` also
+  remembers the values, what a command does first). The write points call them: references
+  (``ReferenceStore.put``), harness YAML (``Harness.to_yaml``: lineage, W&B artifacts),
+  ``rounds.jsonl`` / ``lineage.jsonl``, checkpoint state, the meta-agent's call cache, the report,
+  exports, ``config.yaml`` and the W&B config (``coevo.tracking.scrub``), W&B metrics and tables,
+  ``coevo eval``'s and ``coevo stream``'s own files, and the meta-agent's prompts before they are
+  sent (``coevo.meta.prompts.withhold_secrets``).
 
 Two neighbours build on it: ``coevo.secret_traces`` (``redact_trace``: a trace's strings *and*
 token ids, for the replay buffer and exports) and ``coevo.secret_refusal`` (configs, command-line
@@ -178,3 +180,12 @@ def install_log_redaction(logger: logging.Logger | None = None) -> None:
     for handler in target.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())
+
+
+def start_redaction() -> None:
+    """What a command that writes files does first: redact log records and remember the secret values
+    the environment holds now, so a variable an env or a client library unsets after reading it is
+    still redacted from what the command writes (``coevo eval`` and ``coevo stream``; ``coevo.run``
+    does the same for ``train.py`` and ``coevo evolve``)."""
+    install_log_redaction()
+    remember_secrets()

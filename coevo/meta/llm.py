@@ -33,7 +33,7 @@ from coevo.harness.edits import Edit, apply_edit, check_proposed
 from coevo.harness.harness import Harness
 from coevo.meta.cache import CallCache
 from coevo.meta.clients import ChatClient, HFClient, OpenAIClient
-from coevo.meta.prompts import follow_up, plan_messages, revise_messages, route_messages
+from coevo.meta.prompts import follow_up, plan_messages, revise_messages, route_messages, withhold_secrets
 from coevo.meta.schema import (
     PLAN_SCHEMA,
     REVISE_SCHEMA,
@@ -86,7 +86,10 @@ class LLMMetaAgent:
 
     # ------------------------------------------------------------------ calls
     def call(self, stage: str, messages: list[dict[str, str]]) -> str:
-        """One model call, answered from the cache when the same prompt was seen (0 tokens)."""
+        """One model call, answered from the cache when the same prompt was seen (0 tokens). The
+        prompt is sent (and cached) with secret values withheld (``withhold_secrets``): the endpoint
+        is another party, and a task's text may quote a key."""
+        messages = withhold_secrets(messages)
         schema = SCHEMAS[stage]
         model = str(getattr(self.client, "model", type(self.client).__name__))
         if self.cache is not None:

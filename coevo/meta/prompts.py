@@ -2,7 +2,8 @@
 (``harness_summary``, ``processor_catalogue``), the messages of each stage (``plan_messages``,
 ``revise_messages``, ``route_messages``) and the follow-up that quotes a failure back to the model
 (``follow_up``). Pure functions of the digest, the harness and the context, so a prompt can be
-read and tested without a model.
+read and tested without a model. ``withhold_secrets`` redacts secret environment values from a
+prompt before it is sent (``LLMMetaAgent.call``) and says that a value was withheld.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from coevo.harness.harness import Harness
 from coevo.harness.hooks import HOOK_ORDER
 from coevo.harness.library import PROCESSORS
 from coevo.meta.schema import PLAN_SCHEMA, PROPOSAL_SCHEMA, REVISE_SCHEMA, ROUTE_SCHEMA
+from coevo.secrets import REDACTED, contains_secret, redact_text, secret_env_values
 
 
 # -------------------------------------------------------------------------------------- prompts
@@ -136,6 +138,32 @@ def route_messages(task_text: str, options: dict[str, str], lessons: list[str]) 
     user = (f"## Task\n{task_text}\n\n## Variants\n{variants}\n\n## Routing lessons\n"
             + ("\n".join(f"- {x}" for x in lessons) or "(none)"))
     return [_system(role, ROUTE_SCHEMA), {"role": "user", "content": user}]
+
+
+WITHHELD = (f"Some values in this conversation were secrets (API keys, tokens or passwords from the trainer's "
+            f"environment) and were withheld: each is shown as {REDACTED}. Do not guess them or quote the marker "
+            "in an edit.")
+"""The sentence a prompt gains when ``withhold_secrets`` redacted something in it."""
+
+
+def withhold_secrets(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``messages`` with every secret environment value replaced by ``<redacted>``, and ``WITHHELD``
+    added to the system message when anything was (the messages themselves when nothing was).
+
+    Digests, demonstrations and routed tasks quote task texts, which may hold a key (a tool's
+    output, a scraped page); the endpoint is another party, so the key must not leave the trainer.
+    The model is told a value was withheld so it does not read the marker as the task's content."""
+    secrets = secret_env_values()
+    if not contains_secret(messages, secrets):
+        return messages
+    clean = [{**m, "content": redact_text(m["content"], secrets)} if isinstance(m.get("content"), str) else m
+             for m in messages]
+    if clean and clean[0].get("role") == "system":
+        if WITHHELD not in clean[0]["content"]:
+            clean[0] = {**clean[0], "content": f"{clean[0]['content']}\n\n{WITHHELD}"}
+    else:
+        clean.insert(0, {"role": "system", "content": WITHHELD})
+    return clean
 
 
 def follow_up(error: str, accepted: int = 0) -> str:

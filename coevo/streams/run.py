@@ -9,6 +9,10 @@ Output directory:
 - ``outcomes.jsonl``: one line per (protocol, stage, cohort, task) with the attempts and tokens;
 - ``harnesses/``: the harness of each stage (and variant) as YAML; ``evolve.jsonl``: AEGIS reports;
 - ``stream.png``: a heatmap per protocol, FWT/BWT in each title.
+
+Every file is written with secret environment values redacted, as a run directory is
+(``coevo.secrets``): the JSON files here, harness YAML by ``Harness.to_yaml``, references by
+``ReferenceStore.put``, each self-evolving stage's run directory by the loop.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from coevo.harness.defaults import base_harness
 from coevo.harness.harness import Harness
 from coevo.meta.rule import RuleMetaAgent
 from coevo.progress import NullProgress, RichProgress
+from coevo.secrets import redact, secret_env_values
 from coevo.streams.axes import agents_harness, get_axis, tool_owners, with_agent_capabilities
 from coevo.streams.construct import ADAPT_SPLIT, Stream, build_stream, hash_order
 from coevo.streams.metrics import (
@@ -206,8 +211,10 @@ def _references(env: Env, stream: Stream, per_stage: int, seed: int, path: Path)
 
 
 def _write_json(path: Path, data: Any) -> None:
+    """``data`` as JSON, atomically, with secret values redacted (task ids, capability names and
+    AEGIS reports come from the env's tasks, which may quote a key)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.write_text(json.dumps(redact(data), indent=1, default=str))
     tmp.replace(path)
 
 
@@ -224,14 +231,16 @@ def _write_matrix(out: Path, protocol: str, metrics: dict[str, Any], stream: Str
 
 
 def _write_outcomes(out: Path, results: dict[str, ProtocolResult]) -> None:
+    """outcomes.jsonl and evolve.jsonl, redacted as ``_write_json`` is."""
+    secrets = secret_env_values()
     with (out / "outcomes.jsonl").open("w") as f:
         for name, result in results.items():
             for o in result.outcomes:
-                f.write(json.dumps({"protocol": name, **o.to_dict()}) + "\n")
+                f.write(json.dumps(redact({"protocol": name, **o.to_dict()}, secrets)) + "\n")
     with (out / "evolve.jsonl").open("w") as f:
         for name, result in results.items():
             for report in result.evolve_reports:
-                f.write(json.dumps({"protocol": name, **report}, default=str) + "\n")
+                f.write(json.dumps(redact({"protocol": name, **report}, secrets), default=str) + "\n")
 
 
 def _write_harnesses(out: Path, results: dict[str, ProtocolResult]) -> None:
