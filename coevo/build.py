@@ -27,6 +27,7 @@ from coevo.config_check import (
     check_train_split,
     device_of,
 )
+from coevo.termination import sigterm_raises
 
 log = logging.getLogger("coevo")
 
@@ -83,6 +84,7 @@ def completed_rounds(run_dir: Path) -> int:
     return 0 if directory is None else int(checkpoint.load_state(directory)["next_round"])
 
 
+@sigterm_raises()  # a SIGTERM (scheduler, `kill`) unwinds through the finally below instead of skipping it
 def run(cfg: Any) -> Path:
     """Build everything from the config, run the rounds (resuming when the run directory holds a
     committed round), write the report. Returns the run directory."""
@@ -205,7 +207,8 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
         references = build_references(env, [*train, *pool], ReferenceStore(run_dir / "references", tokenizer=tok))
 
     rollouts = RolloutService(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
-                              workers=cfg.rollout.workers, seed=cfg.seed, progress=progress)
+                              workers=cfg.rollout.workers, seed=cfg.seed, progress=progress,
+                              reset_timeout_s=cfg.rollout.reset_timeout_s, tool_timeout_s=cfg.rollout.tool_timeout_s)
     e = cfg.evolution
     meta = build_meta(cfg, run_dir)
     critic_traces: list | None = [] if trains and cfg.buffer.critic_traces else None  # the gate's evidence trains

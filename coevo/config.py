@@ -50,6 +50,12 @@ class RolloutConfig:
                          "it raised to this")
     batch_size: int = opt(32, "model calls per generate() batch")
     workers: int = opt(8, "threads that run tools and processors between model calls")
+    reset_timeout_s: float = opt(60.0, "seconds an env's reset may take; past it the episode fails as an env error "
+                                 "(a simulator subprocess is killed; in-process work is abandoned: "
+                                 "docs/RELIABILITY.md)")
+    tool_timeout_s: float = opt(60.0, "seconds a tool call may take at most (the harness's tool_timeout processor "
+                                "sets shorter limits per tool); past it the model is shown a timeout error and a "
+                                "simulator subprocess is killed and restarted on its next use")
     vllm_mode: str = opt("colocate", "vllm backend: colocate (engine in the trainer process) | server (trl vllm-serve)")
     vllm_server_url: str = opt("http://127.0.0.1:8000", "vllm server mode: URL of trl vllm-serve")
     vllm_gpu_memory_utilization: float = opt(0.3, "vllm colocate: share of GPU memory for the engine")

@@ -111,6 +111,8 @@ def check(cfg: TrainConfig) -> None:
         "rollout.vllm_gpu_memory_utilization": (cfg.rollout.vllm_gpu_memory_utilization, above, 1.0,
                                                 "in (0, 1]: the share of GPU memory vLLM reserves"),
         "meta_agent.timeout_s": (cfg.meta_agent.timeout_s, above, inf, "> 0 seconds"),
+        "rollout.reset_timeout_s": (cfg.rollout.reset_timeout_s, above, inf, "> 0 seconds"),
+        "rollout.tool_timeout_s": (cfg.rollout.tool_timeout_s, above, inf, "> 0 seconds"),
         "trainer.lr": (t.lr, above, MAX_LR[t.optimizer], f"in (0, {MAX_LR[t.optimizer]:g}] for {t.optimizer}: "
                        "fine-tuning rates are 1e-7..1e-3, and larger steps rewrite the weights (1e30 made them 1e30)"),
         "trainer.weight_decay": (t.weight_decay, 0.0, inf, ">= 0"),

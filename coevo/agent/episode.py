@@ -6,15 +6,18 @@ delegated sub-episodes, and turns what happened into a ``Trace``.
 together. Failures stay local. An exception raised by the environment, a tool or a processor ends
 that episode as a failed trace whose ``error`` names where it happened and whose ``error_source``
 says who raised it ("policy", "env", "tool" or "processor"; the first three are infrastructure
-failures, ``Trace.infra_failure``). A tool that hangs is abandoned after its timeout and reported to
-the model as a tool error. A call of a specialist's ``ask_<agent>`` tool runs a sub-episode inline
-(``_delegate``), whose model requests the driver batches with everyone else's.
+failures, ``Trace.infra_failure``). ``Env.reset`` and every tool call run under a deadline
+(``rollout.reset_timeout_s``; ``rollout.tool_timeout_s``, which caps what the harness's
+``tool_timeout`` sets): a subprocess behind them (``coevo.envs.line_process``) is killed at it, and
+in-process work is abandoned (``coevo.envs.deadline.run_bounded`` says why). A tool that times out is
+reported to the model as a tool error; a reset that times out fails the episode. A call of a
+specialist's ``ask_<agent>`` tool runs a sub-episode inline (``_delegate``), whose model requests
+the driver batches with everyone else's.
 """
 
 from __future__ import annotations
 
 import copy
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,7 +25,9 @@ from typing import Any, Callable, Generator
 
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
+from coevo.config import RolloutConfig
 from coevo.envs.base import Env, EnvSession, Task
+from coevo.envs.deadline import DeadlineExceeded, run_bounded
 from coevo.harness import events as ev
 from coevo.harness.events import Message
 from coevo.harness.errors import ProcessorContractError
@@ -100,24 +105,12 @@ def fire(harness: Harness, hook: Hook, event: ev.Event, log: list[dict[str, Any]
 
 
 def call_with_timeout(fn: Callable[[], ev.ToolResult], timeout_s: float) -> tuple[ev.ToolResult, bool]:
-    """Run a tool in a daemon thread; returns (result, timed_out). A hung tool is abandoned, not
-    joined: Python cannot kill a thread, so tools that may hang should run in subprocesses."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as err:  # reported to the episode, which fails
-            box["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True, name="coevo-tool")
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
+    """Run a tool under a deadline (``run_bounded``); returns (result, timed_out). A tool talking
+    to a subprocess through ``LineProcess`` is killed at the deadline; in-process work that ignores
+    it cannot be stopped (Python cannot kill a thread) and is abandoned, its late result dropped."""
+    result, outcome = run_bounded(fn, timeout_s)
+    if outcome != "done":
         return ev.ToolResult("", error=f"tool timed out after {timeout_s:g} s", seconds=timeout_s), True
-    if "error" in box:
-        raise box["error"]
-    result = box.get("result")
     if not isinstance(result, ev.ToolResult):
         raise TypeError(f"tool returned {type(result).__name__}, expected ToolResult")
     return result, False
@@ -132,8 +125,11 @@ class EpisodeRun:
 
     def __init__(self, job: Job, env: Env, model_version: str, max_steps: int, *, depth: int = 0, agent: str = "",
                  session: EnvSession | None = None, request: str | None = None,
-                 tools: dict[str, ev.ToolSpec] | None = None) -> None:
+                 tools: dict[str, ev.ToolSpec] | None = None,
+                 reset_timeout_s: float = RolloutConfig.reset_timeout_s,
+                 tool_timeout_s: float = RolloutConfig.tool_timeout_s) -> None:
         self.job, self.env, self.harness = job, env, job.harness
+        self.reset_timeout_s, self.tool_timeout_s = reset_timeout_s, tool_timeout_s
         self.max_steps, self.depth, self.agent = max_steps, depth, agent
         self._given = (session, request, tools) if session is not None else None
         task = job.task
@@ -180,7 +176,7 @@ class EpisodeRun:
             state.available_tools = dict(tools or {})
         else:
             try:
-                self.session = self.env.reset(self.job.task)
+                self.session = self._reset()
                 state.messages = [{"role": "user", "content": self.session.observation}]
                 state.available_tools = dict(self.session.tools)
             except Exception as err:
@@ -265,7 +261,7 @@ class EpisodeRun:
 
     def _tool(self, call: ev.ToolCall) -> Generator[ChatRequest, Generation, str]:
         state, harness, log = self.state, self.harness, self.trace.events
-        before = fire(harness, Hook.BEFORE_TOOL, ev.ToolCallEvent(state, call=call), log)
+        before = fire(harness, Hook.BEFORE_TOOL, ev.ToolCallEvent(state, call=call, timeout_s=self.tool_timeout_s), log)
         call, result = before.call, before.result
         blocked = result is not None
         if result is None:
@@ -274,7 +270,7 @@ class EpisodeRun:
             if getattr(provider, "delegates", False):
                 result = yield from self._delegate(provider, call)
             else:
-                result = self._execute(call, before.timeout_s)
+                result = self._execute(call, min(before.timeout_s, self.tool_timeout_s))
         after = fire(harness, Hook.AFTER_TOOL, ev.ToolResultEvent(state, call=call, result=result), log)
         result = after.result
         self._count("tool_calls")
@@ -285,6 +281,16 @@ class EpisodeRun:
         )
         state.messages.append(tool_message(call.name, result))
         return f"{call.name}({_short(call.arguments)})"
+
+    def _reset(self) -> EnvSession:
+        """``env.reset`` within ``reset_timeout_s``; a session an abandoned reset returns later is
+        closed then, so what it opened does not outlive the episode."""
+        task = self.job.task
+        session, outcome = run_bounded(lambda: self.env.reset(task), self.reset_timeout_s, on_late=_close_quietly)
+        if outcome != "done":
+            why = " (abandoned: in-process work cannot be stopped)" if outcome == "abandoned" else ""
+            raise DeadlineExceeded(f"reset timed out after {self.reset_timeout_s:g} s{why}")
+        return session  # type: ignore[return-value]
 
     def _execute(self, call: ev.ToolCall, timeout_s: float) -> ev.ToolResult:
         spec = self.state.tools.get(call.name)
@@ -342,7 +348,8 @@ class EpisodeRun:
             harness = specialist.harness_for(self.harness)
             sub = EpisodeRun(Job(self.job.task, harness, self.job.variant), self.env, self.trace.model_version,
                               min(self.max_steps, specialist.config["max_steps"]), depth=self.depth + 1, agent=agent,
-                              session=self.session, request=request, tools=self.state.available_tools)
+                              session=self.session, request=request, tools=self.state.available_tools,
+                              tool_timeout_s=self.tool_timeout_s)
         except Exception as err:  # the specialist's harness does not compose
             return ev.ToolResult("", error=f"specialist {name!r} could not start: {type(err).__name__}: {err}")
         failure = None
@@ -395,6 +402,14 @@ class EpisodeRun:
             "seconds": round(seconds, 4),
         }
         return t
+
+
+def _close_quietly(session: EnvSession) -> None:
+    """Close a session nobody will use (a reset's that came too late); its errors go nowhere."""
+    try:
+        session.close()
+    except Exception:  # noqa: BLE001, S110 - no episode is left to report it to
+        pass
 
 
 def _short(arguments: dict[str, Any], width: int = 80) -> str:

@@ -26,6 +26,7 @@ from coevo.agent.outcomes import pass_rates, task_outcomes
 from coevo.agent.policy import Policy
 from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
+from coevo.config import RolloutConfig
 from coevo.envs.base import Env, Task
 from coevo.harness.harness import Harness
 from coevo.records import InfraFailures
@@ -92,15 +93,17 @@ class Rollout:
 
 
 class RolloutService:
-    """Runs episodes with one policy on one env. ``batch_size``/``max_steps``/``workers``: as in
-    ``coevo.agent.runtime.run_episodes`` (``rollout.*`` of the config); ``seed``: the run seed the
-    phases derive from; ``progress``: anything with ``task(description, total)`` returning a
-    context that yields an ``advance()`` (``coevo.progress``), None for no display."""
+    """Runs episodes with one policy on one env. ``batch_size``/``max_steps``/``workers`` and the
+    timeouts: as in ``coevo.agent.runtime.run_episodes`` (``rollout.*`` of the config); ``seed``:
+    the run seed the phases derive from; ``progress``: anything with ``task(description, total)``
+    returning a context that yields an ``advance()`` (``coevo.progress``), None for no display."""
 
     def __init__(self, policy: Policy, env: Env, *, batch_size: int, max_steps: int, workers: int, seed: int,
-                 progress: Any | None = None) -> None:
+                 progress: Any | None = None, reset_timeout_s: float = RolloutConfig.reset_timeout_s,
+                 tool_timeout_s: float = RolloutConfig.tool_timeout_s) -> None:
         self.policy, self.env, self.seed, self.progress = policy, env, seed, progress
         self.batch_size, self.max_steps, self.workers = batch_size, max_steps, workers
+        self.timeouts = {"reset_timeout_s": reset_timeout_s, "tool_timeout_s": tool_timeout_s}
 
     def reseed(self, round: int, phase: str) -> None:
         reseed = getattr(self.policy, "reseed", None)  # scripted policies are deterministic anyway
@@ -119,7 +122,8 @@ class RolloutService:
         with bar as advance:
             groups = run_attempts(tasks, harness, self.policy, self.env, attempts=attempts, variant=variant,
                                   trace_id=trace_id, batch_size=self.batch_size, workers=self.workers,
-                                  max_steps=self.max_steps, on_trace=(lambda _t: advance()) if advance else None)
+                                  max_steps=self.max_steps, on_trace=(lambda _t: advance()) if advance else None,
+                                  **self.timeouts)
         return Rollout([t for group in groups for t in group], [t.task_id for t in tasks], attempts)
 
     def begin_critic(self, round: int) -> None:

@@ -30,12 +30,16 @@ def run_episodes(
     workers: int = RolloutConfig.workers,
     max_steps: int = RolloutConfig.max_steps,
     on_trace: Callable[[Trace], None] | None = None,
+    reset_timeout_s: float = RolloutConfig.reset_timeout_s,
+    tool_timeout_s: float = RolloutConfig.tool_timeout_s,
 ) -> list[Trace]:
     """Run every job to completion; traces come back in job order.
 
     ``batch_size`` bounds the requests per ``policy.generate`` call; ``workers`` the threads that
     run tools and processors between model calls; ``max_steps`` is a hard cap per episode on top
     of whatever budget the harness sets. ``on_trace`` is called as each episode finishes.
+    ``reset_timeout_s`` bounds each ``env.reset`` and ``tool_timeout_s`` each tool call (on top of
+    the harness's ``tool_timeout``; ``coevo.agent.episode`` says what ends at the limit).
 
     An env with an integer ``max_sessions`` attribute (a simulator process per session, say) has at
     most that many sessions open at once: episodes start in job order as others finish. Without
@@ -46,7 +50,8 @@ def run_episodes(
     limit = getattr(env, "max_sessions", None)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"env {getattr(env, 'name', env)!r}: max_sessions must be an integer >= 1, got {limit!r}")
-    runs = [EpisodeRun(job, env, policy.model_version, max_steps).run() for job in jobs]
+    runs = [EpisodeRun(job, env, policy.model_version, max_steps, reset_timeout_s=reset_timeout_s,
+                       tool_timeout_s=tool_timeout_s).run() for job in jobs]
     traces: list[Trace | None] = [None] * len(runs)
     pending: dict[int, ChatRequest] = {}
     started = 0
@@ -108,6 +113,8 @@ def run_attempts(
     workers: int = RolloutConfig.workers,
     max_steps: int = RolloutConfig.max_steps,
     on_trace: Callable[[Trace], None] | None = None,
+    reset_timeout_s: float = RolloutConfig.reset_timeout_s,
+    tool_timeout_s: float = RolloutConfig.tool_timeout_s,
 ) -> list[list[Trace]]:
     """``attempts`` episodes of every task in one ``run_episodes`` call; per task (in the order of
     ``tasks``, a task named twice counted twice) its traces in attempt order.
@@ -116,7 +123,7 @@ def run_attempts(
     variant AEGIS routed it to, say). ``trace_id(task, attempt)`` names each trace (a random id
     without it). The jobs run task by task, attempt by attempt, which fixes the order in which a
     seeded policy samples: callers that reseed do so before this call. ``batch_size``, ``workers``,
-    ``max_steps`` and ``on_trace``: as in ``run_episodes``.
+    ``max_steps``, ``on_trace`` and the timeouts: as in ``run_episodes``.
     """
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
@@ -127,7 +134,7 @@ def run_attempts(
     jobs = [Job(task, h, variant=v, trace_id=None if trace_id is None else trace_id(task, a))
             for task, h, v in zip(tasks, harnesses, variants) for a in range(attempts)]
     traces = run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, max_steps=max_steps,
-                          on_trace=on_trace)
+                          on_trace=on_trace, reset_timeout_s=reset_timeout_s, tool_timeout_s=tool_timeout_s)
     return [traces[i * attempts : (i + 1) * attempts] for i in range(len(tasks))]
 
 

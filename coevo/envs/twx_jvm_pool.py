@@ -5,7 +5,9 @@ runtime opens the session of every episode before the first model call, so a ses
 a JVM for its whole life: with more episodes than JVMs it would wait forever for a JVM that only
 frees up after the model has answered. Instead a ``WorkerPool`` of at most ``size`` JVMs
 (``Worker``) is leased for one game step (or one task build) at a time; how a session rebuilds
-its game on whichever JVM it gets is ``coevo.envs.twx_session``'s business.
+its game on whichever JVM it gets is ``coevo.envs.twx_session``'s business. A lease taken under
+the runtime's deadline (``coevo.envs.deadline``) kills its JVM when the deadline passes
+(``killed_at_deadline``): a py4j call cannot be interrupted, but it fails once the JVM is gone.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 
 from py4j.protocol import Py4JError
 from textworld_express import TextWorldExpressEnv
+
+from coevo.envs.deadline import DeadlineExceeded, remaining
 
 _PACKAGE_STEP_LIMIT = 10**6  # the session enforces the step limit; the package's own must never trigger
 
@@ -74,6 +78,36 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=5)
+
+
+@contextmanager
+def killed_at_deadline(worker: Worker) -> Iterator[None]:
+    """Kill ``worker``'s JVM if the block outlives the runtime's deadline, and raise
+    ``DeadlineExceeded`` then (whatever the dead JVM made the block raise, or even if it finished
+    at that moment), so that the lease around it drops the JVM instead of pooling it."""
+    left = remaining()
+    if left is None:
+        yield
+        return
+    fired: list[bool] = []
+
+    def kill() -> None:
+        fired.append(True)
+        worker.stop(kill=True)
+
+    timer = threading.Timer(max(left, 0.0), kill)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except BaseException as err:
+        if fired:
+            raise DeadlineExceeded("the TextWorld-Express step passed its deadline; its JVM was killed") from err
+        raise
+    finally:
+        timer.cancel()
+    if fired:
+        raise DeadlineExceeded("the TextWorld-Express step passed its deadline; its JVM was killed")
 
 
 class WorkerPool:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from coevo.envs.base import Score, Task
-from coevo.envs.twx_jvm_pool import Worker, WorkerPool
+from coevo.envs.deadline import DeadlineExceeded
+from coevo.envs.twx_jvm_pool import Worker, WorkerPool, killed_at_deadline
 from coevo.harness.events import ToolResult, ToolSpec
 
 MAX_COMMAND_CHARS = 200
@@ -91,17 +92,21 @@ class TWXSession:
     def _play(self, command: str | None) -> str:
         """Step the game (or only bring it up to date when ``command`` is None) on a leased JVM.
         Returns the game's reply to ``command``. A game that raises ends the session; the pool
-        kills that JVM."""
+        kills that JVM. A step past the runtime's deadline has its JVM killed too, but the session
+        goes on: the command was not recorded, and the next call rebuilds the game on a fresh JVM."""
         text = ""
         try:
             g = self._game
-            with self._pool.lease(prefer=self._worker, game=(g.name, g.params)) as worker:
+            with self._pool.lease(prefer=self._worker, game=(g.name, g.params)) as worker, killed_at_deadline(worker):
                 if worker.owner != self._token:
                     self._rebuild(worker)
                 if command is not None:
                     text, _, _, infos = worker.game.step(command)
                     self._record(command, infos)
                 self._worker = worker
+        except DeadlineExceeded:
+            self._worker = None
+            raise
         except BaseException:
             self._worker = None
             self.done = True
