@@ -68,12 +68,27 @@ def check_resumable(run_dir: Path, cfg: TrainConfig) -> dict[str, Any]:
         raise ValueError(f"config rounds={cfg.rounds} must be >= {done}: {run_dir} already completed {done} rounds; "
                          "resume it with rounds >= that, or choose another name= / run_dir=")
     if path.is_file():
-        saved = yaml.safe_load(path.read_text())
+        saved = with_new_fields(yaml.safe_load(path.read_text()))
         changed = sorted(k for k in set(saved) | set(data) if saved.get(k) != data.get(k) and k not in RESUMABLE_CHANGES)
         if changed:
             raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); resume it with the same "
                              "config, or choose another name= / run_dir=")
     return data
+
+
+def with_new_fields(saved: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config with the group fields added to the schema since it was written, at their
+    defaults: the run behaved as those defaults do, so a version that adds a field (a timeout, a
+    retry count) still resumes the runs of the version before; the same field set to another value
+    is still a different config."""
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.to_container(OmegaConf.structured(TrainConfig), resolve=False)  # run_dir: ${hydra:...}
+    out = dict(saved)
+    for key, group in defaults.items():
+        if isinstance(group, dict) and isinstance(saved.get(key), dict):
+            out[key] = {**{k: v for k, v in group.items() if k not in saved[key]}, **saved[key]}
+    return out
 
 
 def completed_rounds(run_dir: Path) -> int:

@@ -105,6 +105,20 @@ def test_a_changed_config_does_not_resume_into_an_existing_run(tmp_path):
     assert [r["round"] for r in records(tmp_path / "run")] == [0, 1]
 
 
+def test_a_run_recorded_before_a_field_existed_resumes_at_its_default(tmp_path):
+    import yaml
+
+    coevo.run(smoke(tmp_path / "run", "rounds=1"))
+    path = tmp_path / "run" / "config.yaml"
+    saved = yaml.safe_load(path.read_text())
+    del saved["rollout"]["reset_timeout_s"]  # as written by the version before the field
+    path.write_text(yaml.safe_dump(saved, sort_keys=False))
+    with pytest.raises(ValueError, match=r"different config \(keys \['rollout'\]\)"):
+        coevo.run(smoke(tmp_path / "run", "rounds=2", "rollout.reset_timeout_s=5"))
+    coevo.run(smoke(tmp_path / "run", "rounds=2"))  # the default is what the old run did
+    assert [r["round"] for r in records(tmp_path / "run")] == [0, 1]
+
+
 ROUNDS = 6
 
 
