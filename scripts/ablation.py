@@ -137,17 +137,26 @@ def _rate(v: Sequence[float]) -> str:
 def report_text(summary: dict, command: str, wall_minutes: float) -> str:
     arms, diffs = summary["arms"], summary["differences"]
     k = next(iter(arms.values()))["k"]
+    at_k = k > 1  # with one attempt per test task pass@k is pass@1: one column
+
+    def cells(*values: str) -> str:
+        return "".join(f" {v} |" for v in values)
+
+    head_k = cells(f"test pass@{k} (%)") if at_k else ""
     lines = [f"`{command}`", "",
-             f"| arm | seeds | test tasks | test pass@1 (%) | test pass@{k} (%) | test tool use (%) | train pass by round (%) "
-             f"| train tool use by round (%) | minutes per run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"| arm | seeds | test tasks | test pass@1 (%) |{head_k} test tool use (%) | train pass by round (%) "
+             "| train tool use by round (%) | minutes per run |",
+             "|---|---|---|---|---|---|---|---|" + ("---|" if at_k else "")]
     for mode, a in arms.items():
         curve = " → ".join(f"{v:.0f}" for v in a["curves"]["pass_rate"])
         tools = " → ".join(f"{v:.0f}" for v in a["curves"]["tool_use_rate"])
-        lines.append(f"| {mode} | {a['seeds']} | {a['tasks']} | {_rate(a['pass_at_1'])} | {_rate(a['pass_at_k'])} | "
-                     f"{a['test_tool_use']:.1f} | {curve} | {tools} | {a['minutes']:.1f} |")
-    lines += ["", f"| difference (points, paired bootstrap 95% CI) | seeds | pass@1 | pass@{k} |", "|---|---|---|---|"]
-    lines += [f"| {name} | {d['seeds']} | {_ci(d['pass_at_1'])} | {_ci(d['pass_at_k'])} |" for name, d in diffs.items()]
+        rate_k = cells(_rate(a["pass_at_k"])) if at_k else ""
+        lines.append(f"| {mode} |" + cells(str(a["seeds"]), str(a["tasks"]), _rate(a["pass_at_1"])) + rate_k
+                     + cells(f"{a['test_tool_use']:.1f}", curve, tools, f"{a['minutes']:.1f}"))
+    lines += ["", "| difference (points, paired bootstrap 95% CI) | seeds | pass@1 |" + (cells(f"pass@{k}") if at_k else ""),
+              "|---|---|---|" + ("---|" if at_k else "")]
+    lines += [f"| {name} |" + cells(str(d["seeds"]), _ci(d["pass_at_1"])) + (cells(_ci(d["pass_at_k"])) if at_k else "")
+              for name, d in diffs.items()]
     lines += ["", f"wall clock: {wall_minutes:.1f} min (runs already finished are read back, not re-run)"]
     return "\n".join(lines) + "\n"
 
