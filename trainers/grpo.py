@@ -247,10 +247,9 @@ class GRPOTrainer:
         share = self._share_prefix(batch)
         hidden = completion_hidden(self.model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
                                    share_prefix=share)
-        if not mb:
-            weight = lm_head_weight(self.model)
-            return (hidden.float() @ weight.T.float()).sum() * 0.0, None
         weight = lm_head_weight(self.model)
+        if not mb:
+            return (hidden.sum() + weight.sum()) * 0.0, None  # every parameter in the graph, no logits
         weights = token_weights(batch.lengths, self.aggregation, step_tokens=step_tokens, step_sequences=step_seqs,
                                 horizon=self.loss_horizon)
         weights = weights.to(device) * batch.loss_weights
@@ -356,7 +355,7 @@ class GRPOTrainer:
         if bad is not None:  # training on them would give NaN losses from the first step, without a word
             raise ValueError(f"{weights_file}: tensor {bad!r} holds NaN or infinite values")
         if self.sharded:
-            sharding.load_full_model_state(model, _model_keys(model, tensors))
+            sharding.load_full_model_state(model, sharding.model_keys(model, tensors))
         elif hasattr(model, "peft_config"):
             from peft import set_peft_model_state_dict
 
@@ -373,25 +372,6 @@ class GRPOTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
-
-
-def _model_keys(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A checkpoint's tensors under the model's own state-dict names: a PEFT adapter is saved without
-    its adapter name (``...lora_A.weight``) and lives in the model as ``...lora_A.<adapter>.weight``.
-    A name that matches neither is a ValueError (a checkpoint of another model)."""
-    keys = set(model.state_dict())
-    adapter = model.active_adapter if hasattr(model, "peft_config") else None
-    out = {}
-    for name, tensor in tensors.items():
-        head, _, leaf = name.rpartition(".")
-        named = f"{head}.{adapter}.{leaf}" if adapter else name
-        if named in keys:
-            out[named] = tensor
-        elif name in keys:
-            out[name] = tensor
-        else:
-            raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
-    return out
 
 
 def _temperature(items: Sequence[TrainSequence | PackedSequence], batch: Any) -> float | torch.Tensor:

@@ -71,6 +71,25 @@ def full_model_state(model: Any) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_options())
 
 
+def model_keys(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors under the model's own state-dict names: a PEFT adapter is saved without
+    its adapter name (``...lora_A.weight``) and lives in the model as ``...lora_A.<adapter>.weight``.
+    A name that matches neither is a ValueError (a checkpoint of another model)."""
+    keys = set(model.state_dict())
+    adapter = model.active_adapter if hasattr(model, "peft_config") else None
+    out = {}
+    for name, tensor in tensors.items():
+        head, _, leaf = name.rpartition(".")
+        named = f"{head}.{adapter}.{leaf}" if adapter else name
+        if named in keys:
+            out[named] = tensor
+        elif name in keys:
+            out[name] = tensor
+        else:
+            raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
+    return out
+
+
 def load_full_model_state(model: Any, state: dict[str, torch.Tensor]) -> None:
     """Load a whole (not sharded) state dict into the sharded model; every rank passes the same
     ``state`` (missing keys, e.g. a tied head or the frozen base under LoRA, keep their values)."""
