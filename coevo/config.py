@@ -145,6 +145,9 @@ class TrainerConfig:
     max_grad_norm: float = opt(1.0, "gradient clipping norm")
     warmup_steps: int = opt(0, "linear warm-up steps")
     steps_per_round: int = opt(1, "optimizer steps per round, each over the buffer groups of the round's tasks")
+    step_traces: int | None = opt(None, "at most this many traces of groups with a reward spread per optimizer step: "
+                                  "a round's groups are split over its steps as PPO minibatches, wrapping around "
+                                  "(None: every step takes the whole round)")
     micro_batch_size: int = opt(8, "sequences per forward/backward (gradient accumulation beyond)")
     eps_low: float = opt(0.2, "clip: ratio lower bound 1 - eps_low")
     eps_high: float = opt(0.28, "clip: ratio upper bound 1 + eps_high")

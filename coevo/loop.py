@@ -58,6 +58,7 @@ from coevo.records import (
 from coevo.round_grpo import (
     buffered_rollouts,
     critic_task_ids,
+    step_batches,
     critic_traces_to_store,
     grpo_record,
     training_batch,
@@ -107,6 +108,7 @@ class Coevolution:
         buffer: Any | None = None,
         logprob_fn: Callable | None = None,
         steps_per_round: int,
+        step_traces: int | None = None,
         val_every: int,
         eval_attempts: int,
         tracker: Any,
@@ -134,7 +136,7 @@ class Coevolution:
         self.rounds, self.attempts, self.seed = rounds, attempts, seed
         self.first, self.end = first_round, first_round + rounds  # round numbers [first, end)
         self.trainer, self.buffer, self.logprob_fn, self.steps_per_round = trainer, buffer, logprob_fn, steps_per_round
-        self.val_every, self.eval_attempts = val_every, eval_attempts
+        self.step_traces, self.val_every, self.eval_attempts = step_traces, val_every, eval_attempts
         self.tracker, self.progress, self.is_main = tracker, progress, is_main
         self.share = share or (lambda obj: obj)  # rank 0's object on every rank (identity on one process)
         self.sync_weights = sync_weights or (lambda: None)
@@ -257,7 +259,7 @@ class Coevolution:
         grpo = None
         if self.trains:
             tick = time.perf_counter()
-            grpo = self._train(self.share(training_batch(self.buffer, train_ids)))
+            grpo = self._train(self.share(training_batch(self.buffer, train_ids)), r)
             seconds["grpo"] = time.perf_counter() - tick
 
         val = None
@@ -351,13 +353,15 @@ class Coevolution:
         (``buffer.sampler_logprobs``), else a forward pass of the current model."""
         return sampler_first(traces, self.logprob_fn) if self.sampler_logprobs else self.logprob_fn
 
-    def _train(self, batch: tuple[list[Trace], list[int]]) -> GRPOMetrics:
-        """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each)."""
+    def _train(self, batch: tuple[list[Trace], list[int]], r: int) -> GRPOMetrics:
+        """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each): passes
+        over the same buffered groups (the ratio is clipped), or minibatches of them (``step_traces``)."""
         traces, versions = batch
         steps: list[dict] = []
         with self.progress.task("GRPO", self.steps_per_round) as advance:
-            for _ in range(self.steps_per_round):  # passes over the same buffered groups: the ratio is clipped
-                steps.append(self.trainer.step(traces, versions=versions).as_dict())
+            for part, part_versions in step_batches(traces, versions, self.steps_per_round, self.step_traces,
+                                                    seed=f"{self.seed}-{r}"):
+                steps.append(self.trainer.step(part, versions=part_versions).as_dict())
                 advance()
         self.policy.model_version = str(self.trainer.version)
         self.sync_weights()
