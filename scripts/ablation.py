@@ -47,7 +47,8 @@ DIFFERENCES = (("harness_only", "static"), ("model_only", "static"), ("coevolve"
                ("coevolve", "static"))
 """(a, b) pairs reported as a - b: the three the issue sets targets on, and the total effect."""
 LONGEST_FIRST = ("coevolve", "model_only", "harness_only", "static")
-"""The order runs are started in within a seed: the arms that train take longest."""
+"""The order runs are started in: every seed of the longest arm first (the arms that train take
+longest), so no long run starts last beside nothing."""
 PRESETS: dict[str, list[str]] = {
     "efficacy": ["experiment=efficacy"],
     "protocol": ["experiment=ablation"],
@@ -212,9 +213,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     began = time.perf_counter()
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
-    # Longest arms first within each seed, so that side-by-side jobs end together rather than one
+    # Longest arms first (every seed of one before the next), so that side-by-side jobs end together rather than one
     # cheap run waiting on a long one; the report keeps the canonical arm order.
-    runs = [(mode, seed) for seed in args.seeds for mode in sorted(args.modes, key=LONGEST_FIRST.index)]
+    runs = [(mode, seed) for mode in sorted(args.modes, key=LONGEST_FIRST.index) for seed in args.seeds]
     threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
     with ThreadPoolExecutor(args.jobs) as pool:
         records = list(pool.map(lambda ms: run_one(*ms, out, overrides, threads), runs))
