@@ -247,7 +247,8 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
         step_traces=cfg.trainer.step_traces, val_every=cfg.val_every, eval_attempts=cfg.eval_attempts,
         tracker=tracker, progress=progress, is_main=is_main,
         share=(lambda obj: broadcast_object_list([obj], from_process=0)[0]) if accelerator.num_processes > 1 else None,
-        sync_weights=sync, tokenizer=tok, critic_traces=critic_traces, sampler_logprobs=cfg.buffer.sampler_logprobs,
+        sync_weights=sync, release_rollout=getattr(policy, "release", None),  # a vLLM engine's sleep mode
+        tokenizer=tok, critic_traces=critic_traces, sampler_logprobs=cfg.buffer.sampler_logprobs,
         evolve_rounds=lambda r: r < e.early_rounds or (r - e.early_rounds + 1) % e.every == 0,
     )
     try:
@@ -334,8 +335,12 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
 
     path = str(converted_dir()) if cfg.model.name == "smollm2" else cfg.model.name
     if cfg.rollout.vllm_mode == "colocate":
-        engine = ColocatedEngine(path, seed=cfg.seed, gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
+        engine = ColocatedEngine(path, sleep_level=cfg.rollout.vllm_sleep_level, seed=cfg.seed,
+                                 gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
     elif cfg.rollout.vllm_mode == "server":
+        if cfg.rollout.vllm_sleep_level is not None:
+            raise ValueError("rollout.vllm_sleep_level applies to the colocated engine; a vllm-serve server holds "
+                             "its own GPUs (set it to null with rollout.vllm_mode=server)")
         engine = ServerEngine(cfg.rollout.vllm_server_url)
     else:
         raise ValueError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose one of ['colocate', 'server']")

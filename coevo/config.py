@@ -59,6 +59,8 @@ class RolloutConfig:
     vllm_mode: str = opt("colocate", "vllm backend: colocate (engine in the trainer process) | server (trl vllm-serve)")
     vllm_server_url: str = opt("http://127.0.0.1:8000", "vllm server mode: URL of trl vllm-serve")
     vllm_gpu_memory_utilization: float = opt(0.3, "vllm colocate: share of GPU memory for the engine")
+    vllm_sleep_level: int | None = opt(None, "vllm colocate: sleep mode while the trainer steps: 1 (weights to CPU, KV "
+                                       "cache freed) | 2 (both freed; the weight sync reloads them) | null (off)")
     engine: str = opt("cached", "transformers backend: cached (reuses prompt-prefix key/value states, coevo.policy.decode) "
                       "| hf (model.generate, re-reads every prompt; the reference)")
     prefix_cache_mb: float = opt(1024, "transformers backend, cached engine: MiB of prefix key/value states kept "

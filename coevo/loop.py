@@ -116,6 +116,7 @@ class Coevolution:
         is_main: bool = True,
         share: Callable[[Any], Any] | None = None,
         sync_weights: Callable[[], None] | None = None,
+        release_rollout: Callable[[], None] | None = None,
         tokenizer: Any | None = None,
         first_round: int = 0,
         critic_traces: list[Trace] | None = None,
@@ -140,6 +141,7 @@ class Coevolution:
         self.tracker, self.progress, self.is_main = tracker, progress, is_main
         self.share = share or (lambda obj: obj)  # rank 0's object on every rank (identity on one process)
         self.sync_weights = sync_weights or (lambda: None)
+        self.release_rollout = release_rollout or (lambda: None)  # vLLM sleep mode: its GPU memory to the trainer
         self.tokenizer = tokenizer
         self.critic_traces = critic_traces  # filled by the Critic's re-runs (RolloutService.critic_rollout(keep=))
         self.evolve_rounds = evolve_rounds or (lambda r: True)
@@ -358,6 +360,7 @@ class Coevolution:
         over the same buffered groups (the ratio is clipped), or minibatches of them (``step_traces``)."""
         traces, versions = batch
         steps: list[dict] = []
+        self.release_rollout()
         with self.progress.task("GRPO", self.steps_per_round) as advance:
             for part, part_versions in step_batches(traces, versions, self.steps_per_round, self.step_traces,
                                                     seed=f"{self.seed}-{r}"):

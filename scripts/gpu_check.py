@@ -6,8 +6,9 @@ Checks, each printed as one JSON line (and collected into DIR/gpu_check.json whe
 1. TransformersPolicy on CUDA: returned log-probs equal a fresh forward pass (fp32, TF32 off) at
    temperatures 1.0 and 0.7; decoded ids equal the text; throughput batched vs one at a time.
 2. VLLMPolicy, colocated (when vllm is installed): the same contract against the HF forward
-   (tolerance for different kernels), then weight sync: after perturbing the trainer's weights
-   and calling sync_weights, vLLM's log-probs follow the new weights. Throughput.
+   (tolerance for different kernels), then sleep mode (level 2 frees GPU memory) and weight sync:
+   after perturbing the trainer's weights, releasing the engine and calling sync_weights, vLLM's
+   log-probs follow the new weights. Throughput.
 3. GRPO loss kernels on CUDA: Triton and chunked paths against the float64 reference (loss and
    gradients w.r.t. hidden and weight, odd shape, vocab 151936, fp32 and bf16), then forward +
    backward median time and peak memory above the inputs at B=4, T=256, H=896 and B=8, T=1024,
@@ -110,7 +111,7 @@ def check_vllm(model_name: str, hf_model, tok) -> None:
     from coevo.policy.vllm import ColocatedEngine, VLLMPolicy
 
     path = str(converted_dir()) if model_name == "smollm2" else model_name
-    policy = VLLMPolicy(ColocatedEngine(path, dtype="float32", gpu_memory_utilization=0.3), tok)
+    policy = VLLMPolicy(ColocatedEngine(path, sleep_level=2, dtype="float32", gpu_memory_utilization=0.3), tok)
     gens = policy.generate(requests(8, 0.7))
     err = max_logprob_error(hf_model, gens, 0.7)
     text_ok = all(tok.decode(g.completion_ids, skip_special_tokens=True) == g.text for g in gens)
@@ -119,7 +120,11 @@ def check_vllm(model_name: str, hf_model, tok) -> None:
         for p in hf_model.model.layers[-1].parameters():
             p.add_(0.05 * torch.randn_like(p))
     stale_err = max_logprob_error(hf_model, policy.generate(requests(4, 1.0)), 1.0)
-    policy.sync_weights(hf_model, "perturbed")
+    awake = torch.cuda.mem_get_info()[0]
+    policy.release()  # sleep mode, level 2: weights and KV cache freed for the trainer's step
+    asleep = torch.cuda.mem_get_info()[0]
+    report("vllm_sleep", level=2, freed_gib=(asleep - awake) / 2**30, passed=bool(asleep > awake))
+    policy.sync_weights(hf_model, "perturbed")  # wakes the weights, loads the trained ones
     synced_err = max_logprob_error(hf_model, policy.generate(requests(4, 1.0)), 1.0)
     report("vllm_weight_sync", error_before_sync=stale_err, error_after_sync=synced_err,
            passed=bool(synced_err < 2e-2 and synced_err < stale_err))

@@ -10,6 +10,8 @@ temperature-scaled distribution (vLLM's default, raw log-probs, would bias impor
 
 After each trainer update, ``sync_weights(model)`` pushes the new weights into the engine (a
 LoRA adapter is merged for the copy and unmerged afterwards) and bumps ``model_version``.
+``release()`` before the update lets a colocated engine in sleep mode give the GPU memory of its
+KV cache (and weights) to the trainer; it wakes what it needs on the next load or generate.
 
 vLLM is an optional GPU-only extra (``pip install coevo[vllm]``); this module imports it only
 when an engine is built, so it can be imported and unit-tested on a CPU against a fake engine.
@@ -42,6 +44,8 @@ class Engine(Protocol):
 
     def load_weights(self, weights: Iterator[tuple[str, Any]]) -> None: ...
 
+    def release(self) -> None: ...
+
 
 def named_weights(model: Any) -> Iterator[tuple[str, Any]]:
     """(name, tensor) pairs in the base model's naming. For a PEFT model the adapter must already
@@ -58,9 +62,19 @@ def named_weights(model: Any) -> Iterator[tuple[str, Any]]:
 
 
 class ColocatedEngine:
-    """``vllm.LLM`` in this process, sharing the GPU with the trainer."""
+    """``vllm.LLM`` in this process, sharing the GPU with the trainer.
 
-    def __init__(self, model_path: str, **llm_kwargs: Any) -> None:
+    With ``sleep_level`` (vLLM's sleep mode) ``release()`` puts the engine to sleep while the
+    trainer steps: level 1 moves its weights to CPU memory and drops the KV cache, level 2 drops
+    both (the weight sync that follows every update reloads them). It wakes in two parts, as vLLM
+    allows: the weights before a weight load (so the new ones land in allocated memory while the
+    KV cache is still free), the KV cache before the next generate.
+    """
+
+    def __init__(self, model_path: str, *, sleep_level: int | None = None, **llm_kwargs: Any) -> None:
+        if sleep_level not in (None, 1, 2):
+            raise ValueError(f"rollout.vllm_sleep_level={sleep_level!r}: vLLM's sleep levels are 1 (weights to CPU, "
+                             "KV cache freed) and 2 (both freed); null turns sleep mode off")
         try:
             from vllm import LLM
         except ImportError as err:
@@ -68,11 +82,33 @@ class ColocatedEngine:
         llm_kwargs.setdefault("gpu_memory_utilization", 0.3)
         # the harness prefix and earlier turns are read once per weight version; load_weights resets it
         llm_kwargs.setdefault("enable_prefix_caching", True)
+        if sleep_level is not None:
+            llm_kwargs["enable_sleep_mode"] = True
         self.llm = LLM(model=model_path, logprobs_mode="processed_logprobs", **llm_kwargs)
+        self.sleep_level = sleep_level
+        self.asleep: set[str] = set()  # the parts vLLM holds released: "weights", "kv_cache"
+        self.weights_dropped = False  # level 2: nothing to wake until the next load
+
+    def release(self) -> None:
+        """Sleep (with ``sleep_level``) until the next load or generate; a no-op otherwise."""
+        if self.sleep_level is not None and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = {"weights", "kv_cache"}
+            self.weights_dropped = self.sleep_level == 2
+
+    def _wake(self, part: str) -> None:
+        if part in self.asleep:
+            self.llm.wake_up(tags=[part])
+            self.asleep.discard(part)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[EngineOutput]:
         from vllm import SamplingParams as VSampling
 
+        if self.weights_dropped:
+            raise RuntimeError("the vLLM engine slept at level 2 (its weights freed) and no weight sync has loaded "
+                               "new ones: generating now would read freed memory")
+        self._wake("weights")
+        self._wake("kv_cache")
         params = VSampling(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -91,9 +127,12 @@ class ColocatedEngine:
         return results
 
     def load_weights(self, weights: Iterator[tuple[str, Any]]) -> None:
+        self._wake("weights")
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
         runner.model.load_weights(weights)
-        self.llm.reset_prefix_cache()
+        self.weights_dropped = False
+        if "kv_cache" not in self.asleep:  # a sleeping cache is dropped whole: it wakes empty
+            self.llm.reset_prefix_cache()
 
 
 class ServerEngine:
@@ -140,6 +179,9 @@ class ServerEngine:
             self.client.update_named_param(name, tensor)
         self.client.reset_prefix_cache()
 
+    def release(self) -> None:
+        """Nothing to release: the server holds its own GPUs."""
+
 
 class VLLMPolicy:
     def __init__(self, engine: Engine, tokenizer: Any, *, model_version: str = "0", tool_role: bool = False) -> None:
@@ -170,6 +212,10 @@ class VLLMPolicy:
                     finish_reason=out.finish_reason,
                 )
         return [r for r in results if r is not None]
+
+    def release(self) -> None:
+        """Before a trainer update: the engine may free GPU memory until the next sync or generate."""
+        self.engine.release()
 
     def sync_weights(self, model: Any, model_version: str) -> None:
         """Copy the trainer's current weights into the engine; rollouts after this use them."""

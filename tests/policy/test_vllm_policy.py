@@ -18,6 +18,7 @@ class FakeEngine:
         self.model, self.shift = model, shift
         self.calls: list[tuple[int, SamplingParams]] = []
         self.loaded: dict[str, torch.Tensor] = {}
+        self.releases = 0
 
     @torch.no_grad()
     def generate(self, prompts, sampling):
@@ -35,6 +36,9 @@ class FakeEngine:
 
     def load_weights(self, weights):
         self.loaded.update({k: v.clone() for k, v in weights})
+
+    def release(self):
+        self.releases += 1
 
 
 @pytest.fixture
@@ -143,3 +147,111 @@ def test_colocated_engine_caches_prefixes_and_resets_them_on_weight_load(monkeyp
     assert calls["reset"] is True
     vmod.ColocatedEngine("some/model", enable_prefix_caching=False)
     assert calls["kwargs"]["enable_prefix_caching"] is False
+
+
+def _fake_vllm(monkeypatch, log: list):
+    """A fake ``vllm`` module whose LLM logs, in order, what the engine asks of it."""
+    import sys
+    import types
+
+    class Out:
+        def __init__(self, n):
+            self.outputs = [types.SimpleNamespace(token_ids=[7] * n, logprobs=[{7: types.SimpleNamespace(logprob=-0.5)}] * n,
+                                                  finish_reason="length")]
+
+    class LLM:
+        def __init__(self, **kwargs):
+            log.append(("init", kwargs.get("enable_sleep_mode", False)))
+            runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=lambda w: log.append(("load", len(list(w))))))
+            self.llm_engine = types.SimpleNamespace(
+                model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(model_runner=runner)))
+
+        def generate(self, prompts, params, use_tqdm=False):
+            log.append(("generate", len(prompts)))
+            return [Out(params.max_tokens) for _ in prompts]
+
+        def sleep(self, level):
+            log.append(("sleep", level))
+
+        def wake_up(self, tags):
+            log.append(("wake_up", tuple(tags)))
+
+        def reset_prefix_cache(self):
+            log.append(("reset",))
+
+    sampling = lambda **kw: types.SimpleNamespace(**kw)  # noqa: E731
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=sampling))
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_mode_frees_the_engine_for_training_and_wakes_it_in_two_parts(monkeypatch, level):
+    """release() sleeps at the configured level; the sync wakes the weights only (the KV cache stays
+    free while they load, and is not reset: it wakes empty); the next generate wakes the KV cache."""
+    from coevo.policy import vllm as vmod
+
+    log: list = []
+    _fake_vllm(monkeypatch, log)
+    engine = vmod.ColocatedEngine("some/model", sleep_level=level)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=2)
+    engine.generate([[1, 2]], sampling)
+    engine.release()
+    engine.release()  # asleep already: nothing more
+    engine.load_weights(iter([("w", torch.zeros(1))]))
+    out = engine.generate([[1, 2]], sampling)
+    assert out[0].completion_ids == [7, 7] and out[0].logprobs == [-0.5, -0.5]
+    assert log == [("init", True), ("generate", 1), ("sleep", level), ("wake_up", ("weights",)), ("load", 1),
+                   ("wake_up", ("kv_cache",)), ("generate", 1)]
+    log.clear()
+    engine.load_weights(iter([("w", torch.zeros(1))]))  # awake: a load resets the prefix cache
+    assert log == [("load", 1), ("reset",)]
+
+
+def test_a_level_2_sleep_refuses_to_generate_before_new_weights_are_loaded(monkeypatch):
+    from coevo.policy import vllm as vmod
+
+    log: list = []
+    _fake_vllm(monkeypatch, log)
+    engine = vmod.ColocatedEngine("some/model", sleep_level=2)
+    engine.release()
+    with pytest.raises(RuntimeError, match="no weight sync has loaded"):
+        engine.generate([[1]], SamplingParams(max_new_tokens=1))
+    off = vmod.ColocatedEngine("some/model")  # no sleep mode: release is a no-op
+    off.release()
+    assert ("sleep", 2) in log and log.count(("sleep", 2)) == 1 and log[-1] == ("init", False)
+    with pytest.raises(ValueError, match="sleep levels are 1"):
+        vmod.ColocatedEngine("some/model", sleep_level=3)
+
+
+def test_the_loop_releases_the_engine_before_every_update_and_syncs_after(tmp_path, monkeypatch):
+    """A model_only run on a vLLM policy (fake engine): each round releases the engine before its
+    GRPO steps and loads the trained weights after them, so rollouts never run on a sleeping engine."""
+    from pathlib import Path
+
+    import coevo
+    from coevo import build
+    from tests.test_loop import records, smoke
+
+    order: list[str] = []
+
+    class Recording(FakeEngine):
+        def generate(self, prompts, sampling):
+            order.append("generate")
+            return super().generate(prompts, sampling)
+
+        def load_weights(self, weights):
+            order.append("load")
+            super().load_weights(weights)
+
+        def release(self):
+            order.append("release")
+
+    def fake_policy(cfg, model, tok):
+        policy = VLLMPolicy(Recording(model), tok, model_version="0")
+        return policy, lambda: policy.sync_weights(model, policy.model_version)
+
+    monkeypatch.setattr(build, "build_policy", fake_policy)
+    run_dir = Path(coevo.run(smoke(tmp_path / "run", "mode=model_only", "rounds=2", "val_limit=0",
+                                   "rollout.max_new_tokens=4")))
+    assert len(records(run_dir)) == 2
+    squeezed = [k for i, k in enumerate(order) if i == 0 or order[i - 1] != k]
+    assert squeezed == ["generate", "release", "load", "generate", "release", "load"], squeezed
