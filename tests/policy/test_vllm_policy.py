@@ -255,3 +255,12 @@ def test_the_loop_releases_the_engine_before_every_update_and_syncs_after(tmp_pa
     assert len(records(run_dir)) == 2
     squeezed = [k for i, k in enumerate(order) if i == 0 or order[i - 1] != k]
     assert squeezed == ["generate", "release", "load", "generate", "release", "load"], squeezed
+
+
+def test_sleep_mode_with_a_server_is_refused_naming_why(tmp_path):
+    from coevo import build
+    from tests.test_loop import smoke
+
+    cfg = smoke(tmp_path / "run", "rollout=vllm", "rollout.vllm_mode=server", "rollout.vllm_sleep_level=2")
+    with pytest.raises(ValueError, match="vllm-serve server holds its own GPUs"):
+        build.build_policy(cfg, None, None)
