@@ -199,7 +199,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
                               loss_horizon=cfg.rollout.max_new_tokens)
         model = trainer.unwrapped
     if model is not None:
-        policy, sync = build_policy(cfg, rollout_model or model, tok)
+        policy, sync = build_policy(cfg, rollout_model or model, tok, generates=is_main)
         if sharded:
             sync = gathered_sync(trainer.model, rollout_model)
         model = rollout_model or model
@@ -322,8 +322,9 @@ def gathered_sync(sharded_model: Any, rollout_model: Any | None) -> Any:
     return sync
 
 
-def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
-    """(policy, sync) where ``sync()`` pushes the trained weights to the rollout engine."""
+def build_policy(cfg: TrainConfig, model: Any, tok: Any, *, generates: bool = True) -> tuple[Any, Any]:
+    """(policy, sync) where ``sync()`` pushes the trained weights to the rollout engine. A rank that
+    does not generate (``generates=False``: rank > 0) gets an idle vLLM engine, not one of its own."""
     from coevo.policy.hf import TransformersPolicy
 
     if cfg.rollout.backend == "transformers":
@@ -331,10 +332,14 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
                                     engine=cfg.rollout.engine, prefix_cache_mb=cfg.rollout.prefix_cache_mb)
         return policy, None  # generation uses the trained model object itself
     from coevo.policy.smollm2 import converted_dir
-    from coevo.policy.vllm import ColocatedEngine, ServerEngine, VLLMPolicy
+    from coevo.policy.vllm import ColocatedEngine, IdleEngine, ServerEngine, VLLMPolicy
 
     path = str(converted_dir()) if cfg.model.name == "smollm2" else cfg.model.name
-    if cfg.rollout.vllm_mode == "colocate":
+    if cfg.rollout.vllm_mode not in ("colocate", "server"):
+        raise ValueError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose one of ['colocate', 'server']")
+    if not generates:
+        engine = IdleEngine()
+    elif cfg.rollout.vllm_mode == "colocate":
         engine = ColocatedEngine(path, sleep_level=cfg.rollout.vllm_sleep_level, seed=cfg.seed,
                                  gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
     elif cfg.rollout.vllm_mode == "server":
@@ -342,10 +347,8 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any) -> tuple[Any, Any]:
             raise ValueError("rollout.vllm_sleep_level applies to the colocated engine; a vllm-serve server holds "
                              "its own GPUs (set it to null with rollout.vllm_mode=server)")
         engine = ServerEngine(cfg.rollout.vllm_server_url)
-    else:
-        raise ValueError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose one of ['colocate', 'server']")
     policy = VLLMPolicy(engine, tok, model_version="0")
-    return policy, lambda: policy.sync_weights(model, policy.model_version)
+    return policy, (lambda: policy.sync_weights(model, policy.model_version)) if generates else None
 
 
 def scripted_policy(name: str, env: Any, env_name: str, *, delegate: bool = False) -> Any:

@@ -183,6 +183,22 @@ class ServerEngine:
         """Nothing to release: the server holds its own GPUs."""
 
 
+class IdleEngine:
+    """The engine of a rank that never generates (rank > 0 of a multi-process run: rank 0 rolls
+    out and shares the traces). It holds no GPU memory and joins no weight-transfer group, so a
+    ``vllm serve`` server has exactly one client and a colocated run one engine; the ranks' weights
+    are identical after every step, so rank 0's sync is the sync."""
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[EngineOutput]:
+        raise RuntimeError("only rank 0 generates in a multi-process run; this rank's vLLM engine is idle")
+
+    def load_weights(self, weights: Iterator[tuple[str, Any]]) -> None:
+        """Nothing to load: rank 0's engine took the same weights."""
+
+    def release(self) -> None:
+        """Nothing held."""
+
+
 class VLLMPolicy:
     def __init__(self, engine: Engine, tokenizer: Any, *, model_version: str = "0", tool_role: bool = False) -> None:
         if tokenizer.chat_template is None:

@@ -245,7 +245,7 @@ def test_the_loop_releases_the_engine_before_every_update_and_syncs_after(tmp_pa
         def release(self):
             order.append("release")
 
-    def fake_policy(cfg, model, tok):
+    def fake_policy(cfg, model, tok, generates=True):
         policy = VLLMPolicy(Recording(model), tok, model_version="0")
         return policy, lambda: policy.sync_weights(model, policy.model_version)
 
@@ -264,3 +264,30 @@ def test_sleep_mode_with_a_server_is_refused_naming_why(tmp_path):
     cfg = smoke(tmp_path / "run", "rollout=vllm", "rollout.vllm_mode=server", "rollout.vllm_sleep_level=2")
     with pytest.raises(ValueError, match="vllm-serve server holds its own GPUs"):
         build.build_policy(cfg, None, None)
+
+
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_only_rank_0_builds_a_vllm_engine_and_syncs_it(tmp_path, monkeypatch, mode):
+    """Several processes share one server (or one colocated engine): a rank that does not generate
+    builds no engine, joins no weight-transfer group, and has nothing to sync; rank 0 builds its own."""
+    from coevo import build
+    from coevo.policy import vllm as vmod
+    from tests.test_loop import smoke
+
+    built: list[str] = []
+
+    class Built:
+        def __init__(self, *args, **kwargs):
+            built.append(mode)
+
+    monkeypatch.setattr(vmod, "ColocatedEngine", Built)
+    monkeypatch.setattr(vmod, "ServerEngine", Built)
+    tok = tiny_tokenizer()
+    cfg = smoke(tmp_path / "run", "rollout=vllm", f"rollout.vllm_mode={mode}")
+    policy, sync = build.build_policy(cfg, None, tok, generates=False)
+    assert built == [] and isinstance(policy.engine, vmod.IdleEngine) and sync is None
+    policy.release()
+    with pytest.raises(RuntimeError, match="only rank 0 generates"):
+        policy.generate([ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=1))])
+    policy, sync = build.build_policy(cfg, None, tok)
+    assert built == [mode] and isinstance(policy.engine, Built) and sync is not None
