@@ -6,7 +6,7 @@
     python train.py -m trainer.lr=1e-5,5e-5          # a Hydra sweep, one run directory per override
     accelerate launch train.py model=... rollout=vllm logger=wandb
 
-Configs live in configs/ (schema and field docs: coevo/config.py, or `coevo config show`).
+Configs live in configs/ (schema and field docs: coevo/config/schema.py, or `coevo config show`).
 Started again with the same config, a run resumes from its last complete round.
 """
 
@@ -15,7 +15,7 @@ import sys
 
 import hydra
 
-from coevo.config import register
+from coevo.config.schema import register
 
 register()
 

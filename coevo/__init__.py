@@ -3,8 +3,8 @@
 __version__ = "0.1.0"
 
 
-def run(cfg):  # noqa: ANN001, ANN201 - a Hydra DictConfig or a coevo.config.TrainConfig
+def run(cfg):  # noqa: ANN001, ANN201 - a Hydra DictConfig or a coevo.config.schema.TrainConfig
     """Run (or resume) a co-evolution run from its config; returns the run directory."""
-    from coevo.build import run as _run
+    from coevo.loop.build import run as _run
 
     return _run(cfg)

@@ -6,7 +6,7 @@ The worked example of docs/gpu-cluster.md, which shows the same commands and tab
   parser (it refuses unknown keys), and every ``fsdp_config`` / ``deepspeed_config`` key must be an
   ``accelerate launch`` option with an allowed value;
 - ``LAUNCHES``: the train.py commands of the guide; ``compose`` builds each one's config with Hydra's
-  compose API over configs/ and runs ``coevo.config_check.check`` on it, as train.py does before any work;
+  compose API over configs/ and runs ``coevo.loop.config_check.check`` on it, as train.py does before any work;
 - ``memory_table``: the guide's memory arithmetic for 0.5B-8B models. Estimates, not measurements.
 
     python -m examples.gpu_cluster
@@ -114,13 +114,13 @@ LAUNCHES: dict[str, Launch] = {
 
 
 def compose(overrides: list[str]) -> Any:
-    """The ``TrainConfig`` train.py would run with ``overrides``, after ``coevo.config_check.check``."""
+    """The ``TrainConfig`` train.py would run with ``overrides``, after ``coevo.loop.config_check.check``."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from coevo.build import to_config
-    from coevo.config_check import check
-    from coevo.config import register
+    from coevo.config.schema import register
+    from coevo.loop.build import to_config
+    from coevo.loop.config_check import check
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):

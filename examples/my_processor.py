@@ -16,13 +16,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from coevo.agent.evaluate import evaluate
 from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.rollouts import RolloutService
 from coevo.envs import ArithmeticEnv
-from coevo.evaluate import evaluate
 from coevo.evolution.critic import Critic
 from coevo.evolution.digest import digest
 from coevo.evolution.engine import AEGIS
+from coevo.evolution.meta_agent import PlanContext
 from coevo.evolution.types import Cluster
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit, apply_edit
@@ -32,7 +33,6 @@ from coevo.harness.harness import Harness
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.library import ArgumentGuard
 from coevo.harness.processor import Param, Processor
-from coevo.evolution.meta_agent import PlanContext
 from coevo.meta.drafts import Draft, Template, find_kind, insert_edit
 from coevo.meta.rule import RuleMetaAgent
 from coevo.meta.templates import CATALOGUE, TEMPLATES

@@ -17,10 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from coevo.agent.evaluate import evaluate
 from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.rollouts import RolloutService
 from coevo.envs import ArithmeticEnv
-from coevo.evaluate import evaluate
 from coevo.evolution.digest import digest
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import apply_edit

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from coevo.records import RoundRecord
-from coevo.report_data import load_run
-from coevo.stats import bootstrap
+from coevo.report.data import load_run
+from coevo.report.stats import bootstrap
+from coevo.rundir.records import RoundRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("static", "harness_only", "model_only", "coevolve")

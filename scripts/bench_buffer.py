@@ -201,10 +201,10 @@ def _grpo_arguments(ap: argparse.ArgumentParser) -> None:
 def _run_grpo_step(args: argparse.Namespace) -> str:
     import torch
     from coevo.buffers.logprobs import behaviour_logprobs
-    from coevo.config import TrainerConfig
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
     from coevo.trainers.logprobs import logprob_fn
 
+    from coevo.config.schema import TrainerConfig
     from coevo.policy.load import load_model
 
     torch.manual_seed(0)

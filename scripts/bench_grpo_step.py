@@ -23,11 +23,12 @@ import torch
 def main() -> None:
     from coevo.buffers import ReplayBuffer
     from coevo.buffers.logprobs import behaviour_logprobs, sampler_first
-    from coevo.config import TrainerConfig
-    from coevo.policy.load import load_model
     from coevo.trainers.batch import pack_calls, training_sequences
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
     from coevo.trainers.logprobs import logprob_fn
+
+    from coevo.config.schema import TrainerConfig
+    from coevo.policy.load import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("buffer", help="a replay buffer directory (a copy)")

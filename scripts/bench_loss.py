@@ -130,7 +130,7 @@ def run_trl(x: Inputs) -> torch.Tensor:
 
 
 def _liger(x: Inputs, compiled: bool) -> torch.Tensor:
-    from coevo.optional import require
+    from coevo.config.optional import require
 
     chunked_loss = require("liger_kernel.chunked_loss", "the liger benchmark methods")
     LigerFusedLinearGRPOLoss = chunked_loss.LigerFusedLinearGRPOLoss

@@ -3,7 +3,7 @@
     python scripts/bench_python_tool.py            # 20 cells per mode, each mode twice, interleaved
 
 Each cell is a trivial print, so the figure is the fixed cost of starting an isolated interpreter
-(docs/PERF.md records it; coevo/sandbox/jail.py says what the jail isolates).
+(docs/PERF.md records it; coevo/safety/sandbox/jail.py says what the jail isolates).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import os
 import time
 
-from coevo.sandbox import python_tool
+from coevo.safety.sandbox import python_tool
 
 
 def seconds_per_cell(mode: str, cells: int) -> float:

@@ -11,7 +11,7 @@ venv="${1:-.venv}"
 python="${PYTHON:-python3}"
 
 # The python tool runs model-written code in a bubblewrap jail with a libseccomp filter
-# (coevo/sandbox/jail.py); without them it refuses to run code. Installed here where missing and
+# (coevo/safety/sandbox/jail.py); without them it refuses to run code. Installed here where missing and
 # we may (root with apt-get); otherwise say what to install.
 if ! command -v bwrap >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q libseccomp.so.2; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,4 +1,4 @@
-"""Write docs/config.md, the config reference, from the schema (coevo/config.py) and configs/.
+"""Write docs/config.md, the config reference, from the schema (coevo/config/schema.py) and configs/.
 
     python scripts/config_reference.py           # (re)write docs/config.md
     python scripts/config_reference.py --check   # exit 1 when docs/config.md is out of date
@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from coevo.config_show import REFERENCE_DOC, reference_markdown
+from coevo.config.show import REFERENCE_DOC, reference_markdown
 
 
 def main(argv: list[str] | None = None) -> int:

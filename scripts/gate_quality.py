@@ -6,9 +6,9 @@
     python scripts/gate_quality.py --jobs 2 -- harness=lenient  # runs side by side; overrides of configs/train.yaml
 
 Everything but the model and the env comes from the composed main-job config (``configs/train.yaml``
-plus the overrides after ``--``): the starting harness as ``coevo.build.start_harness`` builds it,
+plus the overrides after ``--``): the starting harness as ``coevo.loop.build.start_harness`` builds it,
 the round batch (``batch_tasks`` tasks × ``rollout.attempts``), episode limits, and the Critic of
-``evolution.*`` (``coevo.build.make_critic``): the statistical gate (``evolution=stat``) with its
+``evolution.*`` (``coevo.loop.build.make_critic``): the statistical gate (``evolution=stat``) with its
 default budget unless overridden (``-- evolution=seesaw`` measures HarnessX's gate). The planted edits, each a proposal judged against the starting harness:
 
 - helpful: the forced calculator call (a ``tool_choice`` processor) with two multi-turn calculator
@@ -112,9 +112,9 @@ def compose(overrides: Sequence[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from coevo.build import to_config
-    from coevo.config_check import check
-    from coevo.config import register
+    from coevo.config.schema import register
+    from coevo.loop.build import to_config
+    from coevo.loop.config_check import check
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
@@ -148,9 +148,9 @@ def smollm2_setup(overrides: Sequence[str]) -> Setup:
     """SmolLM2 (or ``model=...``) frozen, on the main job's env and starting harness."""
     import torch
 
-    from coevo.build import build_policy, start_harness
     from coevo.envs.load import make_env
     from coevo.evolution.reference import split_reference_pool
+    from coevo.loop.build import build_policy, start_harness
     from coevo.policy.load import load_model
 
     began = time.perf_counter()
@@ -203,9 +203,9 @@ class KnownEffectPolicy:
 
 def tiny_setup(overrides: Sequence[str]) -> Setup:
     """The built-in arithmetic env and ``KnownEffectPolicy``; the rest of the main job's config."""
-    from coevo.build import start_harness
     from coevo.envs.arithmetic import ArithmeticEnv
     from coevo.evolution.reference import split_reference_pool
+    from coevo.loop.build import start_harness
 
     cfg = compose(overrides)
     env = ArithmeticEnv(n_tasks=120, max_terms=2, max_operand=30, seed=0)
@@ -254,8 +254,8 @@ def quoted_tasks(proposal: Any, setup: Setup) -> set[str]:
 def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> Run:
     """One edit's life under the gate (see the module docstring)."""
     from coevo.agent.rollouts import RolloutService
-    from coevo.build import make_critic
     from coevo.evolution.meta_agent import demo_question
+    from coevo.loop.build import make_critic
 
     cfg = setup.cfg
     quoted = quoted_tasks(proposal, setup)

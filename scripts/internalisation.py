@@ -9,7 +9,7 @@ three forms: as it is, without its ``tool_choice`` processor (the forced tool-ca
 without its ``few_shot`` demonstrations. Each form runs with the trained weights (the run's last
 checkpoint) and with the frozen ones (the same model with the adapter disabled): the tool-use rate
 says whether the model calls the tool on its own, pass@1 whether that pays. Differences trained −
-frozen are paired task bootstraps over seeds (``coevo.stats.bootstrap``).
+frozen are paired task bootstraps over seeds (``coevo.report.stats.bootstrap``).
 
 Writes ``DIR/internalisation.md`` and ``.json`` (default DIR: the first run's parent).
 """
@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
-from coevo import checkpoint
 from coevo.agent.rollouts import RolloutService, tool_use_rate
-from coevo.build import build_policy, to_config
 from coevo.envs.load import make_env
 from coevo.harness.harness import Harness
+from coevo.loop.build import build_policy, to_config
 from coevo.policy.load import load_model
-from coevo.stats import bootstrap
+from coevo.report.stats import bootstrap
+from coevo.rundir import checkpoint
 
 SCAFFOLDS = {"as run": None, "without tool_choice": "tool_choice", "without demonstrations": "few_shot"}
 """Harness form → the processor kind removed from the run's harness (None: the harness as it ran)."""
@@ -54,7 +54,7 @@ def evaluate_run(run_dir: Path, limit: int) -> dict[str, dict[str, dict]]:
     """form → weights (trained | frozen) → per-task pass@1 and tool use on the run's test split."""
     from omegaconf import OmegaConf
 
-    from coevo.config import TrainConfig
+    from coevo.config.schema import TrainConfig
 
     # the run's own config.yaml, typed by the schema (it was written from a TrainConfig)
     cfg = to_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(run_dir / "config.yaml")))

@@ -5,7 +5,7 @@
 Each RUN_DIR is one ``train.py`` run with ``test=true`` (one per seed, the same config): its
 ``start.json`` holds the sealed test split under the starting model, its last round record the
 same tasks under the trained one. The difference after − before is a paired task bootstrap (the
-same tasks in both, resampled together across seeds; ``coevo.stats.bootstrap``). Every GRPO step's
+same tasks in both, resampled together across seeds; ``coevo.report.stats.bootstrap``). Every GRPO step's
 figures (``grpo.steps`` of the round records) are tabled and drawn: reward mean/std of the step's
 traces, the share of zero-variance groups, ratio mean and clip fraction, approximate KL to the
 behaviour policy, the sampled-token entropy and the gradient norm: what tells a practitioner
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from coevo.records import Evaluation, StartRecord
-from coevo.report_data import load_run
-from coevo.stats import bootstrap
+from coevo.report.data import load_run
+from coevo.report.stats import bootstrap
+from coevo.rundir.records import Evaluation, StartRecord
 
 STEP_FIGURES = ("reward_mean", "reward_std", "zero_variance_fraction", "ratio_mean", "clip_fraction", "approx_kl",
                 "entropy", "grad_norm", "loss", "sequences")

@@ -30,8 +30,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from coevo.records import RoundRecord
-from coevo.report_data import load_run
+from coevo.report.data import load_run
+from coevo.rundir.records import RoundRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,7 +125,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def write_harness(out: Path) -> Path:
     """The lenient harness with no tools and one model call per episode, as a YAML that
-    ``harness.start`` loads (coevo.build.start_harness then writes the sampling settings in)."""
+    ``harness.start`` loads (coevo.loop.build.start_harness then writes the sampling settings in)."""
     from coevo.harness.defaults import lenient_harness
     from coevo.harness.harness import Harness
 
@@ -139,9 +139,9 @@ def compose_config(args: argparse.Namespace, out: Path, harness: Path) -> Any:
     exactly one round, so every step trains on its own completions only, as TRL's does."""
     from hydra import compose, initialize_config_dir
 
-    from coevo.build import to_config
-    from coevo.config import register
-    from coevo.config_check import check
+    from coevo.config.schema import register
+    from coevo.loop.build import to_config
+    from coevo.loop.config_check import check
 
     completions = args.prompts * args.generations
     overrides = [
@@ -163,10 +163,10 @@ def compose_config(args: argparse.Namespace, out: Path, harness: Path) -> Any:
 
 def step_batches(cfg: Any) -> tuple[Any, list[list[Any]]]:
     """(env, the task batch of every step): the train split and batches exactly as the coevo loop
-    draws them (coevo.round_plan.round_batches), which the TRL arm then reads in the same order."""
+    draws them (coevo.loop.round_plan.round_batches), which the TRL arm then reads in the same order."""
     from coevo.envs.load import make_env
     from coevo.evolution.reference import split_reference_pool
-    from coevo.round_plan import round_batches
+    from coevo.loop.round_plan import round_batches
 
     env = make_env(cfg.env.name, cfg.env.args)
     _, train = split_reference_pool(env.tasks("train"), cfg.evolution.reference_pool, cfg.seed)
@@ -223,7 +223,7 @@ def adapter_change(before: dict[str, Any], after: dict[str, Any]) -> float:
 
 @contextlib.contextmanager
 def watch_adapter(seen: dict[str, Any]) -> Iterator[None]:
-    """Record the LoRA model that coevo.build.run creates (it applies the adapter itself and keeps
+    """Record the LoRA model that coevo.loop.build.run creates (it applies the adapter itself and keeps
     it): its initial weights start the TRL arm, and the same object holds the trained weights after
     the run. Only observes; apply_lora is restored on exit."""
     import coevo.trainers.grpo as grpo
@@ -262,9 +262,9 @@ def coevo_row(record: RoundRecord) -> dict[str, Any]:
 
 
 def run_coevo(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """coevo's arm, built and run the way train.py does (coevo.build.run) in mode=model_only.
+    """coevo's arm, built and run the way train.py does (coevo.loop.build.run) in mode=model_only.
     Returns (arm result, initial adapter)."""
-    from coevo.build import run
+    from coevo.loop.build import run
 
     run_dir = Path(cfg.run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)  # an old run directory would be resumed, not trained
@@ -283,13 +283,13 @@ def run_coevo(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def lora_model(cfg: Any, initial: dict[str, Any] | None) -> tuple[Any, Any, bool | None]:
     """(model, tokenizer, whether the replayed initialisation already equalled ``initial``): the
-    model loaded and wrapped as coevo.build.run does it (same seeds, loader and apply_lora), then
+    model loaded and wrapped as coevo.loop.build.run does it (same seeds, loader and apply_lora), then
     given the coevo arm's initial adapter, so both arms start from the same weights."""
     import torch
     from coevo.trainers.grpo import apply_lora
     from peft import set_peft_model_state_dict
 
-    from coevo.config_check import device_of
+    from coevo.loop.config_check import device_of
     from coevo.policy.load import load_model
 
     random.seed(cfg.seed)
@@ -312,7 +312,7 @@ def trl_config(cfg: Any, out: Path) -> Any:
     import torch
     from trl import GRPOConfig
 
-    from coevo.config_check import device_of
+    from coevo.loop.config_check import device_of
 
     t, completions = cfg.trainer, cfg.batch_tasks * cfg.rollout.attempts
     micro = t.micro_batch_size if completions % t.micro_batch_size == 0 else completions
@@ -427,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "scripts/peer_trl.py", *(sys.argv[1:] if argv is None else argv)])
     cfg = compose_config(args, out, write_harness(out))
-    from coevo.build import start_harness
+    from coevo.loop.build import start_harness
 
     harness = start_harness(cfg)
     env, batches = step_batches(cfg)

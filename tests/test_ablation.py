@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coevo.records import RoundRecord
+from coevo.rundir.records import RoundRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("ablation", ROOT / "scripts" / "ablation.py")

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from coevo.build import run, start_harness, write_config
-from coevo.config_check import check, check_dependencies, check_triton_device
 from coevo.harness import ParamError
 from coevo.harness.defaults import base_harness
 from coevo.harness.library.control import StepBudget
-from coevo.rundir import LOCK_NAME
+from coevo.loop.build import run, start_harness, write_config
+from coevo.loop.config_check import check, check_dependencies, check_triton_device
+from coevo.rundir.lock import LOCK_NAME
 from tests.test_config import compose_cfg
 
 NO_MODEL = "model.name=/no/such/model"  # a run that reaches model loading fails on this instead
@@ -142,7 +142,7 @@ def test_a_harness_yaml_with_a_step_budget_below_one_names_the_file_the_paramete
 
 
 def test_resuming_with_fewer_rounds_than_completed_is_refused_and_config_yaml_kept(tmp_path):
-    from coevo import checkpoint
+    from coevo.rundir import checkpoint
 
     cfg = compose_cfg(["rounds=4", f"run_dir={tmp_path}"])
     write_config(tmp_path, cfg)
@@ -172,7 +172,7 @@ def test_triton_kernel_without_cuda_names_the_field_the_device_and_the_other_ker
 
 # ------------------------------------------------------------------------------------------- CLI
 def test_eval_with_an_unknown_split_is_a_usage_error_listing_the_splits(tmp_path):
-    from coevo.cli import app
+    from coevo.cli.main import app
 
     result = CliRunner().invoke(app, ["eval", "--env", "arithmetic", "--model", "scripted", "--split", "foo",
                                       "--out", str(tmp_path)], terminal_width=200)
@@ -183,7 +183,7 @@ def test_eval_with_an_unknown_split_is_a_usage_error_listing_the_splits(tmp_path
 
 
 def test_eval_with_a_negative_temperature_is_a_usage_error_like_train_py(tmp_path):
-    from coevo.cli import app
+    from coevo.cli.main import app
 
     result = CliRunner().invoke(app, ["eval", "--env", "arithmetic", "--model", "scripted", "--temperature", "-1",
                                       "--out", str(tmp_path / "out")], terminal_width=200)
@@ -196,7 +196,7 @@ def test_eval_with_a_negative_temperature_is_a_usage_error_like_train_py(tmp_pat
 def test_distributed_launches_are_checked_naming_what_to_use():
     from accelerate.utils import DistributedType
 
-    from coevo.config_check import check_distributed
+    from coevo.loop.config_check import check_distributed
 
     with pytest.raises(ValueError, match="DEEPSPEED is not supported.*configs/accelerate/fsdp2.yaml"):
         check_distributed(DistributedType.DEEPSPEED)
@@ -209,7 +209,7 @@ def test_distributed_launches_are_checked_naming_what_to_use():
 def test_the_agents_axis_on_an_env_without_owners_is_a_usage_error_before_the_model_loads():
     from typer.testing import CliRunner
 
-    from coevo.cli import app
+    from coevo.cli.main import app
 
     out = CliRunner().invoke(app, ["stream", "--env", "arithmetic", "--axis", "agents", "--model", "scripted"])
     assert out.exit_code == 2

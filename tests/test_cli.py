@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from typer.testing import CliRunner
 
-from coevo.cli import app
+from coevo.cli.main import app
 from coevo.harness import Harness
 from coevo.harness.defaults import base_harness
 from coevo.harness.library import SlidingWindowMemory
@@ -128,11 +127,11 @@ def test_evolve_with_a_scripted_policy_writes_rounds_harnesses_and_summary(tmp_p
 def test_evolve_summary_reports_pass_at_1_and_k_and_every_verdict():
     from types import SimpleNamespace
 
-    from coevo.evolve_summary import evolve_markdown, evolve_summary
     from coevo.evolution.types import Proposal, Verdict
     from coevo.harness.edits import Edit
-    from coevo.records import Evaluation, StartRecord, VerdictRecord
-    from coevo.report_data import Run
+    from coevo.report.data import Run
+    from coevo.report.evolve_summary import evolve_markdown, evolve_summary
+    from coevo.rundir.records import Evaluation, StartRecord, VerdictRecord
 
     def verdict(ship: bool, reason: str) -> VerdictRecord:
         proposal = Proposal(hypothesis="h", edits=[Edit("set_param", "sampling", param="temperature", value=0.1)],

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from coevo.cli import app
+from coevo.cli.main import app
 from coevo.envs.arithmetic import calculator_solver
-from coevo.secrets import REDACTED
+from coevo.safety.secrets import REDACTED
 from tests.streams.toolbox import ToolboxEnv, solve
 from tests.test_secrets import TASK_KEYS, KeyedArithmetic
 
@@ -24,7 +24,7 @@ runner = CliRunner()
 
 CONSUMED = "PGPASSWORD"
 """The variable the envs below unset once read, as a client library that consumes its credential
-does: a command must remember the values it started with (``coevo.secrets.start_redaction``)."""
+does: a command must remember the values it started with (``coevo.safety.secrets.start_redaction``)."""
 
 
 class ScriptedKeyedArithmetic(KeyedArithmetic):
@@ -53,9 +53,9 @@ class KeyedToolbox(ToolboxEnv):
 @pytest.fixture
 def keys(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """A fresh value for each of ``TASK_KEYS`` in the environment, and no value remembered by an earlier test."""
-    import coevo.secrets
+    import coevo.safety.secrets
 
-    monkeypatch.setattr(coevo.secrets, "_REMEMBERED", set())
+    monkeypatch.setattr(coevo.safety.secrets, "_REMEMBERED", set())
     planted = {"OPENAI_API_KEY": f"sk-proj-{uuid.uuid4().hex}", "SERVICE_KEY": f"svc-{uuid.uuid4().hex[:16]}",
                "PGPASSWORD": f"pg-{uuid.uuid4().hex[:20]}"}
     for name, value in planted.items():

@@ -8,9 +8,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from coevo.build import to_config
-from coevo.config_check import check
-from coevo.config import GROUPS, TrainConfig, describe, register
+from coevo.config.schema import GROUPS, TrainConfig, describe, register
+from coevo.loop.build import to_config
+from coevo.loop.config_check import check
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 EXTRA = {"meta_agent/openai": ["meta_agent.model=some-model"]}  # its one required value

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coevo.config import GROUPS, TrainConfig, describe
-from coevo.config_show import REFERENCE_DOC, compose_defaults, reference_markdown, show
+from coevo.config.schema import GROUPS, TrainConfig, describe
+from coevo.config.show import REFERENCE_DOC, compose_defaults, reference_markdown, show
 
 ROOT = Path(__file__).resolve().parents[1]
 HELP = {key: help_text for key, _, help_text in describe(TrainConfig)}
@@ -59,7 +59,7 @@ def test_an_unknown_group_names_the_allowed_groups() -> None:
 
 def test_docs_config_md_is_up_to_date() -> None:
     assert REFERENCE_DOC.read_text() == reference_markdown(), (
-        "docs/config.md is out of date with coevo/config.py or configs/; run python scripts/config_reference.py")
+        "docs/config.md is out of date with coevo/config/schema.py or configs/; run python scripts/config_reference.py")
 
 
 def test_the_reference_documents_every_field_once() -> None:

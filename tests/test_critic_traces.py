@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
-import coevo
 from coevo.buffers import ReplayBuffer
 from coevo.buffers.replay import behaviour_logprobs
-from coevo.policy.tiny import tiny_model, tiny_tokenizer
-from coevo.round_plan import round_batches
 from coevo.trainers.logprobs import logprob_fn
+
+import coevo
+from coevo.loop.round_plan import round_batches
+from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from tests.test_loop import records, smoke
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from coevo.config_check import check, check_dependencies
-from coevo.optional import MissingDependency, require
+from coevo.config.optional import MissingDependency, require
+from coevo.loop.config_check import check, check_dependencies
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENAI_CFG = ["meta_agent=openai", "meta_agent.model=some-model"]
@@ -23,8 +23,8 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from coevo.build import to_config
-    from coevo.config import register
+    from coevo.config.schema import register
+    from coevo.loop.build import to_config
 
     register()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
@@ -77,7 +77,7 @@ def test_missing_vllm_names_the_extra_for_both_engines(monkeypatch):
 
 
 def test_missing_wandb_names_the_install(monkeypatch, tmp_path):
-    from coevo.tracking import make_tracker
+    from coevo.report.tracking import make_tracker
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(MissingDependency, match=r"logger=wandb.*pip install wandb"):
@@ -145,7 +145,7 @@ def test_a_bad_config_value_names_the_field_and_what_is_allowed(overrides, field
 
 
 def test_a_model_name_that_is_neither_built_in_nor_a_directory_names_the_field(tmp_path):
-    from coevo.build import run
+    from coevo.loop.build import run
 
     cfg = compose(["experiment=smoke", "model.name=/no/such/model", f"run_dir={tmp_path / 'run'}"])
     with pytest.raises(ValueError, match=r"config model\.name='/no/such/model': model must be one of "

@@ -1,9 +1,9 @@
 import pytest
 
 from coevo.agent import ScriptedPolicy
+from coevo.agent.evaluate import evaluate, markdown_report
 from coevo.agent.rollouts import RolloutService
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
-from coevo.evaluate import evaluate, markdown_report
 from coevo.harness.defaults import base_harness
 
 

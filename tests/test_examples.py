@@ -232,7 +232,7 @@ def test_text_sim_reset_ends_its_process_when_the_simulator_fails_to_start(monke
 def test_coevo_eval_replays_the_gold_of_each_worked_example(tmp_path, monkeypatch, env_path, env_name):
     """The guide's commands: ``--model gold --max-steps 12`` (the cap raises the harness's step
     budget too) passes every val task; the default cap of 6 cuts the long helpdesk conversations."""
-    from coevo.cli import app
+    from coevo.cli.main import app
 
     monkeypatch.chdir(ROOT)
     args = ["eval", "--env", env_path, "--model", "gold", "--split", "val"]
@@ -322,7 +322,7 @@ def test_coevo_eval_finds_the_env_by_its_import_path(tmp_path):
 
 
 def test_coevo_evolve_runs_on_the_env_by_its_import_path(tmp_path):
-    from coevo.cli import app
+    from coevo.cli.main import app
 
     out = tmp_path / "evolve"
     result = CliRunner().invoke(app, ["evolve", "--env", COUNTDOWN, "--env-arg", "n_tasks=30", "--model", "scripted",
@@ -335,7 +335,7 @@ def test_coevo_evolve_runs_on_the_env_by_its_import_path(tmp_path):
 
 
 def test_coevo_stream_releases_the_env_skills_in_stages(tmp_path):
-    from coevo.cli import app
+    from coevo.cli.main import app
 
     out = tmp_path / "stream"
     result = CliRunner().invoke(app, ["stream", "--env", COUNTDOWN, "--axis", "skills", "--stages", "2", "--model",
@@ -356,7 +356,7 @@ def test_train_py_config_selects_the_env_by_config_only(overrides):
     from coevo.envs.load import make_env
     from examples.gpu_cluster import compose
 
-    cfg = compose(overrides)  # Hydra's compose API over configs/, then coevo.config_check.check
+    cfg = compose(overrides)  # Hydra's compose API over configs/, then coevo.loop.config_check.check
     env = make_env(cfg.env.name, cfg.env.args)
     assert env.name == "countdown" and env.tasks("train")
 
@@ -411,8 +411,8 @@ def test_my_processor_example_is_checked_run_and_proposed():
 
 
 def test_train_py_and_coevo_evolve_take_the_custom_agent_by_config(tmp_path):
-    from coevo.build import build_meta
-    from coevo.cli import app
+    from coevo.cli.main import app
+    from coevo.loop.build import build_meta
     from examples.gpu_cluster import compose
     from examples.my_processor import BUDGET_TEMPLATE
 

@@ -16,7 +16,7 @@ from coevo.buffers import ReplayBuffer
 from coevo.trainers.advantages import group_advantages
 
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
-from coevo.export import FORMATS, chat_messages, export
+from coevo.report.export import FORMATS, chat_messages, export
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -254,7 +254,7 @@ def test_grpo_export_leaves_infrastructure_failures_out_of_the_groups_and_names_
 def test_export_command_writes_the_filtered_traces(run_dir: Path, stored: list[tuple], tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from coevo.cli import app
+    from coevo.cli.main import app
 
     out = tmp_path / "r1.jsonl"
     result = CliRunner().invoke(app, ["export", str(run_dir), "--format", "grpo", "--round", "1", "--out", str(out)])

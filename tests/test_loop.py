@@ -19,7 +19,7 @@ from coevo.buffers import ReplayBuffer
 from safetensors.torch import load_file
 
 import coevo
-from coevo.round_plan import round_batches
+from coevo.loop.round_plan import round_batches
 from tests.test_config import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,10 +49,10 @@ def test_round_batches_walk_epochs_of_the_shuffled_split():
 
 
 def test_smoke_coevolution_run_writes_records_checkpoint_and_report(tmp_path, monkeypatch):
-    from coevo.loop import Coevolution
-    from coevo.loop_state import LoopState
+    from coevo.loop.coevolution import Coevolution
     from coevo.policy.tiny import tiny_model, tiny_tokenizer
-    from coevo.report_data import load_run
+    from coevo.report.data import load_run
+    from coevo.rundir.state import LoopState
 
     loops = []
     run_loop = Coevolution.run

@@ -11,18 +11,18 @@ from pathlib import Path
 
 from coevo.agent.policy import ScriptedPolicy
 from coevo.envs.base import Score, Task
-from coevo.evolution.critic import Critic
-from tests.aegis_helpers import critic_rollout, service
-from coevo.evolution.engine import AEGIS
 from coevo.evolution.added_text import edit_text
+from coevo.evolution.critic import Critic
+from coevo.evolution.engine import AEGIS
 from coevo.evolution.reference import ReferenceStore, build_references, split_reference_pool
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
-from coevo.loop import Coevolution
+from coevo.loop.coevolution import Coevolution
 from coevo.meta.rule import RuleMetaAgent
-from coevo.progress import NullProgress
-from coevo.records import InfraFailures
-from coevo.tracking import NullTracker
+from coevo.report.progress import NullProgress
+from coevo.report.tracking import NullTracker
+from coevo.rundir.records import InfraFailures
+from tests.aegis_helpers import critic_rollout, service
 
 LOOKUP = ToolSpec("lookup", "The code word hidden in a box.",
                   {"type": "object", "properties": {"box": {"type": "integer"}}, "required": ["box"]})
@@ -80,7 +80,7 @@ def looks_up_then_misreads(messages: list[dict]) -> str:
 
 
 def loop(tmp_path: Path, env: CodeWords, policy, *, train: list[Task], pool: list[Task], rounds: int) -> Coevolution:
-    """A harness-only loop as ``coevo.build`` makes one: references of every train task and of the pool."""
+    """A harness-only loop as ``coevo.loop.build`` makes one: references of every train task and of the pool."""
     references = build_references(env, [*train, *pool], ReferenceStore(tmp_path / "references"))
     critic = Critic(critic_rollout(policy, env, max_steps=3), k=1)
     aegis = AEGIS(base_harness(), RuleMetaAgent(), critic, tasks={t.task_id: t for t in train}, references=references,
@@ -170,8 +170,8 @@ def test_each_round_counts_its_infrastructure_failures(tmp_path):
 def test_tool_use_rate_counts_episodes_that_called_a_tool_themselves():
     """The learning curves' tool-use rate: an episode counts once however many calls it made, and a
     call a processor answered in the tool's place (blocked) does not count."""
-    from coevo.agent.trace import ToolCallRecord, Trace
     from coevo.agent.rollouts import tool_use_rate
+    from coevo.agent.trace import ToolCallRecord, Trace
 
     def trace(i: int, *blocked: bool) -> Trace:
         calls = [ToolCallRecord(step=0, name="calculator", arguments={}, output="", error=None, seconds=0.0, blocked=b)

@@ -5,7 +5,7 @@ import io
 import pytest
 from rich.console import Console
 
-from coevo.progress import RichProgress
+from coevo.report.progress import RichProgress
 
 
 def test_a_log_file_gets_a_line_at_the_start_each_quarter_and_the_end():

@@ -22,9 +22,9 @@ from rich.console import Console
 
 from coevo.evolution.types import Proposal, QualityReport, Verdict
 from coevo.harness.edits import Edit
-from coevo.records import LineageRow, RoundRecord
-from coevo.report import round_table, write_report
-from coevo.report_data import Run, lineage_layout, load_run, task_matrix
+from coevo.report.data import Run, lineage_layout, load_run, task_matrix
+from coevo.report.summary import round_table, write_report
+from coevo.rundir.records import LineageRow, RoundRecord
 
 H0, H1, H2, H3, H4 = (c * 16 for c in "abcde")
 PHASES = ("rollout", "logprobs", "digest", "plan", "critic", "grpo", "eval", "checkpoint", "other")

@@ -9,8 +9,8 @@ import subprocess
 import psutil
 import pytest
 
-from coevo.build import run
 from coevo.envs.arithmetic import ArithmeticEnv
+from coevo.loop.build import run
 from tests.test_config import compose_cfg
 
 
@@ -33,7 +33,7 @@ def interrupted(*args, **kwargs):
     raise KeyboardInterrupt  # what Ctrl-C (SIGINT) raises wherever the run is
 
 
-FAILURES = {  # failure -> the override that causes it, each after make_env in coevo.build.run
+FAILURES = {  # failure -> the override that causes it, each after make_env in coevo.loop.build.run
     "bad model": ["model.name=/no/such/model"],  # fails at model loading, after the run directory is locked
     "bad harness": ["harness.start=/no/such/harness.yaml"],  # fails right after the env's first checks
     "interrupt": [],  # check_train_split raises KeyboardInterrupt (below)
@@ -46,7 +46,7 @@ def test_a_start_that_fails_after_the_env_is_built_closes_it_and_leaves_no_child
     overrides = ["experiment=smoke", "mode=static", "rounds=1", 'env.name="tests.test_run_cleanup:ChildEnv"',
                  f"run_dir={tmp_path / 'run'}", *FAILURES[failure]]
     if failure == "interrupt":
-        monkeypatch.setattr("coevo.build.check_train_split", interrupted)
+        monkeypatch.setattr("coevo.loop.build.check_train_split", interrupted)
     monkeypatch.setattr(ChildEnv, "closes", 0)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises((ValueError, KeyboardInterrupt)):

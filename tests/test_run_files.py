@@ -13,20 +13,20 @@ import time
 from pathlib import Path
 
 import pytest
+from coevo.buffers.segments import read_header
 from typer.testing import CliRunner
 
 import coevo
-from coevo.buffers.segments import read_header
-from coevo.checkpoint import CheckpointError
 from coevo.harness.harness import Harness
-from coevo.rundir import LOCK_NAME, RunDirInUseError, lock_run_dir, unlock_run_dir
+from coevo.rundir.checkpoint import CheckpointError
+from coevo.rundir.lock import LOCK_NAME, RunDirInUseError, lock_run_dir, unlock_run_dir
 from tests.test_loop import ROOT, _train_py, smoke
 
 
 def hold(run_dir: Path) -> subprocess.Popen:
     """Another live process that holds ``run_dir`` (returned once it has the lock)."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from coevo.rundir import lock_run_dir; lock_run_dir({str(run_dir)!r}); "
+        [sys.executable, "-c", f"from coevo.rundir.lock import lock_run_dir; lock_run_dir({str(run_dir)!r}); "
                                "print('held', flush=True); import time; time.sleep(120)"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "held\n"
@@ -195,8 +195,8 @@ def garble_payload(segment: Path) -> None:
 
 
 def test_a_garbled_payload_stops_resume_and_export_naming_the_segment(finished, tmp_path):
-    from coevo.cli import app
-    from coevo.export import export
+    from coevo.cli.main import app
+    from coevo.report.export import export
 
     run_dir = copy_of(finished, tmp_path)
     segment = sorted((run_dir / "buffer").glob("*.seg"))[0]  # the older one: its header check passes
@@ -212,7 +212,7 @@ def test_a_garbled_payload_stops_resume_and_export_naming_the_segment(finished, 
 
 
 def test_a_deleted_newest_segment_stops_the_export_unless_partial(finished, tmp_path):
-    from coevo.export import export
+    from coevo.report.export import export
 
     run_dir = copy_of(finished, tmp_path)
     newest = read_header(newest_segment(run_dir))
@@ -226,8 +226,8 @@ def test_a_deleted_newest_segment_stops_the_export_unless_partial(finished, tmp_
 
 
 def test_damaged_lineage_files_stop_resume_and_report_naming_the_file(finished, tmp_path):
-    from coevo.cli import app
-    from coevo.report import write_report
+    from coevo.cli.main import app
+    from coevo.report.summary import write_report
 
     run_dir = copy_of(finished, tmp_path)
     files = sorted((run_dir / "lineage").glob("*.yaml"))
@@ -244,8 +244,8 @@ def test_damaged_lineage_files_stop_resume_and_report_naming_the_file(finished, 
 
 
 def test_a_lost_round_in_rounds_jsonl_stops_report_and_export_and_a_resume_rewrites_it(finished, tmp_path):
-    from coevo.export import export
-    from coevo.report import write_report
+    from coevo.report.export import export
+    from coevo.report.summary import write_report
 
     run_dir = copy_of(finished, tmp_path)
     rounds = run_dir / "rounds.jsonl"
@@ -262,7 +262,7 @@ def test_a_lost_round_in_rounds_jsonl_stops_report_and_export_and_a_resume_rewri
 
 
 def test_export_never_changes_the_run_directory(finished, tmp_path):
-    from coevo.export import export
+    from coevo.report.export import export
 
     run_dir = copy_of(finished, tmp_path)
     segment = newest_segment(run_dir)
@@ -280,7 +280,8 @@ def test_export_never_changes_the_run_directory(finished, tmp_path):
 
 def test_export_waits_for_no_one_but_refuses_a_buffer_a_run_holds(finished, tmp_path):
     from coevo.buffers import ReplayBuffer
-    from coevo.export import export
+
+    from coevo.report.export import export
 
     run_dir = copy_of(finished, tmp_path)
     with ReplayBuffer(run_dir / "buffer", capacity=64):

@@ -18,8 +18,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 import coevo
-from coevo.config import register
-from coevo.secret_refusal import (
+from coevo.config.schema import register
+from coevo.safety.refusal import (
     RefuseSecrets,
     SecretInConfigError,
     find_in_overrides,
@@ -28,7 +28,7 @@ from coevo.secret_refusal import (
     refuse_secrets,
     secret_reason,
 )
-from coevo.secrets import REDACTED, RedactingFilter, is_secret_name, redact
+from coevo.safety.secrets import REDACTED, RedactingFilter, is_secret_name, redact
 from tests.test_config import CONFIGS, EXTRA, compose_cfg, options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def test_secret_names_are_whole_words() -> None:
 
 
 def test_secret_values_are_values_of_secret_named_variables(tmp_path: Path) -> None:
-    from coevo.secrets import secret_env_values
+    from coevo.safety.secrets import secret_env_values
 
     (tmp_path / "gcp.json").write_text("{}")
     environ = {"SERVICE_KEY": "svc-0123456789", "PGPASSWORD": "correct horse", "PWD": "/home/someone/work",
@@ -58,7 +58,7 @@ def test_secret_values_are_values_of_secret_named_variables(tmp_path: Path) -> N
 
 
 def test_remembered_secrets_are_redacted_after_the_variable_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
-    import coevo.secrets as secrets
+    import coevo.safety.secrets as secrets
 
     monkeypatch.setattr(secrets, "_REMEMBERED", set())
     monkeypatch.setenv("SERVICE_KEY", HEX_KEY)
@@ -110,7 +110,7 @@ def test_values_of_secret_environment_variables_are_found_anywhere() -> None:
 
 
 def test_config_yaml_names_the_key_variable() -> None:
-    from coevo.tracking import scrub
+    from coevo.report.tracking import scrub
 
     scrubbed = scrub({"meta_agent": {"api_key_env": "OPENAI_API_KEY", "api_key": "x"}})
     assert scrubbed == {"meta_agent": {"api_key_env": "OPENAI_API_KEY", "api_key": REDACTED}}  # a name, not a key
@@ -198,7 +198,7 @@ def decoded(tok, ids: list[int]) -> str:
 
 def test_redact_trace_re_encodes_only_the_tokens_that_show_the_key() -> None:
     from coevo.policy.tiny import tiny_tokenizer
-    from coevo.secret_traces import redact_trace
+    from coevo.safety.traces import redact_trace
 
     tok = tiny_tokenizer()
     trace = keyed_trace(OPENAI_KEY, tok)
@@ -237,8 +237,8 @@ def test_references_are_stored_redacted(tmp_path: Path) -> None:
 
 
 def test_checkpoint_state_and_meta_cache_are_written_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from coevo import checkpoint
     from coevo.meta.cache import CallCache
+    from coevo.rundir import checkpoint
 
     monkeypatch.setenv("PGPASSWORD", HEX_KEY)
     checkpoint.commit(tmp_path / "ckpt", 0, {"next_round": 1, "notes": {"t": f"db password {HEX_KEY}"}})
@@ -256,8 +256,8 @@ def test_wandb_metrics_tables_and_staged_artifacts_are_redacted(tmp_path: Path, 
     import tempfile
 
     from coevo.harness.defaults import BUILTIN_HARNESSES
-    from coevo.records import RoundRecord
-    from coevo.tracking import WandbTracker
+    from coevo.report.tracking import WandbTracker
+    from coevo.rundir.records import RoundRecord
 
     key = f"svc-{uuid.uuid4().hex}"
     (tmp_path / "netrc").write_text("")
@@ -372,7 +372,7 @@ def leak_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
                     f"harness.start={inputs / 'keyed.yaml'}")
     ran = train(f"hydra.run.dir={root / 'run'}", "env.name=tests.test_secrets:KeyedArithmetic")
     assert ran.returncode == 0, ran.stderr[-3000:]
-    from coevo.export import FORMATS, export
+    from coevo.report.export import FORMATS, export
 
     exports = {}
     with pytest.MonkeyPatch.context() as mp:
@@ -433,6 +433,7 @@ def test_no_token_ids_decode_to_a_key(leak_run: dict) -> None:
     import json
 
     from coevo.buffers import ReplayBuffer
+
     from coevo.policy.tiny import tiny_tokenizer
 
     root, keys, tok = leak_run["root"], leak_run["keys"], tiny_tokenizer()
@@ -464,10 +465,11 @@ def test_a_harness_holding_a_key_is_redacted_where_the_run_writes_it(tmp_path: P
     past the check here; in a run, an edit that quoted one) is written redacted to lineage/ and the
     checkpoint, the prompts it gave are stored with re-encoded token ids, and the checkpoint, whose
     harnesses no longer hash to the ids that ran, refuses to resume with a message that says why."""
-    import coevo.build as build
     from coevo.buffers import ReplayBuffer
-    from coevo.checkpoint import CheckpointError
+
+    import coevo.loop.build as build
     from coevo.policy.tiny import tiny_tokenizer
+    from coevo.rundir.checkpoint import CheckpointError
 
     key = f"svc-{uuid.uuid4().hex}"
     monkeypatch.setenv("SERVICE_KEY", key)

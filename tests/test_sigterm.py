@@ -1,6 +1,6 @@
 """A SIGTERM during a run closes the env (issue 26): Python's default SIGTERM action skips every
-``finally``, so ``coevo.build.run`` closing its env never ran and an env's child process (a
-TextWorld JVM, a simulator) outlived the killed trainer. ``coevo.termination.sigterm_raises``
+``finally``, so ``coevo.loop.build.run`` closing its env never ran and an env's child process (a
+TextWorld JVM, a simulator) outlived the killed trainer. ``coevo.loop.termination.sigterm_raises``
 turns SIGTERM into ``SystemExit`` for the length of the run."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from coevo.envs.arithmetic import ArithmeticEnv
-from coevo.termination import sigterm_raises
+from coevo.loop.termination import sigterm_raises
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "4321.5"  # the env's child is `sleep 4321.5`: told apart from any other process

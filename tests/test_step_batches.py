@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coevo.agent.trace import Trace
-from coevo.round_grpo import grpo_record, step_batches
-from tests.test_loop import records, smoke
-
 import coevo
+from coevo.agent.trace import Trace
+from coevo.loop.round_grpo import grpo_record, step_batches
+from tests.test_loop import records, smoke
 
 
 def _trace(task: str, i: int, reward: float) -> Trace:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from coevo.evolution.meta_agent import TokenLedger
 from coevo.evolution.types import (
     IMPLICATED,
     Cluster,
@@ -26,9 +27,7 @@ from coevo.evolution.types import (
 )
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
-from coevo.evolution.meta_agent import TokenLedger
-from coevo.records import RoundRecord
-from coevo.tracking import (
+from coevo.report.tracking import (
     EDIT_COLUMNS,
     REDACTED,
     NullTracker,
@@ -41,6 +40,7 @@ from coevo.tracking import (
     run_id_for,
     scrub,
 )
+from coevo.rundir.records import RoundRecord
 
 PLANTED_KEY = "sk-coevo-test-" + "q" * 32  # a fake API key, planted in the environment and a config
 
@@ -382,7 +382,7 @@ def test_finished_tracker_refuses_to_log(offline_run: dict[str, Any]) -> None:
 def test_bad_inputs_are_named(offline_run: dict[str, Any], wandb_env: Path) -> None:
     tracker = WandbTracker("coevo-test", offline_run["run_dir"] / "disabled", mode="disabled")
     try:
-        with pytest.raises(TypeError, match=r"record must be a coevo.records.RoundRecord, got dict"):
+        with pytest.raises(TypeError, match=r"record must be a coevo.rundir.records.RoundRecord, got dict"):
             tracker.log_round({"round": 1})  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"edit row 0: missing fields \['reason'\], unexpected fields \['why'\]"):
             tracker.log_edits([{k: v for k, v in EXPECTED_ROWS[0].items() if k != "reason"} | {"why": "x"}])

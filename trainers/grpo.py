@@ -30,15 +30,21 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-
-from coevo.agent.trace import Trace
-from coevo.config import ModelConfig, TrainerConfig
 from coevo.kernels import LossParams, grpo_loss
 from coevo.kernels.objective import pick, token_weights
 from coevo.trainers import sharding
 from coevo.trainers.advantages import group_advantages
 from coevo.trainers.batch import PackedSequence, TrainSequence, collate, pack_calls, parts_of, training_sequences
-from coevo.trainers.logprobs import MIN_SHARED_PREFIX, completion_hidden, lm_head_weight, shared_prefix_length, token_logprobs
+from coevo.trainers.logprobs import (
+    MIN_SHARED_PREFIX,
+    completion_hidden,
+    lm_head_weight,
+    shared_prefix_length,
+    token_logprobs,
+)
+
+from coevo.agent.trace import Trace
+from coevo.config.schema import ModelConfig, TrainerConfig
 
 
 @dataclass
@@ -78,7 +84,7 @@ class StepMetrics:
 class GRPOTrainer:
     """Owns the optimizer of ``model`` and applies GRPO steps to it.
 
-    The hyper-parameters come from ``config`` (``coevo.config.TrainerConfig``, as TRL's GRPOTrainer
+    The hyper-parameters come from ``config`` (``coevo.config.schema.TrainerConfig``, as TRL's GRPOTrainer
     takes its GRPOConfig; the dataclass holds the only defaults): ``lr``, ``weight_decay``,
     ``max_grad_norm``, ``warmup_steps`` (linear schedule), ``micro_batch_size`` (sequences per
     forward), clip ``eps_low``/``eps_high``, ``dual_clip`` (c > 1 or None), ``beta`` for the KL

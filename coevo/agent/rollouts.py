@@ -26,10 +26,10 @@ from coevo.agent.outcomes import pass_rates, task_outcomes
 from coevo.agent.policy import Policy
 from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
-from coevo.config import RolloutConfig
+from coevo.config.schema import RolloutConfig
 from coevo.envs.base import Env, Task
 from coevo.harness.harness import Harness
-from coevo.records import InfraFailures
+from coevo.rundir.records import InfraFailures
 
 PHASES = {"rollout": 0, "critic": 1, "eval": 2, "test": 3}
 """Policy sampling streams within a round (see ``phase_seed``)."""
@@ -96,7 +96,7 @@ class RolloutService:
     """Runs episodes with one policy on one env. ``batch_size``/``max_steps``/``workers`` and the
     timeouts: as in ``coevo.agent.runtime.run_episodes`` (``rollout.*`` of the config); ``seed``:
     the run seed the phases derive from; ``progress``: anything with ``task(description, total)``
-    returning a context that yields an ``advance()`` (``coevo.progress``), None for no display."""
+    returning a context that yields an ``advance()`` (``coevo.report.progress``), None for no display."""
 
     def __init__(self, policy: Policy, env: Env, *, batch_size: int, max_steps: int, workers: int, seed: int,
                  progress: Any | None = None, reset_timeout_s: float = RolloutConfig.reset_timeout_s,

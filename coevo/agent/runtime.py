@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from coevo.agent.episode import EpisodeRun, Job
 from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.agent.trace import Trace
-from coevo.config import RolloutConfig
+from coevo.config.schema import RolloutConfig
 from coevo.envs.base import Env, Task
 from coevo.harness.harness import Harness
 

@@ -2,7 +2,7 @@
 
 ``train.py env.name=...``, ``coevo eval --env ...``, ``coevo evolve --env ...`` and ``coevo stream
 --env ...`` all resolve the name here, so an environment defined in the user's own module
-(``package.module:ClassName``, see ``coevo.imports``) works everywhere a built-in one does.
+(``package.module:ClassName``, see ``coevo.config.imports``) works everywhere a built-in one does.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from coevo.config.imports import import_object
 from coevo.harness.events import Message
-from coevo.imports import import_object
 
 
 def allowed_forms() -> str:

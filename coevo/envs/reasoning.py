@@ -37,7 +37,7 @@ from typing import Any
 from coevo.envs.arithmetic import CALCULATOR, safe_arithmetic
 from coevo.envs.base import SPLITS, Score, Task, assign_split, check_split
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
-from coevo.sandbox.python_tool import run_python
+from coevo.safety.sandbox.python_tool import run_python
 
 PYTHON = ToolSpec(
     "python",

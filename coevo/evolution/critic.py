@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coevo.agent.outcomes import pass_at_k
-from coevo.config import EvolutionConfig
+from coevo.config.schema import EvolutionConfig
 from coevo.envs.base import Task
 from coevo.evolution.evolver import BuildError, build_candidate
 from coevo.evolution.outcome_gates import PerformanceResult, combine, performance_gate, seesaw_gate
@@ -117,7 +117,7 @@ class Critic:
     """
 
     rollout: Rollout
-    # every default is the schema's (coevo.config.EvolutionConfig), stated there only
+    # every default is the schema's (coevo.config.schema.EvolutionConfig), stated there only
     k: int = EvolutionConfig.critic_attempts
     gate: str = EvolutionConfig.gate
     eta_leak: float = EvolutionConfig.eta_leak

@@ -33,10 +33,10 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
-from coevo.agent.trace import Trace
-from coevo.config import EvolutionConfig
-from coevo.envs.base import Task
 from coevo.agent.outcomes import pass_at_k
+from coevo.agent.trace import Trace
+from coevo.config.schema import EvolutionConfig
+from coevo.envs.base import Task
 from coevo.evolution.critic import Critic, RecentBatch
 from coevo.evolution.digest import digest as make_digest
 from coevo.evolution.meta_agent import Demo, MetaAgent, MetaAgentError, PlanContext, demo_question

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from coevo.config import EvolutionConfig
+from coevo.config.schema import EvolutionConfig
 from coevo.evolution.types import Digest, Proposal
 from coevo.harness.events import Message
 from coevo.harness.harness import Harness

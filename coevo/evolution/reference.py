@@ -20,8 +20,8 @@ conditioned on the answer) and carry ``metrics["reference"]`` = {"source", "inst
 from __future__ import annotations
 
 import copy
-import itertools
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from coevo.agent.rollouts import RolloutService
 from coevo.agent.episode import tool_message
+from coevo.agent.rollouts import RolloutService
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 from coevo.envs.base import Env, Task
 from coevo.evolution.digest import trace_steps
@@ -39,7 +39,7 @@ from coevo.harness.events import Message, ToolResult
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import InstructionTemplate
 from coevo.harness.library.tools import tool_call_text
-from coevo.secret_traces import redact_trace
+from coevo.safety.traces import redact_trace
 
 HINT = "The correct answer is {answer}. Solve it step by step with the tools, then give the answer."
 """Appended to the task message for a policy reference; {answer} is the ground truth."""
@@ -251,7 +251,7 @@ class ReferenceStore:
     Writes are atomic (a temporary file, then ``os.replace``), so a crash leaves the previous
     reference or none, never half a file. File names are the percent-encoded task ids (shortened
     with a hash when too long for a file system); each file also holds its task id. What is stored
-    holds no secret value (``coevo.secret_traces.redact_trace``, token ids re-encoded with ``tokenizer``
+    holds no secret value (``coevo.safety.traces.redact_trace``, token ids re-encoded with ``tokenizer``
     when given, else dropped from the calls that showed a secret); ``put`` returns what it stored.
     """
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
-from coevo.records import LINEAGE_HOWS, LineageRow
+from coevo.rundir.records import LINEAGE_HOWS, LineageRow
 
 CAUSES = (
     "format_error",  # neither a parseable tool call nor an answer
@@ -230,7 +230,7 @@ class Verdict:
 
 LINEAGE_EVENTS = LINEAGE_HOWS
 """Events that make ``harness`` a variant's current harness (the run's lineage records each;
-stated once, in ``coevo.records``)."""
+stated once, in ``coevo.rundir.records``)."""
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coevo.config import EvolutionConfig
+from coevo.config.schema import EvolutionConfig
 from coevo.envs.base import Task
 from coevo.harness.harness import Harness
 

@@ -180,11 +180,11 @@ class Harness:
 
     def to_yaml(self, *, evolved_on: str | None = None) -> str:
         """The spec as YAML, as every file and artifact holding a harness is written: the value of a
-        secret environment variable in it becomes ``<redacted>`` (``coevo.secrets.redact``); ``id``
+        secret environment variable in it becomes ``<redacted>`` (``coevo.safety.secrets.redact``); ``id``
         stays the id of this harness, so such a file loads as a harness with another id.
         ``evolved_on``: the env a run used this harness on (a top-level note, outside the spec and
         the id; ``coevo eval`` warns when the harness is evaluated on another env)."""
-        from coevo.secrets import redact
+        from coevo.safety.secrets import redact
 
         data = self.to_dict()
         if evolved_on is not None:

@@ -7,9 +7,9 @@ also be the import path of a no-argument factory of your own (``load_meta_agent`
 
 from typing import Any
 
-from coevo.config import EvolutionConfig, MetaAgentConfig
+from coevo.config.imports import import_object, missing_dependency
+from coevo.config.schema import EvolutionConfig, MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgent, MetaAgentError, PlanContext, TokenLedger
-from coevo.imports import import_object, missing_dependency
 from coevo.meta.cache import CachedCall, CallCache
 from coevo.meta.clients import ChatClient, HFClient, LLMConnectionError, OpenAIClient
 from coevo.meta.llm import LLMMetaAgent, RouterError, hf_meta_agent, openai_meta_agent
@@ -26,7 +26,7 @@ def meta_agent_factory(path: str) -> Any:
     or ``coevo evolve --meta pkg.mod:make``. Checked here, called by ``load_meta_agent``.
 
     Every mistake in ``path`` is a ValueError naming it, a module that the factory's module imports
-    but is not installed included: the config check (``coevo.config_check.check``, ``coevo evolve``)
+    but is not installed included: the config check (``coevo.loop.config_check.check``, ``coevo evolve``)
     reports ValueErrors as the value's fault, before the run starts."""
     factory = import_object(path, "meta-agent factory")  # a missing dependency of its module included
     if not callable(factory):

@@ -5,7 +5,7 @@ cached run must reproduce the same proposals. The key is the sha256 of the canon
 (model, stage, messages, schema): any change to the prompt or the output schema is a miss. Only
 the response text and its token usage are stored, never the client's configuration, so nothing
 secret (an API key) can end up on disk; the response text is stored with secret values redacted
-(``coevo.secrets.redact_text``: a reply that quoted a key from its prompt). Writes go to a temporary file renamed into place, so a
+(``coevo.safety.secrets.redact_text``: a reply that quoted a key from its prompt). Writes go to a temporary file renamed into place, so a
 crash or a concurrent writer never leaves a half-written entry.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coevo.secrets import redact_text
+from coevo.safety.secrets import redact_text
 
 
 @dataclass(frozen=True)

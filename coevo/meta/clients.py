@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any, Protocol
 
-from coevo.config import MetaAgentConfig
+from coevo.config.schema import MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgentError
 
 log = logging.getLogger("coevo.meta")
@@ -77,7 +77,7 @@ class OpenAIClient:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if request_retries < 0:
             raise ValueError(f"request_retries must be >= 0, got {request_retries}")
-        from coevo.optional import require
+        from coevo.config.optional import require
 
         require("openai", "the openai meta-agent (meta_agent=openai)")  # fail when built, not mid-round
         self.base_url = base_url

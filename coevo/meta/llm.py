@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from coevo.config import EvolutionConfig, MetaAgentConfig
+from coevo.config.schema import EvolutionConfig, MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgentError, PlanContext, TokenLedger
 from coevo.evolution.types import Digest, Proposal
 from coevo.harness.edits import Edit, apply_edit, check_proposed

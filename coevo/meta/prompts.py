@@ -17,7 +17,7 @@ from coevo.harness.harness import Harness
 from coevo.harness.hooks import HOOK_ORDER
 from coevo.harness.library import PROCESSORS
 from coevo.meta.schema import PLAN_SCHEMA, PROPOSAL_SCHEMA, REVISE_SCHEMA, ROUTE_SCHEMA
-from coevo.secrets import REDACTED, contains_secret, redact_text, secret_env_values
+from coevo.safety.secrets import REDACTED, contains_secret, redact_text, secret_env_values
 
 
 # -------------------------------------------------------------------------------------- prompts

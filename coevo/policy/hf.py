@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from coevo.agent.policy import ChatRequest, Generation
-from coevo.config import RolloutConfig
+from coevo.config.schema import RolloutConfig
 from coevo.harness.events import Message, SamplingParams
 from coevo.policy.decode import RaceSampling, decode
 from coevo.policy.prefix_cache import PrefixCache, common_prefix_len

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from coevo.config import RolloutConfig
+from coevo.config.schema import RolloutConfig
 
 MODELS = ("smollm2", "tiny")
 """Named models: the embedded SmolLM2-135M-Instruct, and a tiny random model for tests."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from coevo.agent.episode import fire
+from coevo.agent.firing import fire
 from coevo.envs.base import Env, Task
 from coevo.harness.errors import CompositionError
 from coevo.harness.events import EpisodeState, TaskStartEvent, TaskView

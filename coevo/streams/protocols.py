@@ -7,7 +7,7 @@
   gains each stage's newly released capabilities through the same axis function, which edits only
   the axis's own processors, so evolved processors are kept; then it adapts on the stage's
   adaptation split for ``rounds_per_stage`` rounds of the co-evolution loop in ``harness_only``
-  mode (``coevo.loop.Coevolution``: the same round, batching and reference policy as ``train.py``
+  mode (``coevo.loop.coevolution.Coevolution``: the same round, batching and reference policy as ``train.py``
   and ``coevo evolve``; each stage's run directory is ``<run_dir>/stage-<s>``), and is evaluated
   (each task on the variant AEGIS routes it to) on every cohort released so far. The evaluation
   split is held out: AEGIS never sees its traces.
@@ -26,18 +26,18 @@ from pathlib import Path
 
 from coevo.agent.rollouts import RolloutService, trace_tokens
 from coevo.agent.trace import Trace
-from coevo.config import EvolutionConfig
+from coevo.config.schema import EvolutionConfig
 from coevo.envs.base import Task
 from coevo.evolution.critic import Critic
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.meta_agent import MetaAgent
 from coevo.harness.harness import Harness
-from coevo.loop import Coevolution
-from coevo.progress import NullProgress
+from coevo.loop.coevolution import Coevolution
+from coevo.report.progress import NullProgress
+from coevo.report.tracking import NullTracker
 from coevo.streams.axes import AxisHarness, exposed_tools
 from coevo.streams.construct import Stream
 from coevo.streams.outcomes import Outcome, ProtocolResult
-from coevo.tracking import NullTracker
 
 PROTOCOLS = ("deployment", "self_evolving")
 """Protocols ``run_stream`` can run; the task-specific reference always runs (FWT needs it)."""

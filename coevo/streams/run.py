@@ -11,7 +11,7 @@ Output directory:
 - ``stream.png``: a heatmap per protocol, FWT/BWT in each title.
 
 Every file is written with secret environment values redacted, as a run directory is
-(``coevo.secrets``): the JSON files here, harness YAML by ``Harness.to_yaml``, references by
+(``coevo.safety.secrets``): the JSON files here, harness YAML by ``Harness.to_yaml``, references by
 ``ReferenceStore.put``, each self-evolving stage's run directory by the loop.
 """
 
@@ -20,24 +20,24 @@ from __future__ import annotations
 import csv
 import json
 import math
-from functools import partial
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from coevo.agent.policy import Policy
-from coevo.config import EvolutionConfig, RolloutConfig
+from coevo.agent.rollouts import RolloutService
+from coevo.config.schema import EvolutionConfig, RolloutConfig
 from coevo.envs.base import Env
 from coevo.evolution.critic import GATES, Critic
-from coevo.agent.rollouts import RolloutService
 from coevo.evolution.meta_agent import MetaAgent
 from coevo.evolution.reference import ReferenceStore, build_references
 from coevo.harness.defaults import base_harness
 from coevo.harness.harness import Harness
 from coevo.meta.rule import RuleMetaAgent
-from coevo.progress import NullProgress, RichProgress
-from coevo.secrets import redact, secret_env_values
+from coevo.report.progress import NullProgress, RichProgress
+from coevo.safety.secrets import redact, secret_env_values
 from coevo.streams.axes import agents_harness, get_axis, tool_owners, with_agent_capabilities
 from coevo.streams.construct import ADAPT_SPLIT, Stream, build_stream, hash_order
 from coevo.streams.metrics import (

@@ -70,8 +70,8 @@ def test_a_lead_without_the_needed_specialist_fails(env):
 
 
 def test_the_agents_axis_stream_runs_both_protocols_on_office(tmp_path, env):
+    from coevo.report.progress import NullProgress
     from coevo.streams import run_stream
-    from coevo.progress import NullProgress
 
     tasks = every_task(env)
     result = run_stream(env, GoldPolicy(tasks, answer=final_answer, owner=OWNER), tmp_path, axis="agents", stages=2,
@@ -90,7 +90,7 @@ def test_the_agents_axis_stream_runs_both_protocols_on_office(tmp_path, env):
 
 
 def test_coevo_stream_agents_axis_with_the_gold_lead(tmp_path):
-    from coevo.cli import app
+    from coevo.cli.main import app
 
     out = tmp_path / "stream"
     result = CliRunner().invoke(app, ["stream", "--env", "office", "--axis", "agents", "--stages", "2", "--model", "gold",

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.runtime import run_attempts
-from coevo.cli import app
+from coevo.cli.main import app
 from coevo.envs import ENVS, SCRIPTED_SOLVERS, SPLITS
 from coevo.envs.office import ENTITIES, OWNER, OfficeEnv, degraded, final_answer, gold_solver
 from coevo.evolution.reference import gold_reference

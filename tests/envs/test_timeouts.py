@@ -16,11 +16,11 @@ import pytest
 
 from coevo.agent import ScriptedPolicy, run_episode
 from coevo.agent.rollouts import RolloutService
-from coevo.config_check import check
 from coevo.envs.base import Score, Task
 from coevo.envs.line_process import LineProcess
 from coevo.harness import events as ev
 from coevo.harness.defaults import base_harness
+from coevo.loop.config_check import check
 from tests.test_config import compose_cfg
 
 SIMULATOR = """

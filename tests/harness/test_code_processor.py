@@ -149,7 +149,7 @@ def test_an_edit_that_makes_the_agent_run_code_runs_it_in_the_jail(tmp_path, mon
     on the host. A call an edit injects is the same python tool the model uses, so what contains
     it is the tool's jail: no host file is read or written and the trainer's key is not visible."""
     from coevo.harness.library import PythonExecutor
-    from coevo.sandbox.python_tool import isolation
+    from coevo.safety.sandbox.python_tool import isolation
 
     monkeypatch.delenv("COEVO_PYTHON_ISOLATION", raising=False)  # the jail, whatever the caller's environment
     isolation.cache_clear()

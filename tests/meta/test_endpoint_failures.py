@@ -19,18 +19,18 @@ from typer.testing import CliRunner
 from coevo.agent.policy import ScriptedPolicy
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.evolution.critic import Critic
-from tests.aegis_helpers import critic_rollout, service
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
-from coevo.loop import Coevolution
+from coevo.loop.coevolution import Coevolution
 from coevo.meta import LLMMetaAgent, MetaAgentError, OpenAIClient, TokenLedger
-from coevo.progress import NullProgress
-from coevo.records import RoundRecord
-from coevo.report import round_table
-from coevo.report_data import load_run
-from coevo.tracking import NullTracker
+from coevo.report.data import load_run
+from coevo.report.progress import NullProgress
+from coevo.report.summary import round_table
+from coevo.report.tracking import NullTracker
+from coevo.rundir.records import RoundRecord
+from tests.aegis_helpers import critic_rollout, service
 from tests.meta.test_llm import GOOD_EDIT, HANG, KEY_ENV, FakeServer, completion, free_port, plan, proposal_json
 
 SERVER_ERROR = (500, {"error": {"message": "the model worker crashed", "type": "server_error"}})
@@ -161,7 +161,7 @@ def unreachable_agent() -> LLMMetaAgent:
 
 
 def test_coevo_evolve_goes_on_past_an_unreachable_endpoint(tmp_path):
-    from coevo.cli import app
+    from coevo.cli.main import app
 
     out = tmp_path / "evo"
     result = CliRunner().invoke(app, [
@@ -181,8 +181,8 @@ def test_coevo_evolve_goes_on_past_an_unreachable_endpoint(tmp_path):
 
 # ------------------------------------------------------------------------------- at the config check
 def test_a_backend_module_whose_dependency_is_missing_is_refused_naming_the_path(tmp_path, monkeypatch):
-    from coevo.config_check import check
-    from coevo.cli import app
+    from coevo.cli.main import app
+    from coevo.loop.config_check import check
     from tests.test_config import compose_cfg
 
     (tmp_path / "planner_needing_a_dep.py").write_text("import coevo_no_such_dependency\n\n\ndef make():\n    pass\n")
@@ -210,8 +210,8 @@ def openai_cfg(url: str, *overrides: str):
 def test_request_retries_is_a_config_field_the_sdk_obeys(tmp_path, sdk_waits, retries, requests):
     """``meta_agent.request_retries`` reaches the openai client through ``build_meta`` (train.py and
     ``coevo evolve``): with 0 a single 500 fails the call; with 3 two 500s are retried past."""
-    from coevo.build import build_meta
-    from coevo.config_check import check
+    from coevo.loop.build import build_meta
+    from coevo.loop.config_check import check
 
     with FakeServer([SERVER_ERROR, SERVER_ERROR, PLAN_REPLY]) as srv:
         cfg = openai_cfg(srv.url, f"meta_agent.request_retries={retries}")
@@ -232,8 +232,8 @@ def test_request_retries_is_a_config_field_the_sdk_obeys(tmp_path, sdk_waits, re
 def test_router_failure_falls_back_or_stops_the_run_as_configured(tmp_path, caplog, router_failure):
     """``evolution.router_failure``: ``fallback`` (the default, as before) logs the failure and sends
     the task to the base variant; ``raise`` stops with a ``RouterError`` saying why."""
-    from coevo.build import build_meta
-    from coevo.config_check import check
+    from coevo.loop.build import build_meta
+    from coevo.loop.config_check import check
     from coevo.meta import RouterError
 
     cfg = openai_cfg(f"http://127.0.0.1:{free_port()}/v1", "meta_agent.request_retries=0", "evolution.router=true",

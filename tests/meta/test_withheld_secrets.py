@@ -16,7 +16,7 @@ from coevo.evolution.types import IMPLICATED, Cluster, Digest
 from coevo.harness.defaults import base_harness
 from coevo.meta import LLMMetaAgent, OpenAIClient
 from coevo.meta.prompts import WITHHELD
-from coevo.secrets import REDACTED
+from coevo.safety.secrets import REDACTED
 from tests.meta.test_llm import GOOD_EDIT, KEY_ENV, FakeServer, completion, plan, proposal_json
 
 PLAN_REPLY = (200, completion(plan(proposal_json([GOOD_EDIT])), 30, 9))

@@ -228,7 +228,7 @@ def test_the_loop_releases_the_engine_before_every_update_and_syncs_after(tmp_pa
     from pathlib import Path
 
     import coevo
-    from coevo import build
+    from coevo.loop import build
     from tests.test_loop import records, smoke
 
     order: list[str] = []
@@ -258,7 +258,7 @@ def test_the_loop_releases_the_engine_before_every_update_and_syncs_after(tmp_pa
 
 
 def test_sleep_mode_with_a_server_is_refused_naming_why(tmp_path):
-    from coevo import build
+    from coevo.loop import build
     from tests.test_loop import smoke
 
     cfg = smoke(tmp_path / "run", "rollout=vllm", "rollout.vllm_mode=server", "rollout.vllm_sleep_level=2")
@@ -270,7 +270,7 @@ def test_sleep_mode_with_a_server_is_refused_naming_why(tmp_path):
 def test_only_rank_0_builds_a_vllm_engine_and_syncs_it(tmp_path, monkeypatch, mode):
     """Several processes share one server (or one colocated engine): a rank that does not generate
     builds no engine, joins no weight-transfer group, and has nothing to sync; rank 0 builds its own."""
-    from coevo import build
+    from coevo.loop import build
     from coevo.policy import vllm as vmod
     from tests.test_loop import smoke
 

@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
-from coevo.sandbox import jail, python_tool
-from coevo.sandbox.python_tool import SandboxUnavailable, isolation, run_python
+from coevo.safety.sandbox import jail, python_tool
+from coevo.safety.sandbox.python_tool import SandboxUnavailable, isolation, run_python
 from tests.sandbox.test_python_tool import _gone, _with_marker, run_watched
 
 
@@ -190,7 +190,7 @@ def test_the_trainers_environment_command_line_and_host_processes_are_not_visibl
             "            found.append(open(f'/proc/{pid}/{part}', 'rb').read())\n        except OSError:\n            pass\n"
             f"print(b'sk-coevo-escape' in b''.join(found), {marker.encode()!r} in b''.join(found), len(pids) <= 3, "
             "os.environ.get('OPENAI_API_KEY'))")
-    trainer = f"from coevo.sandbox.python_tool import run_python\nres = run_python({cell!r})\nprint(res.stdout, res.error)"
+    trainer = f"from coevo.safety.sandbox.python_tool import run_python\nres = run_python({cell!r})\nprint(res.stdout, res.error)"
     env = {**os.environ, "OPENAI_API_KEY": "sk-coevo-escape-test-0123456789"}
     env.pop("COEVO_PYTHON_ISOLATION", None)
     out = subprocess.run([sys.executable, "-c", trainer, marker], env=env, capture_output=True, text=True, timeout=60)
@@ -288,7 +288,7 @@ def test_a_proposal_cannot_raise_the_python_tools_limits(param, value):
 def test_a_run_whose_agent_can_run_code_stops_before_any_work_when_the_jail_cannot_run(monkeypatch, tmp_path):
     """The main job's env offers a python tool: without a working jail (and without the opt-in)
     train.py stops before the run directory and the model, naming the fix."""
-    from coevo.build import run
+    from coevo.loop.build import run
     from tests.test_config import compose_cfg
 
     monkeypatch.setattr(python_tool, "_probe_jail", lambda: "bubblewrap is not installed")

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 
-from coevo.sandbox.python_tool import PythonResult, isolation, run_python
+from coevo.safety.sandbox.python_tool import PythonResult, isolation, run_python
 
 
 def _with_marker(marker: str) -> list[int]:

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from coevo.sandbox.child_runner import SandboxError, SandboxMemoryError, SandboxTimeout, call_in_sandbox
-from coevo.sandbox.source_policy import SandboxRefusal, check_source
+from coevo.safety.sandbox.child_runner import SandboxError, SandboxMemoryError, SandboxTimeout, call_in_sandbox
+from coevo.safety.sandbox.source_policy import SandboxRefusal, check_source
 
 
 class Base:
@@ -232,7 +232,7 @@ def test_the_child_dies_with_the_process_that_forked_it(tmp_path):
 
     marker = tmp_path / "child.pid"
     trainer = (
-        "import os\nfrom coevo.sandbox.child_runner import call_in_sandbox\n"
+        "import os\nfrom coevo.safety.sandbox.child_runner import call_in_sandbox\n"
         f"def entry(ns):\n    open({str(marker)!r}, 'w').write(str(os.getpid()))\n    while True:\n        pass\n"
         "call_in_sandbox('x = 1', entry, time_limit_s=60)\n"
     )

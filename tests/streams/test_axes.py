@@ -8,8 +8,8 @@ import re
 
 import pytest
 
+from coevo.agent.firing import fire
 from coevo.agent.policy import ScriptedPolicy
-from coevo.agent.episode import fire
 from coevo.agent.runtime import run_episode
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import EpisodeState, TaskStartEvent, TaskView

@@ -11,7 +11,7 @@ import pytest
 
 from coevo.agent.policy import ScriptedPolicy
 from coevo.harness.harness import Harness
-from coevo.progress import NullProgress
+from coevo.report.progress import NullProgress
 from coevo.streams import run_stream
 from tests.streams.test_protocols import DEPLOYMENT, REFERENCE
 from tests.streams.toolbox import ToolboxEnv, solve

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 
-from coevo.agent.trace import ModelCall, Trace
 from coevo.trainers.logprobs import logprob_fn
+
+from coevo.agent.trace import ModelCall, Trace
 
 
 def synthetic_traces(model, tok, *, n_tasks: int = 3, per_task: int = 4, calls: int = 2, seed: int = 0,
@@ -40,8 +41,9 @@ def make_trainer(model, tok, *, accelerator=None, ref_model=None, total_steps: i
     """A GRPOTrainer on ``model`` whose hyper-parameters are ``TrainerConfig``'s defaults with ``hyper``
     overriding them; the run-derived values (schedule length, rollout temperature, dr_grpo horizon) are
     this test suite's choices."""
-    from coevo.config import TrainerConfig
     from coevo.trainers.grpo import GRPOTrainer
+
+    from coevo.config.schema import TrainerConfig
 
     return GRPOTrainer(model, TrainerConfig(**hyper), pad_id=tok.pad_token_id, accelerator=accelerator,
                        ref_model=ref_model, total_steps=total_steps, temperature=temperature,

@@ -16,16 +16,16 @@ import math
 
 import pytest
 import torch
+from coevo.buffers import ReplayBuffer
+from coevo.trainers.advantages import group_advantages
+from coevo.trainers.logprobs import logprob_fn
 
 from coevo.agent.policy import ChatRequest
 from coevo.agent.trace import ModelCall, Trace
-from coevo.buffers import ReplayBuffer
 from coevo.harness.events import SamplingParams
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from coevo.policy.vllm import VLLMPolicy
-from coevo.records import GRPOMetrics
-from coevo.trainers.advantages import group_advantages
-from coevo.trainers.logprobs import logprob_fn
+from coevo.rundir.records import GRPOMetrics
 from tests.policy.test_vllm_policy import FakeEngine
 from tests.trainers.helpers import make_trainer, synthetic_traces
 
@@ -133,7 +133,7 @@ def test_without_sampler_logprobs_the_figures_are_empty_and_the_cap_changes_noth
 
 
 def test_mismatch_figures_reach_the_round_records_steps(tok):
-    """The loop keeps every StepMetrics field but staleness in ``grpo.steps`` (coevo/loop.py ``_train``);
+    """The loop keeps every StepMetrics field but staleness in ``grpo.steps`` (coevo/loop/coevolution.py ``_train``);
     the figures survive GRPOMetrics' validation and a JSON round trip."""
     model = tiny_model(tok, seed=0)
     traces = synthetic_traces(model, tok)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coevo.config.imports import import_object, is_import_path
 from coevo.harness.errors import UnknownProcessorError
 from coevo.harness.library.builtin import BUILTIN
 from coevo.harness.library.code import CodeProcessor
@@ -19,7 +20,6 @@ from coevo.harness.library.stages import SkillLibrary, StageTools
 from coevo.harness.library.tools import JsonToolCallParser, ToolChoice, ToolRegistry, ToolSchemaHint, ToolWhitelist
 from coevo.harness.library.training import InfraErrorFilter, TokenAnnotation
 from coevo.harness.processor import Processor
-from coevo.imports import import_object, is_import_path
 
 PROCESSORS: dict[str, type[Processor]] = {cls.kind: cls for cls in BUILTIN} | {CodeProcessor.kind: CodeProcessor}
 """Processor kinds a harness spec may name."""

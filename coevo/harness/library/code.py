@@ -19,8 +19,8 @@ from coevo.harness.errors import ParamError
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.library.builtin import BUILTIN
 from coevo.harness.processor import Param, Processor
-from coevo.sandbox.child_runner import call_in_sandbox
-from coevo.sandbox.source_policy import SandboxRefusal, check_source
+from coevo.safety.sandbox.child_runner import call_in_sandbox
+from coevo.safety.sandbox.source_policy import SandboxRefusal, check_source
 
 EVENT_TYPES: dict[str, type[ev.Event]] = {
     cls.__name__: cls

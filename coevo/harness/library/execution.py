@@ -8,7 +8,7 @@ from coevo.harness.errors import ParamError
 from coevo.harness.events import TaskStartEvent, ToolCallEvent, ToolResult, ToolSpec
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor
-from coevo.sandbox.python_tool import run_python
+from coevo.safety.sandbox.python_tool import run_python
 
 
 class PythonExecutor(Processor):

@@ -1,0 +1,1 @@
+"""The ``coevo`` command line."""

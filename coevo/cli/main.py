@@ -1,0 +1,394 @@
+"""The ``coevo`` command line: evaluate a harness (``eval``), evolve it with the model frozen
+(``evolve``: the loop of ``train.py`` in harness_only mode), release capabilities in stages
+(``stream``), show the config, export traces, draw a run's report. ``coevo harness ...``
+(``coevo.cli.harness``) inspects and compares harness specs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from coevo.cli.harness import evolved_on, harness_app, load_harness
+from coevo.config.schema import RolloutConfig
+from coevo.harness import Harness
+from coevo.harness.defaults import with_step_cap
+
+app = typer.Typer(help="coevo: harness-model co-evolution for LLM agents.", no_args_is_help=True, add_completion=False)
+app.add_typer(harness_app, name="harness")
+config_app = typer.Typer(help="Show the composed configuration with every field's help.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+console = Console()
+ENV_HELP = ("environment: reasoning | textworld_express | arithmetic, or the import path package.module:ClassName "
+            "of your own (docs/environments.md)")
+
+
+def with_sampling(h: Harness, temperature: float | None, max_new_tokens: int | None, attempts: int,
+                  max_steps: int | None = None) -> Harness:
+    """``h`` with the sampling overrides of ``--temperature``/``--max-new-tokens``, its step budget
+    raised to ``--max-steps`` (``with_step_cap``), and a note when greedy decoding would make the
+    ``attempts`` of a task identical (pass@k would be pass@1)."""
+    if max_steps is not None:
+        h = with_step_cap(h, max_steps)
+    overrides = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+    for param, value in overrides.items():
+        if value is None:
+            continue
+        if "sampling" not in h:
+            raise typer.BadParameter("the harness has no 'sampling' processor to set",
+                                     param_hint=f"--{param.replace('_', '-')}")
+        h = h.set_param("sampling", param, value)
+    if attempts > 1 and "sampling" in h and h.get("sampling").config["temperature"] == 0:
+        console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical; pass --temperature[/yellow]")
+    return h
+
+
+def split_env_arg(pair: str) -> tuple[str, str]:
+    """``"n_per_dataset=10"`` -> ("n_per_dataset", "10"); anything else is a usage error."""
+    key, sep, value = pair.partition("=")
+    if not sep or not key.isidentifier():
+        raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--env-arg")
+    return key, value
+
+
+def parse_env_args(pairs: list[str]) -> dict[str, object]:
+    """``["n_per_dataset=10", "games=[coin]"]`` -> keyword arguments (values parsed as YAML)."""
+    import yaml
+
+    return {key: yaml.safe_load(value) for key, value in map(split_env_arg, pairs)}
+
+
+def resolve_env(name: str):
+    """The env class for ``--env``: a built-in name or ``package.module:ClassName``."""
+    from coevo.envs.load import env_class
+
+    try:
+        return env_class(name)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--env") from None
+
+
+def build_policy(model: str, backend: str, device: str, adapter: str | None, env_name: str, seed: int, *,
+                 env: Any, delegate: bool = False):
+    """The policy for ``coevo eval`` and ``coevo stream``: ``gold`` (``env``'s tasks' own gold
+    actions; with ``delegate``, as a lead handing them to specialists by ``env.tool_owners``),
+    ``scripted`` (the env's scripted solver), or a model name or path served by transformers or vLLM."""
+    from coevo.loop.build import scripted_policy
+    from coevo.loop.config_check import SCRIPTED_MODELS
+
+    if model in SCRIPTED_MODELS:  # gold: as one agent or, on the agents axis, a delegating lead
+        try:
+            return scripted_policy(model, env, env_name, delegate=delegate)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--model") from None
+    if backend == "transformers":
+        from coevo.policy.load import transformers_policy
+
+        return transformers_policy(model, device=device, adapter=adapter, seed=seed)
+    if backend == "vllm":
+        from transformers import AutoTokenizer
+
+        from coevo.policy.smollm2 import converted_dir
+        from coevo.policy.vllm import ColocatedEngine, VLLMPolicy
+
+        path = str(converted_dir()) if model == "smollm2" else model
+        if not Path(path).is_dir():
+            raise typer.BadParameter("vllm serves smollm2 or a local model directory", param_hint="--model")
+        return VLLMPolicy(ColocatedEngine(path, seed=seed), AutoTokenizer.from_pretrained(path),
+                          model_version=Path(path).name)
+    raise typer.BadParameter(f"backend must be transformers or vllm, got {backend!r}", param_hint="--backend")
+
+
+@app.command("eval")
+def eval_cmd(
+    env_name: str = typer.Option("reasoning", "--env", help=ENV_HELP),
+    env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
+    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | gold | a local model directory"),
+    backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
+    device: str = typer.Option("cpu", help="torch device for the transformers backend"),
+    adapter: Optional[str] = typer.Option(None, help="PEFT adapter directory to load on the model"),
+    harness: str = typer.Option("base", help="built-in harness name or YAML path"),
+    split: str = typer.Option("val", help="train | val | test"),
+    attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="attempts per task: reports pass@1 and pass@k"),
+    temperature: Optional[float] = typer.Option(None, min=0.0, help="override the harness's sampling temperature "
+                                                "(>= 0, 0 is greedy: train.py's rollout.temperature range)"),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
+    limit: Optional[int] = typer.Option(None, min=1, help="evaluate only the first N tasks of the split"),
+    batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
+    max_steps: int = typer.Option(RolloutConfig.max_steps, min=1, help="model calls per episode at most (a "
+                                  "harness step budget below it is raised to it)"),
+    seed: int = typer.Option(0, help="sampling seed"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
+) -> None:
+    """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
+    from coevo.agent.evaluate import evaluate, write_eval
+    from coevo.agent.rollouts import RolloutService
+    from coevo.envs.base import SPLITS
+    from coevo.report.progress import RichProgress
+    from coevo.safety.secrets import start_redaction
+
+    if split not in SPLITS:
+        raise typer.BadParameter(f"split must be one of {list(SPLITS)}, got {split!r}", param_hint="--split")
+    env_cls = resolve_env(env_name)
+    h = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts, max_steps)
+    start_redaction()  # before the env: a variable it unsets after reading stays redacted from the files
+    try:
+        env = env_cls(**parse_env_args(env_args))
+    except (TypeError, ValueError) as err:
+        raise typer.BadParameter(f"{env_name}: {err}", param_hint="--env-arg") from None
+    origin = evolved_on(harness)
+    if origin is not None and origin != env.name:
+        console.print(f"[yellow]note: harness {h.id} was evolved on env {origin!r} and is evaluated on {env.name!r}: "
+                      "edits shipped for one env may hurt another[/yellow]")
+    try:
+        with console.status(f"loading model {model}"):
+            policy = build_policy(model, backend, device, adapter, env_name, seed, env=env)
+        rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps,
+                                  workers=RolloutConfig.workers, seed=seed, progress=RichProgress(console))
+        report, traces = evaluate(h, rollouts, split, attempts=attempts, limit=limit)
+    finally:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+    out = out or Path("runs") / time.strftime(f"eval-{env.name}-%Y%m%d-%H%M%S")
+    write_eval(out, h, report, traces, tokenizer=getattr(policy, "tokenizer", None))
+    table = Table(title=f"{env_name} / {split} — harness {h.name} ({h.id}), policy {report.model_version}")
+    columns = {"tasks": str(report.n_tasks), "attempts": str(attempts), "pass@1": f"{report.pass_at_1:.3f}"}
+    if attempts > 1:
+        columns[f"pass@{attempts}"] = f"{report.pass_at_k:.3f}"
+    columns |= {"mean reward": f"{report.mean_reward:.3f}", "errors": str(report.errors),
+                "tokens": str(report.completion_tokens), "seconds": f"{report.seconds:.1f}"}
+    for col in columns:
+        table.add_column(col)
+    table.add_row(*columns.values())
+    console.print(table)
+    console.print(f"report: {out / 'report.md'}  (traces: {out / 'traces.jsonl'})")
+
+
+@app.command("evolve")
+def evolve_cmd(
+    env_name: Optional[str] = typer.Option(None, "--env", help=ENV_HELP + "; default: the config's (env=...)"),
+    env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
+    model: Optional[str] = typer.Option(None, help="smollm2 | tiny | scripted | gold | a local model directory"),
+    backend: Optional[str] = typer.Option(None, help="transformers (CPU/GPU) | vllm (GPU)"),
+    device: Optional[str] = typer.Option(None, help="torch device (auto: cuda when available)"),
+    harness: Optional[str] = typer.Option(None, help="starting harness: built-in name or YAML path"),
+    meta: Optional[str] = typer.Option(None, help="meta-agent backend: rule | openai | hf, or package.module:factory"),
+    meta_url: Optional[str] = typer.Option(None, help="openai backend: base URL of the endpoint"),
+    meta_model: Optional[str] = typer.Option(None, help="openai: model name; hf: model name or path"),
+    rounds: Optional[int] = typer.Option(None, min=1, help="evolution rounds (one train batch each)"),
+    batch_tasks: Optional[int] = typer.Option(None, min=1, help="train tasks per round"),
+    attempts: Optional[int] = typer.Option(None, "--k", "--attempts", min=1,
+                                           help="attempts per task in rollouts, the Critic and evaluation (pass@k)"),
+    temperature: Optional[float] = typer.Option(None, help="sampling temperature set on the harness"),
+    gate: Optional[str] = typer.Option(None, help="stat (paired re-runs, sequential test; undecided edits are judged "
+                                       "again) | seesaw | performance | both"),
+    max_variants: Optional[int] = typer.Option(None, min=1, help="harness variants K"),
+    max_proposals: Optional[int] = typer.Option(None, min=1, help="proposals judged per variant per round"),
+    val_limit: Optional[int] = typer.Option(None, min=1, help="validation tasks for the start/end comparison"),
+    test_limit: Optional[int] = typer.Option(None, min=0, help="test tasks for the start/end comparison (0: skip; "
+                                             "default: all)"),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="model calls per episode at most"),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="completion budget per model call"),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="model calls per generate() batch"),
+    seed: Optional[int] = typer.Option(None, help="sampling seed and task order"),
+    overrides: list[str] = typer.Option([], "--override", "-o", help="any other config override, e.g. "
+                                        "evolution.stat_budget=32 (coevo config show lists them)"),
+    out: Optional[Path] = typer.Option(None, help="run directory (default runs/evolve-<env>-<time>); started "
+                                       "again on it, the run resumes"),
+) -> None:
+    """Evolve the harness with AEGIS, the model frozen: the co-evolution loop of ``train.py`` in
+    ``mode=harness_only``, composed from configs/train.yaml with these options as overrides (an
+    option left out keeps the config's value). Then the starting and the evolved harness compared by
+    pass@1 and pass@k on validation and test. The run directory is a train.py run directory
+    (rounds.jsonl, lineage, harness-<variant>.yaml, report/) plus summary.json and summary.md."""
+    import json
+
+    from coevo.config.show import CONFIGS, compose_run_config
+    from coevo.loop.build import run
+    from coevo.report.data import load_run
+    from coevo.report.evolve_summary import evolve_markdown, evolve_summary
+    from coevo.rundir.records import StartRecord
+
+    options = {"model.name": model, "rollout.backend": backend, "model.device": device, "harness.start": harness,
+               "meta_agent.backend": meta, "meta_agent.url": meta_url, "meta_agent.model": meta_model,
+               "rounds": rounds, "batch_tasks": batch_tasks, "rollout.attempts": attempts,
+               "evolution.critic_attempts": attempts, "eval_attempts": attempts, "rollout.temperature": temperature,
+               "evolution.gate": gate, "evolution.max_variants": max_variants,
+               "evolution.max_proposals": max_proposals, "val_limit": val_limit, "rollout.max_steps": max_steps,
+               "rollout.max_new_tokens": max_new_tokens, "rollout.batch_size": batch_size, "seed": seed}
+    cli = ["mode=harness_only", "test=" + ("false" if test_limit == 0 else "true")]
+    if test_limit:
+        cli.append(f"test_limit={test_limit}")
+    if env_name is not None:  # a built-in env's config file brings its arguments; an import path starts with none
+        cli += ([f"env={env_name}"] if (CONFIGS / "env" / f"{env_name}.yaml").is_file()
+                else ["~env", f"env.name={json.dumps(env_name)}"])
+    cli += [f"{key}={json.dumps(value)}" for key, value in options.items() if value is not None]
+    cli += [f"++env.args.{key}={value}" for key, value in map(split_env_arg, env_args)]
+    out = out or Path("runs") / time.strftime(f"evolve-{(env_name or 'config').rsplit(':', 1)[-1]}-%Y%m%d-%H%M%S")
+    try:
+        cfg = compose_run_config([*cli, *overrides], out)
+    except Exception as err:  # noqa: BLE001 - Hydra's override and composition errors name the key
+        raise typer.BadParameter(str(err), param_hint="--override") from None
+    k, repeats = cfg.eval_attempts, max(cfg.rollout.attempts, cfg.eval_attempts, cfg.evolution.critic_attempts)
+    if repeats > 1 and cfg.rollout.temperature == 0:
+        console.print(f"[yellow]note: greedy decoding makes the {repeats} attempts of a task identical; pass "
+                      "--temperature[/yellow]")
+    try:
+        run_dir = run(cfg)
+    except ValueError as err:  # a config value no component accepts: the message names the field
+        raise typer.BadParameter(str(err)) from None
+    start = StartRecord.from_dict(json.loads((run_dir / "start.json").read_text()), str(run_dir / "start.json"))
+    summary = evolve_summary(load_run(run_dir), start, k, cfg.env.name)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    (run_dir / "summary.md").write_text(evolve_markdown(summary))
+    for name, row in summary["splits"].items():
+        at_k = f"   pass@{k} {row[f'pass@{k}'][0]:.3f} -> {row[f'pass@{k}'][1]:.3f}" if k > 1 else ""
+        console.print(f"{name} pass@1 {row['pass@1'][0]:.3f} -> {row['pass@1'][1]:.3f}{at_k}   ({row['tasks']} tasks)")
+    console.print(f"edits: {len(summary['shipped'])} shipped, {len(summary['rejected'])} rejected, "
+                  f"{len(summary['undecided'])} undecided   ({run_dir / 'summary.md'})")
+
+
+@app.command("stream")
+def stream_cmd(
+    env_name: str = typer.Option("reasoning", "--env", help="environment whose tasks carry capability annotations: "
+                                 "a built-in name or package.module:ClassName"),
+    env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
+    axis: str = typer.Option("tools", help="tools | skills | agents (capabilities released stage by stage; agents: "
+                             "specialists of a lead agent, by the env's tool_owners map)"),
+    stages: int = typer.Option(3, min=1, help="stages S (clipped to the number of capabilities on the axis)"),
+    protocols: list[str] = typer.Option(["deployment", "self_evolving"], "--protocol",
+                                        help="deployment | self_evolving, repeatable"),
+    model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | gold | a local model directory"),
+    backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
+    device: str = typer.Option("cpu", help="torch device for the transformers backend"),
+    harness: str = typer.Option("base", help="starting harness: built-in name or YAML path"),
+    temperature: Optional[float] = typer.Option(None, min=0.0, help="override the harness's sampling temperature"),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
+    rounds_per_stage: int = typer.Option(1, min=0, help="self-evolving: AEGIS rounds on each stage's adaptation split"),
+    attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="episodes per task (pass@1 is their mean)"),
+    adapt_limit: int = typer.Option(8, min=1, help="adaptation tasks per cohort"),
+    eval_limit: int = typer.Option(16, min=1, help="evaluation tasks per cohort"),
+    max_steps: int = typer.Option(RolloutConfig.max_steps, min=1, help="model calls per episode at most (a "
+                                  "harness step budget below it is raised to it)"),
+    batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
+    seed: int = typer.Option(0, help="sampling seed and task sample"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default runs/stream-<env>-<axis>-<time>)"),
+) -> None:
+    """Release an env's capabilities along an axis in stages and evaluate retention and adaptation
+    under the deployment and self-evolving protocols: the pass matrix, FWT/BWT, tokens and a figure."""
+    from coevo.safety.secrets import start_redaction
+    from coevo.streams import PROTOCOLS, run_stream
+    from coevo.streams.axes import get_axis, tool_owners
+
+    env_cls = resolve_env(env_name)
+    try:
+        get_axis(axis)
+    except ValueError as err:  # an unknown axis: said before the model loads
+        raise typer.BadParameter(str(err), param_hint="--axis") from None
+    bad = [p for p in protocols if p not in PROTOCOLS]
+    if bad:
+        raise typer.BadParameter(f"protocol must be one of {list(PROTOCOLS)}, got {bad}", param_hint="--protocol")
+    start = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts, max_steps)
+    start_redaction()  # before the env: a variable it unsets after reading stays redacted from the files
+    env = env_cls(**parse_env_args(env_args))
+    if axis == "agents":
+        try:
+            tool_owners(env)
+        except ValueError as err:  # no ownership map: said before the model loads
+            raise typer.BadParameter(str(err), param_hint="--axis") from None
+    out = out or Path("runs") / time.strftime(f"stream-{env.name}-{axis}-%Y%m%d-%H%M%S")
+    try:
+        with console.status(f"loading model {model}"):
+            policy = build_policy(model, backend, device, None, env_name, seed, env=env, delegate=axis == "agents")
+        try:
+            result = run_stream(env, policy, out, axis=axis, stages=stages, protocols=protocols, base=start,
+                                rounds_per_stage=rounds_per_stage, attempts=attempts, adapt_limit=adapt_limit,
+                                eval_limit=eval_limit, batch_size=batch_size, max_steps=max_steps, seed=seed)
+        except ValueError as err:  # a stream that cannot be built from this env's annotations
+            raise typer.BadParameter(str(err)) from None
+    finally:
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+    console.print(f"stream: {result.out_dir / 'metrics.json'}  figure: {result.out_dir / 'stream.png'}")
+
+
+@config_app.command("show")
+def config_show_cmd(
+    group: Optional[str] = typer.Argument(None, help="one config group (trainer, rollout, ...); all when omitted"),
+    overrides: list[str] = typer.Option([], "--override", "-o", help="a Hydra override, e.g. experiment=smoke"),
+) -> None:
+    """The composed defaults of configs/train.yaml as YAML, each field with its help."""
+    from coevo.config.show import show
+
+    try:
+        text = show(group, overrides)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="GROUP") from None
+    typer.echo(text)
+
+
+@app.command("export")
+def export_cmd(
+    run_dir: Path = typer.Argument(..., help="a run directory written by train.py"),
+    fmt: str = typer.Option("jsonl", "--format",
+                            help="sft (chat messages) | grpo (token ids, masks, advantages) | jsonl"),
+    out: Optional[Path] = typer.Option(None, help="output file (default RUN_DIR/export-<format>.jsonl)"),
+    rounds: list[int] = typer.Option([], "--round", help="keep traces of this round, repeatable"),
+    harness_ids: list[str] = typer.Option([], "--harness", help="keep traces of this harness id, repeatable"),
+    min_reward: Optional[float] = typer.Option(None, help="keep traces with reward >= this"),
+    max_reward: Optional[float] = typer.Option(None, help="keep traces with reward <= this"),
+    passed: Optional[bool] = typer.Option(None, "--passed/--failed", help="keep only passing (or failing) traces"),
+    partial: bool = typer.Option(False, help="export what is intact when the buffer lost traces its checkpoint counts"),
+) -> None:
+    """Write a run's buffered traces in a format TRL's trainers and SFT tooling read."""
+    from coevo.report.export import export
+    from coevo.rundir.checkpoint import CheckpointError
+
+    out = out or run_dir / f"export-{fmt}.jsonl"
+    try:
+        n = export(run_dir, out, fmt, rounds=rounds or None, harness_ids=harness_ids or None,
+                   min_reward=min_reward, max_reward=max_reward, passed=passed, partial=partial)
+    except (ValueError, FileNotFoundError) as err:
+        raise typer.BadParameter(str(err)) from None
+    except CheckpointError as err:
+        damaged(err)
+    console.print(f"exported {n} records to {out}")
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: Path = typer.Argument(..., help="a run directory written by train.py"),
+    out: Optional[Path] = typer.Option(None, help="where to write (default RUN_DIR/report)"),
+) -> None:
+    """Figures (pass rate per round, lineage tree, per-task matrix, time breakdown) and summary.md."""
+    from coevo.report.summary import write_report
+    from coevo.rundir.checkpoint import CheckpointError
+
+    try:
+        path = write_report(run_dir, out)
+    except (ValueError, FileNotFoundError) as err:
+        raise typer.BadParameter(str(err), param_hint="RUN_DIR") from None
+    except CheckpointError as err:
+        damaged(err)
+    console.print(f"report: {path / 'summary.md'}")
+
+
+def damaged(err: Exception) -> None:
+    """A run file that changed after it was committed: the message (file, recovery) on stderr, exit 1
+    (not a usage error: the command was right, the run directory is not)."""
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

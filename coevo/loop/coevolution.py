@@ -1,0 +1,390 @@
+"""The co-evolution loop: one round = rollout → verifier → buffer → AEGIS → GRPO → (eval) → commit.
+
+The same traces feed both halves: the round's traces enter the replay buffer with behaviour
+log-probs from the checkpoint that sampled them, AEGIS digests them and judges its edits, and
+cross-harness GRPO updates the weights on the buffer groups of the round's tasks (whichever
+harness version or checkpoint produced each trace). ``mode`` switches halves off for the
+ablation: ``harness_only`` (no GRPO), ``model_only`` (no AEGIS), ``static`` (neither). It is the
+only round driver: ``coevo evolve`` runs it in ``harness_only`` mode with a frozen model, and a
+stream's self-evolving protocol adapts each stage with it. Episodes go through the rollout service
+(``coevo.agent.rollouts``); what a run keeps on disk is ``coevo.rundir.state``.
+
+No gold answer of a task the run will still train, validate or test on may reach a harness edit:
+each round tells AEGIS to withhold the references of every task a remaining round's batch holds
+(this round's included) and of the validation and test tasks, so demonstrations come only from
+tasks already consumed for good or from a reference pool split off the train split (``coevo.loop.build``).
+Infrastructure failures (``Trace.infra_failure``) are counted per round in the record.
+
+Resume: a round ends with an atomic checkpoint commit (``coevo.rundir.checkpoint``). Started again on
+the same run directory, the loop restores the last complete round; if the killed round had
+already committed its traces to the buffer, they are reused, otherwise they are sampled again —
+identically, because every phase of a round reseeds the policy from (seed, round, phase).
+
+Secrets: the round's traces are cleared of secret values (``coevo.safety.traces.redact_trace``, token ids
+included, with the policy's ``tokenizer``) as soon as the rollout returns, before the replay buffer,
+AEGIS, records or the tracker see them; ``rounds.jsonl``, ``lineage.jsonl`` and the checkpoint state
+are redacted again where they are written, and harness YAML by ``Harness.to_yaml``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from coevo.agent.rollouts import Rollout, RolloutService
+from coevo.agent.trace import Trace
+from coevo.buffers.logprobs import sampler_first
+from coevo.envs.base import Task
+from coevo.evolution.engine import AEGIS
+from coevo.evolution.types import EvolveReport, HarnessEvent
+from coevo.harness.harness import Harness
+from coevo.loop.round_grpo import (
+    buffered_rollouts,
+    critic_task_ids,
+    critic_traces_to_store,
+    grpo_record,
+    step_batches,
+    training_batch,
+)
+from coevo.loop.round_plan import batches_per_epoch, round_batches
+from coevo.loop.round_record import round_record
+from coevo.report.tracking import edit_rows
+from coevo.rundir import checkpoint
+from coevo.rundir.check import buffer_next_seq, verify_run
+from coevo.rundir.records import BufferStats, Evaluation, GRPOMetrics, RoundRecord, StartRecord
+from coevo.rundir.state import LoopState
+from coevo.safety.secrets import contains_secret, secret_env_values
+from coevo.safety.traces import redact_trace
+
+log = logging.getLogger("coevo.loop.coevolution")
+
+class Coevolution:
+    """Runs rounds. Flat collaborators: ``rollouts`` (the ``RolloutService`` every episode of the
+    run goes through: its policy, env, batching and seed), ``aegis`` (always present: static and
+    model-only runs simply never call ``evolve``), ``trainer`` and ``buffer`` (None unless the mode
+    trains), ``tracker`` (a ``coevo.report.tracking.Tracker``), ``progress`` (``coevo.report.progress``).
+    ``tokenizer``: the policy's, to redact secrets from token ids (``coevo.safety.traces.redact_trace``);
+    without it a model call that showed a secret keeps no token ids.
+
+    The settings that mirror config fields have no default here, so the config (``coevo.config.schema``, via
+    ``coevo.loop.build``) is their only source: ``rounds``, ``batch_tasks``, ``seed``, ``attempts``,
+    ``steps_per_round`` (``trainer.steps_per_round``), ``val_every`` and ``eval_attempts``.
+    ``first_round``: the number of the first round, for a loop that continues an engine's history
+    (a stream's next stage: AEGIS's monitors need round numbers that only grow). ``critic_traces``:
+    the list the Critic's re-runs append their traces to, when those train too (cross-harness
+    groups: the gate's parent and candidate episodes join their task's group). ``evolve_rounds(r)``:
+    whether round ``r`` evolves the harness (a schedule that leaves rounds to the weights; default
+    every round). ``sampler_logprobs``: store the policy's own sampling log-probs as behaviour
+    log-probs (``buffers.logprobs.sampler_first``) instead of recomputing them."""
+
+    def __init__(
+        self,
+        *,
+        mode: str,
+        rollouts: RolloutService,
+        aegis: AEGIS,
+        run_dir: Path,
+        train_tasks: Sequence[Task],
+        val_tasks: Sequence[Task],
+        test_tasks: Sequence[Task] = (),
+        rounds: int,
+        batch_tasks: int,
+        attempts: int,
+        seed: int,
+        trainer: Any | None = None,
+        buffer: Any | None = None,
+        logprob_fn: Callable | None = None,
+        steps_per_round: int,
+        step_traces: int | None = None,
+        val_every: int,
+        eval_attempts: int,
+        tracker: Any,
+        progress: Any,
+        is_main: bool = True,
+        share: Callable[[Any], Any] | None = None,
+        sync_weights: Callable[[], None] | None = None,
+        release_rollout: Callable[[], None] | None = None,
+        tokenizer: Any | None = None,
+        first_round: int = 0,
+        critic_traces: list[Trace] | None = None,
+        evolve_rounds: Callable[[int], bool] | None = None,
+        sampler_logprobs: bool = False,
+    ) -> None:
+        trains = mode in ("coevolve", "model_only")
+        if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
+            raise ValueError(f"mode {mode!r} trains the model: it needs a trainer, and on rank 0 a buffer and a "
+                             "logprob_fn")
+        self.mode, self.rollouts, self.aegis, self.run_dir = mode, rollouts, aegis, run_dir
+        self.policy = rollouts.policy
+        self.env_name = str(getattr(rollouts.env, "name", "env"))  # noted in every harness file the run writes
+        self.evolves, self.trains = mode in ("coevolve", "harness_only"), trains
+        self.batches = round_batches(train_tasks, batch_tasks, seed, rounds)
+        self.per_epoch = batches_per_epoch(len(train_tasks), batch_tasks)
+        self.val_tasks, self.test_tasks = list(val_tasks), list(test_tasks)
+        self.rounds, self.attempts, self.seed = rounds, attempts, seed
+        self.first, self.end = first_round, first_round + rounds  # round numbers [first, end)
+        self.trainer, self.buffer, self.logprob_fn, self.steps_per_round = trainer, buffer, logprob_fn, steps_per_round
+        self.step_traces, self.val_every, self.eval_attempts = step_traces, val_every, eval_attempts
+        self.tracker, self.progress, self.is_main = tracker, progress, is_main
+        self.share = share or (lambda obj: obj)  # rank 0's object on every rank (identity on one process)
+        self.sync_weights = sync_weights or (lambda: None)
+        self.release_rollout = release_rollout or (lambda: None)  # vLLM sleep mode: its GPU memory to the trainer
+        self.tokenizer = tokenizer
+        self.critic_traces = critic_traces  # filled by the Critic's re-runs (RolloutService.critic_rollout(keep=))
+        self.evolve_rounds = evolve_rounds or (lambda r: True)
+        self.sampler_logprobs = sampler_logprobs  # behaviour log-probs from the sampler (buffer.sampler_logprobs)
+        self.state = LoopState()
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> int:
+        """Restore the last complete round, if any; returns the next round to run. Before anything is
+        loaded, the run directory is checked against the checkpoint (``coevo.rundir.check.verify_run``:
+        the checkpoint's files, every buffered trace, the lineage's harness files); a damaged file
+        stops the resume naming it (``checkpoint.CheckpointError``)."""
+        directory = checkpoint.latest(self.run_dir / "checkpoint")
+        if directory is None:
+            return 0
+        state = checkpoint.load_state(directory)
+        if state.get("harnesses_redacted"):
+            raise checkpoint.CheckpointError(
+                f"{directory / 'state.json'}: a harness of the run held the value of a secret environment variable, "
+                "which the checkpoint records as <redacted>; resuming would run other harnesses (under other ids) "
+                "than those that ran. Start the run over in another run_dir=, with no key in its harnesses")
+        verify_run(self.run_dir, directory, state, files=True, buffer=self.buffer, lineage=True)
+        if self.trainer is not None:
+            try:
+                self.trainer.load(directory / "trainer")
+            except Exception as err:  # whatever the loader raises: a file the hashes did not cover, NaN weights
+                raise checkpoint.CheckpointError(
+                    f"{directory / 'trainer'} cannot be loaded ({type(err).__name__}: {str(err) or 'no weights file'}); "
+                    f"the run cannot resume from it: {checkpoint.RECOVER}") from err
+            self.policy.model_version = str(self.trainer.version)
+            self.sync_weights()
+        where = directory / "state.json"
+        try:
+            self.aegis.load_state_dict(state["aegis"])
+            checkpoint.set_rng_state(state["rng"])
+            self.state = LoopState.from_state(state, str(where))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+            raise checkpoint.CheckpointError(f"{where} is damaged ({type(err).__name__}: {err}); the run cannot "
+                                             f"resume from it: {checkpoint.RECOVER}") from err
+        self._write_logs()
+        log.info("resumed %s after round %d", self.run_dir, self.state.next_round - 1)
+        return self.state.next_round
+
+    def _commit(self) -> None:
+        aegis = self.aegis.state_dict()
+        state = {**self.state.to_state(), "aegis": aegis, "rng": checkpoint.rng_state()}
+        if contains_secret([aegis.get("variants"), aegis.get("pool")]):  # checkpoint.commit redacts them
+            state["harnesses_redacted"] = True
+        if self.buffer is not None:
+            state["buffer_next_seq"] = buffer_next_seq(self.buffer)
+
+        def write_trainer(directory: Path) -> None:
+            if self.trainer is not None:
+                self.trainer.save(directory / "trainer")
+
+        if self.is_main:
+            checkpoint.commit(self.run_dir / "checkpoint", self.state.next_round - 1, state, write_trainer)
+            self._write_logs()
+        elif self.trainer is not None:
+            self.trainer.save(self.run_dir / "checkpoint" / "unused")  # joins the collective barrier only
+
+    def _write_logs(self) -> None:
+        if self.is_main:
+            self.state.write_files(self.run_dir, self.aegis.current(), evolved_on=self.env_name)
+
+    # ------------------------------------------------------------------ rounds
+    def run(self) -> list[RoundRecord]:
+        start = self.resume()
+        if start == 0:
+            start = self.first
+            self._lineage(self.aegis.start_events(round=self.first - 1))
+            if self.is_main:
+                self.state.start = self.evaluate_start()
+        for r in range(start, self.end):
+            self.run_round(r)
+        return self.state.records
+
+    def run_round(self, r: int) -> RoundRecord | None:
+        """One round. Under several processes rank 0 rolls out, evolves, evaluates and writes;
+        every rank takes part in the GRPO step on the traces rank 0 shares."""
+        if not self.is_main:
+            return self._follow_round(r)
+        seconds: dict[str, float] = defaultdict(float)
+        began = time.perf_counter()
+        generating = getattr(self.policy, "seconds", 0.0)  # policies that time their generate()
+        batch = self.batches[r - self.first]
+        version = self.trainer.version if self.trainer is not None else 0
+
+        tick = time.perf_counter()
+        traces = self._buffered(r)
+        if traces is None:
+            traces = self._redacted(self._routed(batch, r, "rollout", self.attempts, f"round {r}: rollouts").traces)
+            seconds["rollout"] = time.perf_counter() - tick
+            if self.trains:
+                tick = time.perf_counter()
+                self.buffer.add(traces, round=r, model_version=version, logprob_fn=self._logprob_fn(traces))
+                seconds["logprobs"] = time.perf_counter() - tick
+
+        evolved: EvolveReport | None = None
+        train_ids = {t.task_id for t in batch}
+        if self.evolves and self.evolve_rounds(r):
+            self.rollouts.begin_critic(r)  # the Critic's re-runs go on from here
+            withheld = self.withheld(r)
+            evolved = self.aegis.evolve(traces, round=r, withheld=withheld)
+            if self.trains and self.critic_traces is not None:
+                tick = time.perf_counter()
+                train_ids |= self._buffer_critic_traces(r, version, withheld)
+                seconds["logprobs"] += time.perf_counter() - tick
+            for key in ("digest", "plan", "critic"):
+                seconds[key] = evolved.seconds.get(key, 0.0)
+            self._lineage(evolved.events)
+            if self.val_tasks and (r - self.first + 1) % self.per_epoch == 0:  # epoch end: best snapshot on validation
+                tick = time.perf_counter()
+                self._lineage(self.aegis.select(lambda h: self._harness_pass_rate(h, self.val_tasks, r), round=r))
+                seconds["eval"] += time.perf_counter() - tick
+
+        grpo = None
+        if self.trains:
+            tick = time.perf_counter()
+            grpo = self._train(self.share(training_batch(self.buffer, train_ids)), r)
+            seconds["grpo"] = time.perf_counter() - tick
+
+        val = None
+        if self.val_tasks and ((self.val_every and (r + 1) % self.val_every == 0) or r == self.end - 1):
+            tick = time.perf_counter()
+            val = self.evaluate(self.val_tasks, r, "eval")
+            seconds["eval"] = time.perf_counter() - tick
+        test = None
+        if self.test_tasks and r == self.end - 1:
+            tick = time.perf_counter()
+            test = self.evaluate(self.test_tasks, r, "test")
+            seconds["eval"] += time.perf_counter() - tick
+
+        if evolved is not None:  # the trend monitor: train pass rate up while validation goes down
+            judged = [t for t in traces if not t.infra_failure]
+            evolved.warnings += self.aegis.observe_rates(
+                r, train_pass_rate=sum(t.passed for t in judged) / len(judged) if judged else None,
+                val_pass_rate=val.pass_at_1 if val is not None else None)
+        record = round_record(r, self.mode, version, traces, seconds, val=val, test=test, evolved=evolved, grpo=grpo,
+                              variants={n: h.id for n, h in self.aegis.current().items()},
+                              meta_tokens=self.aegis.meta_tokens(),
+                              buffer=BufferStats(len(self.buffer), self.buffer.lag(self.trainer.version))
+                              if self.trains else None)
+        # inside rollout, critic and eval: the share spent in the model's generate() (not a phase of its own)
+        record.generation_seconds = getattr(self.policy, "seconds", 0.0) - generating
+        self.state.records.append(record)
+        self.state.next_round = r + 1
+        tick = time.perf_counter()
+        self._commit()
+        record.seconds["checkpoint"] = time.perf_counter() - tick
+        total = time.perf_counter() - began
+        record.seconds["total"] = total
+        record.seconds["other"] = max(0.0, total - sum(v for k, v in record.seconds.items()
+                                                       if k not in ("total", "other")))
+        self._write_logs()  # the timing fields of the last record are known only now
+        self.tracker.log_round(record)
+        if evolved is not None and evolved.verdicts:
+            self.tracker.log_edits(edit_rows(record))
+        self.progress.round_done(record)
+        return record
+
+    def evaluate_start(self) -> StartRecord:
+        """The starting harness (routed variants) and model on validation, and on test when the run
+        tests: the row every later round is compared with (``start.json``). Sampled in a round -1 of
+        its own, so it shifts no round's sampling."""
+        began = time.perf_counter()
+        val = self.evaluate(self.val_tasks, -1, "eval") if self.val_tasks else None
+        test = self.evaluate(self.test_tasks, -1, "test") if self.test_tasks else None
+        return StartRecord(val, test, {n: h.id for n, h in self.aegis.current().items()},
+                           self.trainer.version if self.trainer is not None else 0, time.perf_counter() - began)
+
+    def withheld(self, r: int) -> set[str]:
+        """Task ids whose references may not become demonstrations in round ``r``: every task that
+        round ``r`` or a later round trains on (epochs repeat tasks), and the validation and test
+        tasks (which never have references; named anyway, so the guarantee does not rest on that)."""
+        ids = {t.task_id for batch in self.batches[r - self.first :] for t in batch}
+        return ids | {t.task_id for t in self.val_tasks} | {t.task_id for t in self.test_tasks}
+
+    def _buffered(self, r: int) -> list[Trace] | None:
+        return None if self.buffer is None else buffered_rollouts(self.buffer, r)
+
+    def _buffer_critic_traces(self, r: int, version: int, withheld: set[str]) -> set[str]:
+        """Store the round's Critic re-runs with their behaviour log-probs (the model has not changed
+        since they ran: exact; ``round_grpo.critic_traces_to_store`` says which) and return the tasks
+        whose groups they joined."""
+        kept = self._redacted(critic_traces_to_store(self.critic_traces, self.buffer, r, withheld))
+        self.critic_traces.clear()
+        if kept:
+            self.buffer.add(kept, round=r, model_version=version, logprob_fn=self._logprob_fn(kept))
+        return critic_task_ids(self.buffer, r)
+
+    def _routed(self, tasks: Sequence[Task], r: int, phase: str, attempts: int, label: str) -> Rollout:
+        """``attempts`` episodes of each task on the variant AEGIS routes it to."""
+        harnesses, variants = self.aegis.routed(tasks)
+        prefix = "r" if phase == "rollout" else phase
+        return self.rollouts.run(harnesses, tasks, attempts=attempts, phase=phase, round=r, variant=variants, label=label,
+                                 trace_id=lambda t, a: f"{prefix}{r:04d}-{t.task_id}-{a}")
+
+    def _redacted(self, traces: list[Trace]) -> list[Trace]:
+        """The traces with no secret value in their strings or token ids (the same objects when they
+        hold none): what the buffer stores, AEGIS digests and the records count."""
+        secrets = secret_env_values()
+        return [redact_trace(t, self.tokenizer, secrets) for t in traces] if secrets else traces
+
+    def _follow_round(self, r: int) -> None:
+        """A non-main rank's round: the GRPO step on rank 0's batch, then the checkpoint barrier
+        (no record: rank 0 keeps them)."""
+        if self.trains:
+            self._train(self.share(None))
+        self.state.next_round = r + 1
+        self._commit()
+
+    def _logprob_fn(self, traces: Sequence[Trace]) -> Callable:
+        """The buffer's LogprobFn for ``traces``: the sampler's own log-probs where the run trusts them
+        (``buffer.sampler_logprobs``), else a forward pass of the current model."""
+        return sampler_first(traces, self.logprob_fn) if self.sampler_logprobs else self.logprob_fn
+
+    def _train(self, batch: tuple[list[Trace], list[int]], r: int) -> GRPOMetrics:
+        """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each): passes
+        over the same buffered groups (the ratio is clipped), or minibatches of them (``step_traces``)."""
+        traces, versions = batch
+        steps: list[dict] = []
+        self.release_rollout()
+        with self.progress.task("GRPO", self.steps_per_round) as advance:
+            for part, part_versions in step_batches(traces, versions, self.steps_per_round, self.step_traces,
+                                                    seed=f"{self.seed}-{r}"):
+                steps.append(self.trainer.step(part, versions=part_versions).as_dict())
+                advance()
+        self.policy.model_version = str(self.trainer.version)
+        self.sync_weights()
+        return grpo_record(steps, traces)
+
+    def evaluate(self, tasks: Sequence[Task], r: int, phase: str) -> Evaluation:
+        """pass@1 and pass@k of the routed variants (k = eval_attempts)."""
+        label = f"{f'round {r}' if r >= 0 else 'start'}: {'validation' if phase == 'eval' else 'test'}"
+        done = self._routed(tasks, r, phase, self.eval_attempts, label)
+        return Evaluation(done.pass_at_1, done.pass_at_k, self.eval_attempts, done.outcomes(), done.tool_use_rate)
+
+    def _harness_pass_rate(self, harness: Harness, tasks: Sequence[Task], r: int) -> float:
+        """pass@1 of one harness on ``tasks`` (epoch-end snapshot selection)."""
+        done = self.rollouts.run(harness, tasks, attempts=self.eval_attempts, phase="eval", round=r, variant="select",
+                                 label=f"round {r}: snapshot {harness.id[:8]} on validation",
+                                 trace_id=lambda t, a: f"select{r:04d}-{harness.id}-{t.task_id}-{a}")
+        return sum(t.passed for t in done.traces) / len(done.traces)  # every task has eval_attempts of them
+
+    # ------------------------------------------------------------------ records
+    def _lineage(self, events: Sequence[HarnessEvent]) -> None:
+        """Record the events that changed a variant's harness: a lineage row, the harness YAML, the tracker."""
+        for event in events:
+            if not event.changes_variant:
+                continue
+            self.state.lineage.append(event.lineage_row())
+            if self.is_main:
+                event.harness.save(self.run_dir / "lineage" / f"{event.harness.id}.yaml", evolved_on=self.env_name)
+            self.tracker.log_harness(event.harness, round=event.round, variant=event.variant, how=event.how)

@@ -1,0 +1,282 @@
+"""The checks a ``TrainConfig`` passes before any work: values no component accepts, named by their
+field and what is allowed; the train split against ``batch_tasks``; optional dependencies the
+config needs; the accelerate launch and the Triton kernel's device. ``coevo.loop.build.run`` calls them
+first, and so do the scripts and examples that compose a config (``examples/gpu_cluster.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coevo.config.schema import MODES, EvolutionConfig, TrainConfig
+
+SCRIPTED_MODELS = ("scripted", "gold")
+"""``model.name`` values that run without weights (``coevo.loop.build.scripted_policy``)."""
+
+
+MAX_LR = {"adamw": 1e-2, "sgd": 1.0}
+"""The largest ``trainer.lr`` per optimizer. AdamW moves every weight by about ``lr`` per step whatever
+the gradient's scale, and a pretrained LLM's weights are of order 1e-2: a larger rate overwrites them
+in a few steps (RL fine-tuning uses 1e-7..1e-5, LoRA up to about 1e-3; the smoke run's random tiny
+model 1e-3). SGD's step scales with the gradient, so its bound is looser. ``lr=0`` (a run that never
+moves the weights) is ``mode=harness_only``'s job."""
+
+
+def device_of(name: str) -> str:
+    """The torch device ``model.device`` names (auto: cuda when available, else cpu)."""
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
+def check(cfg: TrainConfig) -> None:
+    """Reject values no component accepts, naming the field and what it allows. Secrets go first, so
+    no later message quotes a key."""
+    from dataclasses import asdict
+
+    from coevo.envs.load import check_env_args, env_class
+    from coevo.evolution.critic import GATES
+    from coevo.kernels import IMPLS
+    from coevo.kernels.objective import AGGREGATIONS, KL_ESTIMATORS, REMOVED_AGGREGATIONS
+    from coevo.meta import BACKENDS, meta_agent_factory
+    from coevo.meta.llm import ROUTER_FAILURES
+    from coevo.policy.hf import ENGINES
+    from coevo.report.tracking import MODES as WANDB_MODES
+    from coevo.safety.refusal import refuse_secrets
+
+    refuse_secrets(asdict(cfg))
+
+    choices = {
+        "mode": (cfg.mode, MODES),
+        "model.dtype": (cfg.model.dtype, ("auto", "float32", "bfloat16")),
+        "rollout.backend": (cfg.rollout.backend, ("transformers", "vllm")),
+        "rollout.vllm_mode": (cfg.rollout.vllm_mode, ("colocate", "server")),
+        "rollout.engine": (cfg.rollout.engine, ENGINES),
+        "evolution.gate": (cfg.evolution.gate, GATES),
+        "evolution.router_failure": (cfg.evolution.router_failure, ROUTER_FAILURES),
+        "trainer.aggregation": (cfg.trainer.aggregation, AGGREGATIONS),
+        "trainer.kl_estimator": (cfg.trainer.kl_estimator, KL_ESTIMATORS),
+        "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
+        "trainer.kernel": (cfg.trainer.kernel, IMPLS),
+        "trainer.sharding": (cfg.trainer.sharding, ("none", "fsdp2")),
+        "logger.kind": (cfg.logger.kind, ("none", "wandb")),
+        "logger.mode": (cfg.logger.mode, tuple(WANDB_MODES)),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            removed = REMOVED_AGGREGATIONS.get(value) if key == "trainer.aggregation" else None
+            raise ValueError(f"config {key}={value!r} is not allowed; choose one of {list(allowed)}"
+                             + (f" ({removed})" if removed else ""))
+    if cfg.meta_agent.backend not in BACKENDS:
+        if ":" not in cfg.meta_agent.backend:
+            raise ValueError(f"config meta_agent.backend={cfg.meta_agent.backend!r} is not allowed; choose one of "
+                             f"{list(BACKENDS)} or the import path 'package.module:factory' of your own")
+        try:
+            meta_agent_factory(cfg.meta_agent.backend)
+        except ValueError as err:
+            raise ValueError(f"config meta_agent.backend: {err}") from None
+    try:
+        env_class(cfg.env.name)
+    except ValueError as err:
+        raise ValueError(f"config env.name={cfg.env.name!r}: {err}") from None
+    try:
+        check_env_args(cfg.env.name, cfg.env.args)
+    except ValueError as err:
+        raise ValueError(f"config env.args: {err}") from None
+    e, t = cfg.evolution, cfg.trainer
+    positive = {"rounds": cfg.rounds, "batch_tasks": cfg.batch_tasks, "rollout.attempts": cfg.rollout.attempts,
+                "eval_attempts": cfg.eval_attempts, "evolution.critic_attempts": e.critic_attempts,
+                "buffer.capacity": cfg.buffer.capacity, "trainer.steps_per_round": t.steps_per_round,
+                "rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.max_steps": cfg.rollout.max_steps,
+                "rollout.batch_size": cfg.rollout.batch_size, "rollout.workers": cfg.rollout.workers,
+                "trainer.micro_batch_size": t.micro_batch_size,
+                "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size, "model.lora_r": cfg.model.lora_r,
+                "evolution.max_variants": e.max_variants, "evolution.patience_rounds": e.patience_rounds,
+                "evolution.every": e.every}
+    non_negative = {"evolution.reference_pool": e.reference_pool, "evolution.max_proposals": e.max_proposals,
+                    "evolution.max_revisions": e.max_revisions, "evolution.recent_batches": e.recent_batches,
+                    "meta_agent.max_retries": cfg.meta_agent.max_retries,
+                    "meta_agent.request_retries": cfg.meta_agent.request_retries,
+                    "trainer.warmup_steps": t.warmup_steps,
+                    "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit,
+                    "evolution.early_rounds": e.early_rounds}
+    for low, values in ((1, positive), (0, non_negative)):
+        for key, value in values.items():
+            if value is not None and value < low:  # None: the schema's "all" (val_limit, test_limit)
+                raise ValueError(f"config {key}={value} must be >= {low}")
+    check_stat_gate(e)
+    inf, above = float("inf"), 1e-9  # ``above`` turns a closed lower bound into "> low"
+    ranges = {  # field: (value, low, high, the allowed range in words); None (where the schema allows it) is off
+        "rollout.temperature": (cfg.rollout.temperature, 0.0, inf, ">= 0 (0 is greedy)"),
+        "rollout.vllm_gpu_memory_utilization": (cfg.rollout.vllm_gpu_memory_utilization, above, 1.0,
+                                                "in (0, 1]: the share of GPU memory vLLM reserves"),
+        "meta_agent.timeout_s": (cfg.meta_agent.timeout_s, above, inf, "> 0 seconds"),
+        "rollout.reset_timeout_s": (cfg.rollout.reset_timeout_s, above, inf, "> 0 seconds"),
+        "rollout.tool_timeout_s": (cfg.rollout.tool_timeout_s, above, inf, "> 0 seconds"),
+        "trainer.lr": (t.lr, above, MAX_LR[t.optimizer], f"in (0, {MAX_LR[t.optimizer]:g}] for {t.optimizer}: "
+                       "fine-tuning rates are 1e-7..1e-3, and larger steps rewrite the weights (1e30 made them 1e30)"),
+        "trainer.weight_decay": (t.weight_decay, 0.0, inf, ">= 0"),
+        "trainer.max_grad_norm": (t.max_grad_norm, above, inf, "> 0: gradients are clipped to this norm"),
+        "trainer.eps_low": (t.eps_low, 0.0, 1.0 - above, "in [0, 1): the clip's lower ratio bound 1 - eps_low"),
+        "trainer.eps_high": (t.eps_high, 0.0, inf, ">= 0"),
+        "trainer.dual_clip": (t.dual_clip, 1.0 + above, inf, "> 1, or null (off)"),
+        "trainer.beta": (t.beta, 0.0, inf, ">= 0"),
+        "trainer.tis_cap": (t.tis_cap, above, inf, "> 0: the cap on importance weights, or null (off)"),
+        "model.lora_dropout": (cfg.model.lora_dropout, 0.0, 1.0 - above, "in [0, 1): a dropout probability"),
+        "evolution.delta": (e.delta, 0.0, inf, ">= 0: the pass-rate gain the performance gate needs"),
+        "evolution.epsilon": (e.epsilon, 0.0, inf, ">= 0: the pass-rate loss the performance gate tolerates"),
+        "evolution.eta_leak": (e.eta_leak, 0.0, 1.0, "in [0, 1]: the leakage score's threshold"),
+        "evolution.eta_bloat": (e.eta_bloat, 0.0, inf, ">= 0"),
+        "evolution.router_threshold": (e.router_threshold, 0.0, 1.0, "in [0, 1]: the router's confidence"),
+        "rollout.prefix_cache_mb": (cfg.rollout.prefix_cache_mb, 0.0, inf, ">= 0 MiB (0 turns the cache off)"),
+    }
+    for key, (value, low, high, allowed) in ranges.items():
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"config {key}={value} is not allowed; it must be {allowed}")
+    urls = {"meta_agent.url": cfg.meta_agent.url if cfg.meta_agent.backend == "openai" else None,
+            "rollout.vllm_server_url": cfg.rollout.vllm_server_url
+            if cfg.rollout.backend == "vllm" and cfg.rollout.vllm_mode == "server" else None}
+    for key, url in urls.items():
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"config {key}={url!r} is not a URL; write it as http://HOST:PORT"
+                             + ("/v1" if key == "meta_agent.url" else ""))
+    if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
+        raise ValueError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
+    if cfg.buffer.sampler_logprobs and cfg.rollout.backend == "vllm":
+        raise ValueError("config buffer.sampler_logprobs=true needs rollout.backend=transformers: vLLM's probabilities "
+                         "differ from the trainer's, so its log-probs are no behaviour log-probs (leave it false)")
+    if cfg.trainer.sharding == "fsdp2" and cfg.rollout.backend == "vllm":
+        raise ValueError("config trainer.sharding=fsdp2 with rollout.backend=vllm is not supported: the weight sync to "
+                         "vLLM reads whole (merged) parameters from the trainer, which FSDP2 holds sharded; use "
+                         "rollout.backend=transformers (rank 0 generates from a gathered copy) or DDP + LoRA with vLLM")
+    if cfg.model.name in SCRIPTED_MODELS and cfg.mode in ("coevolve", "model_only"):
+        raise ValueError(f"config model.name={cfg.model.name!r} has no weights to train in mode={cfg.mode!r}; use "
+                         "mode=harness_only or mode=static, or name a model")
+    if cfg.model.name in SCRIPTED_MODELS and cfg.rollout.backend != "transformers":
+        raise ValueError(f"config model.name={cfg.model.name!r} runs without a serving backend; leave "
+                         "rollout=transformers")
+    if cfg.evolution.router and cfg.meta_agent.backend == "rule":
+        raise ValueError("evolution.router=true needs an LLM meta-agent (meta_agent=openai or hf); rule cannot route")
+    if cfg.trainer.beta > 0 and not cfg.model.lora and cfg.mode in ("coevolve", "model_only"):
+        raise ValueError(f"config trainer.beta={cfg.trainer.beta} needs model.lora=true: the KL reference is the base "
+                         "model with the adapter disabled, and full fine-tuning has no reference model here; "
+                         "set trainer.beta=0 or model.lora=true")
+    attempts, capacity = cfg.rollout.attempts, cfg.buffer.capacity
+    if cfg.mode in ("coevolve", "model_only") and capacity < cfg.batch_tasks * attempts:
+        # a round's traces must all fit in the buffer, whose capacity then bounds batch_tasks
+        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts}: a round adds "
+                         f"batch_tasks x rollout.attempts={attempts} = {cfg.batch_tasks * attempts} traces, which "
+                         f"must fit in buffer.capacity={capacity}; lower batch_tasks or raise buffer.capacity to >= "
+                         f"{cfg.batch_tasks * attempts}")
+
+
+def check_train_split(cfg: TrainConfig, n_train: int) -> None:
+    """``batch_tasks`` against the train tasks the env holds (known only once it is built): a larger
+    value would silently train on the whole split every round, not on the batches asked for."""
+    if not n_train:
+        raise ValueError(f"config env.name={cfg.env.name!r} with env.args={cfg.env.args} has no train tasks")
+    if cfg.batch_tasks > n_train:
+        pool = cfg.evolution.reference_pool
+        left = f" left after evolution.reference_pool={pool}" if pool else ""
+        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {n_train}, the train tasks of env "
+                         f"{cfg.env.name!r}{left}")
+
+
+def check_dependencies(cfg: TrainConfig) -> None:
+    """Import the optional packages the config's choices need, before any model is loaded, so a
+    missing one stops the run at once with its install command (``coevo.config.optional``)."""
+    from coevo.config.optional import require
+
+    if cfg.rollout.backend == "vllm":
+        require("vllm", "rollout.backend=vllm")
+    if cfg.logger.kind == "wandb":
+        require("wandb", "logger.kind=wandb")
+    if cfg.meta_agent.backend == "openai":
+        require("openai", "meta_agent.backend=openai")
+    if cfg.trainer.kernel == "triton":
+        check_triton_device(cfg)
+        require("triton", "trainer.kernel=triton")
+
+
+def check_distributed(distributed_type: Any, fsdp_version: int | None = None) -> str | None:
+    """What the accelerate launch asks for, checked before any work. Returns ``"fsdp2"`` when the launch
+    config is FSDP version 2 (the trainer then shards itself: ``coevo.trainers.sharding``), else None.
+    FSDP version 1 and DeepSpeed are refused: the trainer applies the LM head outside the model's
+    forward and drives the optimizer itself, which FSDP2's root unit allows and neither of them does
+    (docs/gpu-cluster.md, "Sharded training")."""
+    from accelerate.utils import DistributedType
+
+    if distributed_type == DistributedType.FSDP:
+        if fsdp_version == 2:
+            return "fsdp2"
+        raise ValueError(f"accelerate's FSDP version {fsdp_version} is not supported: coevo shards with FSDP2; set "
+                         "fsdp_config.fsdp_version: 2 (configs/accelerate/fsdp2.yaml)")
+    if distributed_type == DistributedType.DEEPSPEED:
+        raise ValueError("accelerate's distributed_type=DEEPSPEED is not supported: DeepSpeed's engine owns the "
+                         "backward and optimizer step that coevo's GRPO trainer drives itself; for ZeRO-3's "
+                         "memory use FSDP2 (accelerate launch --config_file configs/accelerate/fsdp2.yaml, which "
+                         "shards parameters, gradients and optimizer state the same way), or DDP + LoRA")
+    return None
+
+
+def check_triton_device(cfg: TrainConfig) -> None:
+    """The Triton loss runs on CUDA tensors only (or under TRITON_INTERPRET=1); without this check a
+    CPU run would find out in its first GRPO step, after the round's rollouts."""
+    import torch
+
+    from coevo.kernels import IMPLS
+    from coevo.kernels.triton_grpo import INTERPRETED
+
+    device = device_of(cfg.model.device)
+    if torch.device(device).type != "cuda" and not INTERPRETED:
+        others = [impl for impl in IMPLS if impl != "triton"]
+        raise ValueError(f"config trainer.kernel=triton needs a CUDA device, and model.device={cfg.model.device!r} "
+                         f"is {device} here; choose one of {others} (auto picks triton on CUDA when installed, "
+                         "chunked elsewhere)")
+
+
+def check_stat_gate(e: EvolutionConfig) -> None:
+    """The statistical gate's fields, each named in the error (the Critic checks them again)."""
+    if not (0 < e.stat_alpha < 1 and 0 < e.stat_beta < 1 and e.stat_alpha + e.stat_beta < 1):
+        raise ValueError(f"config evolution.stat_alpha={e.stat_alpha} and evolution.stat_beta={e.stat_beta} must be "
+                         "in (0, 1) with stat_alpha + stat_beta < 1")
+    if not 0.5 < e.stat_win_share < 1:
+        raise ValueError(f"config evolution.stat_win_share={e.stat_win_share} must be in (0.5, 1)")
+    if e.stat_tasks < 1:
+        raise ValueError(f"config evolution.stat_tasks={e.stat_tasks} must be >= 1")
+    if e.stat_budget < 2 * e.critic_attempts:
+        raise ValueError(f"config evolution.stat_budget={e.stat_budget} must be >= 2 * evolution.critic_attempts "
+                         f"({2 * e.critic_attempts}): one paired attempt of parent and candidate")
+    if e.stat_max_episodes < e.stat_budget:
+        raise ValueError(f"config evolution.stat_max_episodes={e.stat_max_episodes} must be >= "
+                         f"evolution.stat_budget={e.stat_budget}")
+    if e.stat_confirm_attempts < 0 or (e.stat_confirm_attempts and 0.5**e.stat_confirm_attempts > e.stat_alpha):
+        raise ValueError(f"config evolution.stat_confirm_attempts={e.stat_confirm_attempts} must be 0 or enough "
+                         f"re-runs for the sign test to reach stat_alpha={e.stat_alpha} (0.5^attempts <= stat_alpha)")
+
+
+def check_context_window(policy: Any, harness: Any, env: Any, task: Any, max_steps: int) -> None:
+    """``rollout.max_new_tokens`` plus the prompt of the first train task's first model call (under the
+    starting harness, as the first rollout renders it) against the model's context window, before any
+    rollout: past it the policy refuses every request, and each trace of the run would end as an
+    infrastructure failure. Policies without a context window (scripted, vLLM) are not checked."""
+    from coevo.agent.episode import EpisodeRun, Job
+
+    limit = getattr(policy, "context_window", None)
+    if not isinstance(limit, int) or not hasattr(policy, "prompt_ids"):
+        return
+    episode = EpisodeRun(Job(task, harness), env, "context-check", max_steps).run()
+    try:
+        request = next(episode)  # the first ChatRequest; no model is called
+    except StopIteration:
+        return  # the episode ended before asking the model (an env or processor error the rollout will report)
+    finally:
+        episode.close()  # closes the env session it opened
+    prompt = len(policy.prompt_ids(request.messages, request.reply_prefix))
+    budget = request.sampling.max_new_tokens
+    if prompt + budget > limit:
+        raise ValueError(f"config rollout.max_new_tokens={budget} does not fit the model's context window: the first "
+                         f"prompt (task {task.task_id!r} under the starting harness) has {prompt} tokens, "
+                         f"{prompt + budget} in all, over the {limit} tokens of model.name's config "
+                         f"(max_position_embeddings); set rollout.max_new_tokens <= {max(limit - prompt, 0)}, or "
+                         "shorten the harness's prompt")

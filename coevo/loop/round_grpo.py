@@ -1,0 +1,101 @@
+"""The round's side of GRPO, as pure functions over the replay buffer and traces: which buffered
+traces a round reuses and trains on, which of the Critic's re-runs join the groups, and the round
+record of its optimizer steps (``coevo.loop.coevolution`` calls them; the trainer's step is ``coevo.trainers``)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from coevo.agent.trace import Trace
+from coevo.rundir.records import GRPOMetrics
+from coevo.trainers.advantages import group_advantages
+
+CRITIC = "critic"
+"""The buffer variant of the Critic's re-runs (``RolloutService.critic_rollout``)."""
+
+
+def buffered_rollouts(buffer: Any, r: int) -> list[Trace] | None:
+    """The rollouts a killed run already committed to ``buffer`` for round ``r`` (reused on resume;
+    the Critic's traces of the round are not rollouts and are left out)."""
+    entries = [e for e in buffer.query(round=r) if e.variant != CRITIC]
+    return buffer.load(entries) if entries else None
+
+
+def critic_traces_to_store(traces: Sequence[Trace], buffer: Any, r: int, withheld: set[str]) -> list[Trace]:
+    """The Critic's re-runs of round ``r`` that join the groups: only tasks in ``withheld`` (no
+    demonstration any harness of the round showed can hold their gold answer, so no trained prompt
+    holds the answer it is scored on), none already stored (a resumed round: the critic phase is
+    seeded, so the same ids are the same traces), and no more than the buffer holds beside the
+    round's own rollouts (they are never evicted for them)."""
+    stored = {e.trace_id for e in buffer.entries()}
+    kept = [t for t in traces if t.task_id in withheld and t.trace_id not in stored]
+    return kept[: max(0, buffer.capacity - len(buffer.query(round=r)))]
+
+
+def critic_task_ids(buffer: Any, r: int) -> set[str]:
+    """Tasks whose groups round ``r``'s Critic traces joined."""
+    return {e.task_id for e in buffer.query(round=r) if e.variant == CRITIC}
+
+
+def training_batch(buffer: Any, task_ids: set[str]) -> tuple[list[Trace], list[int]]:
+    """Every buffered trace of ``task_ids`` (cross-harness, cross-checkpoint groups) and the model
+    version that produced each."""
+    entries = [e for e in buffer.entries() if e.task_id in task_ids]
+    return buffer.load(entries), [e.model_version for e in entries]
+
+
+def step_batches(traces: Sequence[Trace], versions: Sequence[int], steps: int, max_traces: int | None,
+                 seed: str) -> list[tuple[list[Trace], list[int]]]:
+    """The traces (and their model versions) of each of a round's ``steps`` optimizer steps.
+
+    Without ``max_traces`` every step takes the whole batch (passes over the same groups). With it,
+    a step takes whole groups with a reward spread, at most ``max_traces`` of their traces (at least
+    one group), continuing where the last step stopped and wrapping around a seeded order: PPO's
+    minibatches, so a round whose Critic re-runs double its groups costs what ``max_traces`` allows
+    while a small round still sees every group in every step. Groups whose rewards are all equal go
+    in every step (the trainer drops them before any forward pass; they count in its figures).
+    """
+    if not max_traces:
+        return [(list(traces), list(versions))] * steps
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(traces):
+        groups.setdefault(t.task_id, []).append(i)
+    spread = lambda idx: len({traces[i].reward for i in idx if traces[i].trainable}) > 1  # noqa: E731
+    signal = [idx for idx in groups.values() if spread(idx)]
+    flat = [i for idx in groups.values() if not spread(idx) for i in idx]
+    random.Random(seed).shuffle(signal)
+    out, at = [], 0
+    for _ in range(steps):
+        chosen: list[int] = []
+        for _ in range(len(signal)):
+            idx = signal[at % len(signal)]
+            if chosen and len(chosen) + len(idx) > max_traces:
+                break
+            chosen += idx
+            at += 1
+        chosen = sorted(chosen + flat)
+        out.append(([traces[i] for i in chosen], [versions[i] for i in chosen]))
+    return out
+
+
+def grpo_record(steps: Sequence[dict[str, Any]], traces: Sequence[Trace]) -> GRPOMetrics:
+    """The round's GRPO record: the last step's ``StepMetrics`` fields (reward mean/std and the
+    zero-variance share over the round's whole batch, which a step may only part of), every step's scalars, the
+    traces trained on, how many were the Critic's, and the zero-variance share the groups would
+    have had without them (what the gate's evidence adds to the signal)."""
+    last = steps[-1] if steps else {}
+    members = [t for t in traces if t.trainable]
+    stats = group_advantages([t.task_id for t in members], [t.reward for t in members])[2]
+    rewards = [t.reward for t in members]
+    mean = sum(rewards) / len(rewards) if rewards else None
+    whole = {"zero_variance_fraction": stats.zero_variance_fraction, "reward_mean": mean,  # the round's, not a step's
+             "reward_std": (sum((x - mean) ** 2 for x in rewards) / max(1, len(rewards) - 1)) ** 0.5 if rewards else None}
+    rows = [{k: v for k, v in step.items() if k != "staleness"} for step in steps]  # scalars: a JSON round trip
+    without = [t for t in traces if t.variant != CRITIC]
+    stats = group_advantages([t.task_id for t in without], [t.reward for t in without],
+                             members=[t.trainable for t in without])[2]
+    return GRPOMetrics.from_dict(last | (whole if steps else {}) | {"buffer_traces": len(traces), "steps": rows or None,
+                                         "critic_traces": len(traces) - len(without),
+                                         "zero_variance_without_critic": stats.zero_variance_fraction})

@@ -1,0 +1,54 @@
+"""The record of one round (a line of ``rounds.jsonl``), from what the round produced: its train
+traces, the evaluations, AEGIS's report and the GRPO update (``coevo.loop.coevolution`` calls it)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from coevo.agent.outcomes import task_outcomes
+from coevo.agent.rollouts import infra_failures, tool_use_rate, trace_tokens
+from coevo.agent.trace import Trace
+from coevo.evolution.types import EvolveReport
+from coevo.rundir.records import (
+    BufferStats,
+    Evaluation,
+    EvolveRecord,
+    GRPOMetrics,
+    RoundRecord,
+    TrainStats,
+    VariantStats,
+)
+
+
+def round_record(r: int, mode: str, version: int, traces: Sequence[Trace], seconds: dict[str, float], *,
+                 val: Evaluation | None, test: Evaluation | None, evolved: EvolveReport | None,
+                 grpo: GRPOMetrics | None, variants: dict[str, str], meta_tokens: dict[str, Any],
+                 buffer: BufferStats | None) -> RoundRecord:
+    """Round ``r``'s record: the train batch's pass rate, reward, tool use, tokens and outcomes per
+    task and per harness variant, its infrastructure failures, and the parts given."""
+    by_variant: dict[str, list[Trace]] = defaultdict(list)
+    for t in traces:
+        by_variant[t.variant].append(t)
+    return RoundRecord(
+        round=r,
+        mode=mode,
+        model_version=version,
+        seconds=dict(seconds),
+        train=TrainStats(pass_rate=sum(t.passed for t in traces) / len(traces),
+                         mean_reward=sum(t.reward for t in traces) / len(traces),
+                         n_traces=len(traces), tool_use_rate=tool_use_rate(traces),
+                         tokens=trace_tokens(traces),
+                         outcomes=task_outcomes(traces)),
+        val=val,
+        test=test,
+        infra_failures=infra_failures(traces),
+        variants=variants,
+        by_variant={v: VariantStats(sum(t.passed for t in ts) / len(ts), len(ts)) for v, ts in by_variant.items()},
+        # the engine's report through its JSON form: verdicts and proposals as the run directory holds them
+        evolve=EvolveRecord.from_dict(evolved.to_dict()) if evolved else None,
+        grpo=grpo,
+        meta_tokens=meta_tokens,
+        buffer=buffer,
+    )

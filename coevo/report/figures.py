@@ -1,0 +1,170 @@
+"""The report's four figures, drawn from a ``Run`` (``coevo.report.data``) on an Agg canvas.
+
+matplotlib is imported inside the drawing functions only, and figures are drawn without pyplot, so
+importing this module (the loop imports the report every round) costs nothing and no global
+backend is switched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coevo.report.data import TIME_KEYS, Run, lineage_layout, matrix_source, short, task_matrix
+from coevo.rundir.records import LINEAGE_HOWS
+
+FIGURES = ("pass_rate.png", "lineage.png", "task_matrix.png", "time_breakdown.png")
+"""The figures' file names, in the order ``write_figures`` draws them."""
+
+
+def write_figures(run: Run, out: Path) -> None:
+    """Draw ``FIGURES`` into the directory ``out``."""
+    for name, draw in zip(FIGURES, (_draw_pass_rate, _draw_lineage, _draw_task_matrix, _draw_time)):
+        _save(draw(run), out / name)
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Any, path: Path) -> None:
+    fig.savefig(path, format="png", bbox_inches="tight")
+
+
+def _round_axis(ax: Any, rounds: Sequence[int]) -> None:
+    """Whole-number round ticks (every round while they fit), half a round of margin each side."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)
+    if len(rounds) <= 30:
+        ax.set_xticks(list(rounds))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+
+
+def _draw_pass_rate(run: Run) -> Any:
+    fig = _figure(9, 5)
+    ax = fig.add_subplot()
+    rounds = run.rounds
+    train = [r.train.pass_rate for r in run.records]
+    ax.plot(rounds, train, "-o", color="tab:blue", label="train pass rate", zorder=2)
+    variants = list(dict.fromkeys(v for r in run.records for v in r.by_variant))
+    if len(variants) > 1:
+        for i, v in enumerate(variants):
+            pts = [(r.round, r.by_variant[v].pass_rate) for r in run.records if v in r.by_variant]
+            ax.plot(*zip(*pts), "--", lw=1, alpha=0.6, color=f"C{(i + 4) % 10}", label=f"train · {v}")
+    val = [(r.round, r.val.pass_at_1) for r in run.records if r.val is not None]
+    if val:
+        ax.plot(*zip(*val), "-s", color="tab:green", label="val pass@1")
+    test = [(r.round, r.test.pass_at_1) for r in run.records if r.test is not None]
+    if test:
+        ax.plot(*zip(*test), "*", ms=16, color="tab:red", label="test pass@1", linestyle="none")
+    shipped_label, rejected_label = "shipped edit", "rejected edits (count)"
+    for r, y in zip(run.records, train):
+        shipped = [v for v in r.verdicts if v.ship]
+        if shipped:
+            ax.plot(r.round, y, "^", ms=12, color="tab:orange", zorder=3, label=shipped_label)
+            shipped_label = "_"
+            text = "\n".join(short((f"{v.variant}: " if len(variants) > 1 else "") + v.describe_edits(), 36)
+                              for v in shipped)
+            ax.annotate(text, (r.round, y), xytext=(6, 10), textcoords="offset points", fontsize=7)
+        rejected = r.edit_counts()["rejected"]
+        if rejected:
+            ax.plot(r.round, -0.05, "x", ms=9, mew=2, color="tab:gray", label=rejected_label)
+            rejected_label = "_"
+            ax.annotate(str(rejected), (r.round, -0.05), xytext=(6, -3), textcoords="offset points", fontsize=8)
+    ax.set_ylim(-0.1, 1.1)
+    _round_axis(ax, rounds)
+    ax.set_ylabel("pass rate")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(f"Pass rate per round ({', '.join(run.modes)})")
+    return fig
+
+
+def _draw_lineage(run: Run) -> Any:
+    layout = lineage_layout(run.lineage)
+    width = max((x for x, _ in layout.values()), default=0) + 1
+    depth = max((d for _, d in layout.values()), default=0) + 1
+    fig = _figure(max(6.0, 2.4 * width), max(3.0, 1.3 * depth + 1))
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    if not layout:
+        ax.text(0.5, 0.5, "no lineage recorded", ha="center", va="center")
+        return fig
+    entries = {e.id: e for e in reversed(run.lineage)}  # first entry wins, as in the layout
+    variants = list(dict.fromkeys(e.variant for e in run.lineage))
+    colour = {v: f"C{i % 10}" for i, v in enumerate(variants)}
+    markers = dict(zip(LINEAGE_HOWS, "soD^v", strict=True))  # start, shipped, spawned, selected, released
+    for hid, (x, d) in layout.items():
+        parent = entries[hid].parent_id
+        if parent in layout:
+            px, pd = layout[parent]
+            ax.plot([px, x], [-pd, -d], "-", color="0.6", lw=1, zorder=1)
+    for hid, (x, d) in layout.items():
+        e = entries[hid]
+        ax.plot(x, -d, markers[e.how], ms=10, color=colour[e.variant], zorder=2)
+        edit = "start" if e.how == "start" else short("; ".join(e.edits) or e.how, 28)
+        when = "start" if e.round < 0 else f"r{e.round}"
+        ax.annotate(f"{hid[:8]} · {when}\n{edit}", (x, -d), xytext=(0, -12), textcoords="offset points",
+                    ha="center", va="top", fontsize=7)
+    for v in variants:
+        ax.plot([], [], "o", color=colour[v], label=v)
+    ax.legend(title="variant", loc="upper right", fontsize=8)
+    ax.set_xlim(-0.6, width - 0.4)
+    ax.set_ylim(-(depth - 1) - 0.7, 0.4)
+    ax.set_title("Harness lineage (■ start, ● shipped, ◆ spawned, ▲ selected, ▼ released)")
+    return fig
+
+
+def _draw_task_matrix(run: Run) -> Any:
+    import matplotlib
+
+    task_ids, rounds, values = task_matrix(run)
+    n_tasks, n_rounds = len(task_ids), len(rounds)
+    fig = _figure(max(5.0, 0.35 * n_rounds + 3), max(3.0, 0.16 * n_tasks + 1.5))
+    ax = fig.add_subplot()
+    source = matrix_source(run)
+    title = "Per-task pass rate (" + ("val pass@1 per evaluated round" if source == "val" else "train batches") + ")"
+    ax.set_title(title)
+    if not n_tasks:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no task outcomes recorded", ha="center", va="center")
+        return fig
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="0.85")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto",
+                      interpolation="nearest")
+    step = max(1, math.ceil(n_tasks / 150))  # every task labelled up to 150 rows (6 pt at 0.16 in a row)
+    ax.set_yticks(range(0, n_tasks, step), [task_ids[i] for i in range(0, n_tasks, step)],
+                  fontsize=max(4, min(9, 700 // max(n_tasks, 1))))
+    xstep = max(1, math.ceil(n_rounds / 40))
+    ax.set_xticks(range(0, n_rounds, xstep), [str(rounds[j]) for j in range(0, n_rounds, xstep)], fontsize=8)
+    ax.set_xlabel("round")
+    ax.set_ylabel("task")
+    fig.colorbar(image, ax=ax, label="pass rate (grey: not run)", fraction=0.05)
+    return fig
+
+
+def _draw_time(run: Run) -> Any:
+    fig = _figure(max(6.0, 0.3 * len(run.records) + 4), 4.5)
+    ax = fig.add_subplot()
+    bottom = np.zeros(len(run.records))
+    for i, key in enumerate(TIME_KEYS):
+        heights = np.array([float(r.seconds.get(key, 0.0)) for r in run.records])
+        ax.bar(run.rounds, heights, bottom=bottom, color=f"C{i}", label=key, width=0.8)
+        bottom += heights
+    _round_axis(ax, run.rounds)
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
+    ax.set_title("Time per round by phase")
+    return fig

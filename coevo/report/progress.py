@@ -1,0 +1,86 @@
+"""Progress shown while a run works: rich bars for rollouts, re-runs and training, and a table at
+the end of each round. When the console is not a terminal (a log file, a batch job), transient
+bars would leave nothing behind, so plain lines are printed instead: one when a task starts, one
+at each quarter of it, one when it ends (with its seconds). ``NullProgress`` is the same
+interface doing nothing (non-main ranks, tests), so the loop never checks which one it has."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coevo.rundir.records import RoundRecord
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class RichProgress:
+    def __init__(self, console: Console | None = None, *, log_every_percent: int = 25) -> None:
+        """``log_every_percent``: on a non-terminal console, a line each time this share of a
+        task is done (0: only the start and end lines)."""
+        self.console = console or Console()
+        self.log_every_percent = log_every_percent
+
+    @contextlib.contextmanager
+    def task(self, description: str, total: int) -> Iterator[Callable[[], None]]:
+        """A bar for ``total`` units of work; the caller calls the yielded function per unit. On a
+        console that is not a terminal: plain lines at the start, every ``log_every_percent``
+        and at the end, instead of a bar."""
+        if not self.console.is_terminal:
+            with self._lines(description, total) as advance:
+                yield advance
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=self.console, transient=True) as progress:
+            bar = progress.add_task(description, total=total)
+            yield lambda: progress.advance(bar)
+
+    @contextlib.contextmanager
+    def _lines(self, description: str, total: int) -> Iterator[Callable[[], None]]:
+        start, lock, done = time.perf_counter(), threading.Lock(), [0, 0]  # units done, last line's percent
+        step = self.log_every_percent
+
+        def say(text: str) -> None:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+        def advance() -> None:
+            with lock:
+                done[0] += 1
+                percent = 100 * done[0] // total if total > 0 else 100
+                if step > 0 and done[0] < total and percent // step > done[1] // step:
+                    done[1] = percent
+                    say(f"{description}: {done[0]}/{total} ({percent}%) after {time.perf_counter() - start:.1f} s")
+
+        say(f"{description}: started, {total} to do")
+        finished = False
+        try:
+            yield advance
+            finished = True
+        finally:
+            how = "done" if finished else "stopped"
+            say(f"{description}: {how}, {done[0]}/{total} in {time.perf_counter() - start:.1f} s")
+
+    def round_done(self, record: RoundRecord) -> None:
+        from coevo.report.summary import round_table
+
+        self.console.print(round_table(record))
+
+    def message(self, text: str) -> None:
+        self.console.print(text)
+
+
+class NullProgress:
+    @contextlib.contextmanager
+    def task(self, description: str, total: int) -> Iterator[Callable[[], None]]:
+        yield lambda: None
+
+    def round_done(self, record: RoundRecord) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass

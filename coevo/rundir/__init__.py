@@ -1,0 +1,1 @@
+"""The run directory: its records, checkpoints, lock, loop state and consistency check."""

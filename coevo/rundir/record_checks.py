@@ -1,0 +1,74 @@
+"""How a record read back is checked: pydantic's validation of the record dataclasses, its errors
+in the run directory's words (``<run>/rounds.jsonl:3: field 'a.b' must be int, got str``), and
+``RecordError`` for the checks that are not types (``coevo.rundir.records`` raises it)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pydantic
+from pydantic import TypeAdapter
+
+
+class RecordError(ValueError):
+    """A record that fails a check that is not a type. ``path`` is the offending field relative
+    to the record that raised it ('' for the record itself); the message reads ``field <path> <problem>``."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path} {problem}".strip())
+        self.path, self.problem = path, problem
+
+
+@cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+_EXPECTED = {"int_type": "int", "int_from_float": "int", "float_type": "int or float", "string_type": "str",
+             "bool_type": "bool", "list_type": "list", "dict_type": "object", "dataclass_type": "object"}
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part != "[key]":
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _join(path: str, sub: str) -> str:
+    if not sub:
+        return path
+    return f"{path}{sub}" if sub.startswith("[") or not path else f"{path}.{sub}"
+
+
+def _message(error: Any, what: str) -> str:
+    """One pydantic error in this module's words: ``required field 'a.b' is missing``,
+    ``field 'a.b' must be int, got str``, ``field 'a.b' <problem>``."""
+    path, kind, value = _path(error["loc"]), error["type"], error.get("input")
+    if kind == "missing" or kind == "missing_argument":
+        return f"required field {path!r} is missing"
+    if not path and kind in ("dataclass_type", "dict_type"):
+        return f"{what} must be a JSON object, got {type(value).__name__}"
+    if kind in _EXPECTED:
+        return f"field {path!r} must be {_EXPECTED[kind]}, got {type(value).__name__}"
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, RecordError):
+        where = _join(path, cause.path)
+        if cause.problem == "is missing":
+            return f"required field {where!r} is missing"
+        return f"field {where!r} {cause.problem}" if where else f"{what} {cause.problem}"
+    return f"field {path!r}: {error['msg']}" if path else f"{what}: {error['msg']}"
+
+
+def validate(cls: type, data: Any, where: str, what: str) -> Any:
+    """``data`` as a ``cls`` record, or ``ValueError`` naming ``where`` and the first bad field."""
+    try:
+        return _adapter(cls).validate_python(data)
+    except pydantic.ValidationError as e:
+        errors = e.errors()
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ValueError(f"{where}: {_message(errors[0], what)}{more}") from None

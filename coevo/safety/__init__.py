@@ -1,0 +1,1 @@
+"""What keeps secrets and model-written code contained: secret redaction and refusal, the python tool's jail."""
