@@ -100,6 +100,25 @@ def test_the_handler_raises_runs_finally_and_is_restored():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_second_sigterm_during_the_cleanup_is_ignored(caplog):
+    """The cleanup the first SIGTERM unwinds through (a checkpoint write, an env's close) finishes
+    even when a second SIGTERM arrives in the middle of it."""
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    with pytest.raises(SystemExit) as exit_info:
+        with sigterm_raises():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler interrupts this
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # mid-cleanup: must not raise again
+                time.sleep(0.05)
+                cleaned.append("all of it")
+    assert exit_info.value.code == 128 + signal.SIGTERM and cleaned == ["all of it"]
+    assert "SIGTERM again" in caplog.text
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_outside_the_main_thread_nothing_changes():
     seen = []
 
