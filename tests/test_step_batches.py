@@ -67,14 +67,25 @@ def test_the_round_record_reports_the_whole_batch_not_the_last_minibatch():
     assert rec.loss == 1.0
 
 
-def test_a_capped_run_trains_minibatches_and_records_the_round(tmp_path):
+def test_a_capped_run_trains_minibatches_and_records_the_round(tmp_path, monkeypatch):
+    """trainer.step_traces reaches the loop: every step the trainer is given holds at most one group
+    with a reward spread (2 attempts), and some round had more than one, so the cap split it."""
+    from coevo.trainers.grpo import GRPOTrainer
+
+    given: list[list[Trace]] = []
+    real = GRPOTrainer.step
+
+    def spy(self, traces, **kwargs):
+        given.append(list(traces))
+        return real(self, traces, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "step", spy)
     run_dir = Path(coevo.run(smoke(tmp_path / "run", "mode=model_only", "rounds=2", "trainer.steps_per_round=2",
-                                   "trainer.step_traces=2")))
-    trained = 0
+                                   "trainer.step_traces=2", "rollout.attempts=2")))
+    spread = [{t.task_id for t in part if len({u.reward for u in part if u.task_id == t.task_id}) > 1}
+              for part in given]
+    assert len(given) == 4 and all(len(groups) <= 1 for groups in spread)
+    per_round = [spread[0] | spread[1], spread[2] | spread[3]]
+    assert any(len(groups) > 1 for groups in per_round), "a round with two groups with a spread, split over its steps"
     for rec in records(run_dir):
-        steps = rec["grpo"]["steps"]
-        assert len(steps) == 2
-        # one group a step: 2 attempts of at most rollout.max_steps=3 calls, never the whole round
-        assert all(s["sequences"] <= 2 * 3 for s in steps if s["sequences"])
-        trained += sum(1 for s in steps if s["sequences"])
-    assert trained, "some step trained"
+        assert len(rec["grpo"]["steps"]) == 2
