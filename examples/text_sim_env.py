@@ -15,11 +15,11 @@ splits are the benchmark's own lists (train / dev / test; dev is coevo's ``val``
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from typing import Any
 
 from coevo.envs.base import Score, Task, check_split
+from coevo.envs.line_process import LineProcess
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
 
 SIM_SOURCE = r'''
@@ -109,20 +109,21 @@ class SimSession:
 
     def __init__(self, task: Task) -> None:
         self.task, self.done = task, False
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", SIM_SOURCE], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = LineProcess([sys.executable, "-u", "-c", SIM_SOURCE])  # started by the first line sent
+        self.sent: list[str] = []  # every line that changed the game, to replay into a fresh simulator
 
     def start(self) -> None:
         first = self._send(json.dumps(self.task.metadata["variation"]))
         self.observation = f"{self.task.instruction}\n\n{first['observation']}"
 
     def _send(self, line: str) -> dict[str, Any]:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        out = self.proc.stdout.readline()
-        if not out:
-            raise RuntimeError(f"the simulator exited (code {self.proc.poll()})")
-        return json.loads(out)
+        if self.proc.pid is None and self.sent:  # killed at a deadline: a fresh simulator, the game replayed
+            for old in self.sent:
+                self.proc.ask(old)
+        reply = json.loads(self.proc.ask(line))  # within the runtime's deadline, else killed and raised
+        if line != "__score__":
+            self.sent.append(line)
+        return reply
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         command = arguments.get("command")
@@ -140,15 +141,7 @@ class SimSession:
         return Score(score / 100, score == 100, {"score": score})
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            pipe.close()
+        self.proc.kill()
 
 
 class TextSimEnv:
@@ -168,7 +161,7 @@ class TextSimEnv:
                     metadata={"variation": {"goal": goal, "key": key, "dark": light == "dark"}})
 
     def reset(self, task: Task) -> SimSession:
-        session = SimSession(task)  # the process is running from here on
+        session = SimSession(task)
         try:
             session.start()
         except BaseException:

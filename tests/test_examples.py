@@ -167,10 +167,12 @@ def test_text_sim_has_the_benchmarks_own_splits_and_a_process_per_session():
         assert "one command" in one.call_tool("act", {"command": "__score__"}).error
         assert "only tool" in one.call_tool("look", {}).error
         assert not one.verify("I opened the door").passed  # the simulator's score decides, not the answer
+        one.proc.kill()  # what a deadline does to a call that overran: the next call replays the game first
+        assert "box (open)" in one.call_tool("act", {"command": "look"}).output and one.proc.starts == 2
     finally:
         one.close()
         two.close()
-    assert one.proc.poll() is not None and two.proc.poll() is not None
+    assert one.proc.pid is None and two.proc.pid is None
     # gold paths replay to reference trajectories (the game ends on the last gold action)
     assert all(gold_reference(env, t) is not None for t in env.tasks("train")[:2])
 
@@ -201,21 +203,22 @@ def test_text_sim_gold_passes_a_degraded_gold_fails_and_at_most_four_simulators_
     done = gold_run(env, every)
     assert done.pass_at_1 == 1.0 and all(t.stop_reason == "env_done" for t in done.traces)
     assert state["peak"] == text_sim_env.TextSimEnv.max_sessions == 4 and state["open"] == 0
-    assert len(procs) == 12 and all(p.poll() is not None for p in procs)  # close() ended every process
+    assert len(procs) == 12 and all(p.pid is None and p.starts == 1 for p in procs)  # close() ended every process
     assert gold_run(env, degraded(env.tasks("val"))).pass_at_1 == 0.0
 
 
 def test_text_sim_reset_ends_its_process_when_the_simulator_fails_to_start(monkeypatch):
+    from coevo.envs import line_process
     from examples import text_sim_env
 
     started = []
-    real = text_sim_env.subprocess.Popen
+    real = line_process.subprocess.Popen
 
     def recording(*args, **kwargs):
         started.append(real(*args, **kwargs))
         return started[-1]
 
-    monkeypatch.setattr(text_sim_env.subprocess, "Popen", recording)
+    monkeypatch.setattr(line_process.subprocess, "Popen", recording)
     monkeypatch.setattr(text_sim_env, "SIM_SOURCE", "import sys, time\nsys.stdin.readline()\nprint('boom')\n"
                                                     "time.sleep(60)")
     env = text_sim_env.TextSimEnv()
