@@ -341,7 +341,7 @@ class Coevolution:
         """A non-main rank's round: the GRPO step on rank 0's batch, then the checkpoint barrier
         (no record: rank 0 keeps them)."""
         if self.trains:
-            self._train(self.share(None))
+            self._train(self.share(None), r)
         self.state.next_round = r + 1
         self._commit()
 
