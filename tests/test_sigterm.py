@@ -86,16 +86,23 @@ def test_sigterm_during_a_run_closes_the_env_and_exits_non_zero(tmp_path):
             child.kill()
 
 
-def test_the_handler_raises_runs_finally_and_is_restored():
-    before = signal.getsignal(signal.SIGTERM)
-    cleaned = []
+def _sigterm_then(cleanup) -> pytest.ExceptionInfo:
+    """SIGTERM this process inside ``sigterm_raises`` and run ``cleanup`` in the ``finally`` the
+    handler unwinds through; returns the ``SystemExit`` it raised."""
     with pytest.raises(SystemExit) as exit_info:
         with sigterm_raises():
             try:
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(5)  # the handler interrupts this
             finally:
-                cleaned.append(True)
+                cleanup()
+    return exit_info
+
+
+def test_the_handler_raises_runs_finally_and_is_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    exit_info = _sigterm_then(lambda: cleaned.append(True))
     assert exit_info.value.code == 128 + signal.SIGTERM and cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) is before
 
@@ -105,15 +112,13 @@ def test_a_second_sigterm_during_the_cleanup_is_ignored(caplog):
     even when a second SIGTERM arrives in the middle of it."""
     before = signal.getsignal(signal.SIGTERM)
     cleaned = []
-    with pytest.raises(SystemExit) as exit_info:
-        with sigterm_raises():
-            try:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)  # the handler interrupts this
-            finally:
-                os.kill(os.getpid(), signal.SIGTERM)  # mid-cleanup: must not raise again
-                time.sleep(0.05)
-                cleaned.append("all of it")
+
+    def cleanup():
+        os.kill(os.getpid(), signal.SIGTERM)  # mid-cleanup: must not raise again
+        time.sleep(0.05)
+        cleaned.append("all of it")
+
+    exit_info = _sigterm_then(cleanup)
     assert exit_info.value.code == 128 + signal.SIGTERM and cleaned == ["all of it"]
     assert "SIGTERM again" in caplog.text
     assert signal.getsignal(signal.SIGTERM) is before
