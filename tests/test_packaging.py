@@ -43,5 +43,5 @@ def test_wheel_installs_only_under_coevo(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"coevo", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
-    for sub in ("trainers", "buffers", "kernels", "harness/library", "sandbox"):
+    for sub in ("trainers", "buffers", "kernels", "harness/library", "safety/sandbox"):
         assert f"coevo/{sub}/__init__.py" in names
