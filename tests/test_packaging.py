@@ -1,6 +1,7 @@
 """One import root: the sibling folders install as coevo.* and nothing else reaches the top level."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -37,7 +38,15 @@ def test_every_package_directory_is_listed():
 
 @pytest.mark.slow
 def test_wheel_installs_only_under_coevo(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+    # build from a copy of the tracked files: setuptools reuses an in-tree build/ folder, and a
+    # stale one from before a package move once hid a missing package here (CI's fresh clone caught it)
+    source = tmp_path / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, tracked.decode().split("\0")):
+        if (ROOT / rel).is_file():
+            (source / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, source / rel)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
                    check=True, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     wheel = next(tmp_path.glob("coevo-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
