@@ -8,6 +8,13 @@ then the env's verifier).
 
     python scripts/peer_trl.py                          # SmolLM2, 20 steps x 4 prompts x 8 completions
     python scripts/peer_trl.py --preset tiny            # the tiny random model: seconds (the test runs it)
+    python scripts/peer_trl.py --harness examples/harnesses/lenient_tool_choice_demos.yaml   # the tool path
+
+With ``--harness`` both arms run that harness's multi-call episodes (``--max-steps`` model calls,
+default 3): coevo's loop as always, TRL's ``GRPOTrainer`` through its ``rollout_func`` extension
+(``coevo.trainers.trl_rollout``: each completion is a coevo episode generated with TRL's current
+weights, tool results masked out of TRL's loss), since TRL's own tool loop needs a chat template
+with a response schema, which SmolLM2's lacks.
 
 Writes ``<out>/peer_trl.json`` (settings, per-step rows), ``peer_trl.md`` (table), ``peer_trl.png``.
 """
@@ -61,6 +68,16 @@ UNMATCHED = [
     "completions whose last token is not EOS or pad (mask_truncated_completions); both keep their rewards "
     "in the group statistics",
 ]
+UNMATCHED_EPISODES = [
+    *UNMATCHED[:3],
+    "sampling streams: both arms generate with coevo's runtime and engine (TRL's through rollout_func) at "
+    "the same temperature, each with its own random numbers",
+    "truncation: coevo excludes a trace with a truncated call; TRL gets the same rule through the row's "
+    "env_mask (coevo.trainers.trl_rollout.trace_row), both keep the reward in the group statistics",
+    "sequences: coevo packs a trace's chained calls into one row and weighs each call as a sequence; TRL's row "
+    "is the whole episode (the same tokens, the same token-mean loss)",
+]
+"""What differs on multi-call episodes (``--harness``): the first three as above, then these."""
 
 
 class StepClock(TrainerCallback):
@@ -110,6 +127,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep-truncated", action=argparse.BooleanOptionalAction,
                     help="train on completions cut at max-new-tokens too (default: the preset's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--harness", type=Path, help="a harness YAML whose episodes both arms train on (default: the "
+                    "lenient harness, single turn, no tools)")
+    ap.add_argument("--max-steps", type=int, help="model calls per episode (default: 1; 3 with --harness)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "peer_trl")
     ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     args = ap.parse_args(argv)
@@ -118,6 +138,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.generations < 2 or args.prompts < 1 or args.steps < 1 or args.max_new_tokens < 1:
         ap.error("--generations must be >= 2 (a GRPO group), --prompts, --steps and --max-new-tokens >= 1")
+    if args.max_steps is None:
+        args.max_steps = 3 if args.harness else 1
+    if args.harness and not args.harness.is_file():
+        ap.error(f"--harness {args.harness}: no such file")
     if args.temperature <= 0:
         ap.error("--temperature must be > 0: TRL's GRPOTrainer always samples")
     return args
@@ -135,7 +159,7 @@ def write_harness(out: Path) -> Path:
 
 def compose_config(args: argparse.Namespace, out: Path, harness: Path) -> Any:
     """The main job's config (configs/train.yaml) turned into one GRPO step per round of
-    P tasks x G attempts on the single-turn harness, model_only, nothing evaluated. The buffer holds
+    P tasks x G attempts on ``harness``, model_only, nothing evaluated. The buffer holds
     exactly one round, so every step trains on its own completions only, as TRL's does."""
     from hydra import compose, initialize_config_dir
 
@@ -149,7 +173,7 @@ def compose_config(args: argparse.Namespace, out: Path, harness: Path) -> Any:
         "trainer=grpo_lora", "trainer.beta=0.0", "trainer.steps_per_round=1", "mode=model_only",
         f"rounds={args.steps}", f"batch_tasks={args.prompts}", f"rollout.attempts={args.generations}",
         f"rollout.temperature={args.temperature}", f"rollout.max_new_tokens={args.max_new_tokens}",
-        "rollout.max_steps=1", f"rollout.keep_truncated={str(args.keep_truncated).lower()}",
+        f"rollout.max_steps={args.max_steps}", f"rollout.keep_truncated={str(args.keep_truncated).lower()}",
         f"rollout.batch_size={completions}", f"buffer.capacity={completions}", "val_limit=0", "test=false",
         f"seed={args.seed}", "name=peer_trl", f"run_dir='{out / 'coevo_run'}'", "logger=none",
         *([f"trainer.lr={args.lr}"] if args.lr is not None else []),
@@ -324,7 +348,9 @@ def trl_config(cfg: Any, out: Path) -> Any:
         learning_rate=t.lr, lr_scheduler_type="linear", warmup_steps=t.warmup_steps, weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm, optim="adamw_torch" if t.optimizer == "adamw" else "sgd", beta=t.beta,
         epsilon=t.eps_low, epsilon_high=t.eps_high, scale_rewards="group" if t.scale_by_std else "none",
-        loss_type=LOSS_TYPES[t.aggregation], mask_truncated_completions=not cfg.rollout.keep_truncated,
+        loss_type=LOSS_TYPES[t.aggregation],
+        # episodes (rollout_func) carry coevo's truncation rule in their env_mask (trace_row)
+        mask_truncated_completions=not cfg.rollout.keep_truncated and cfg.rollout.max_steps == 1,
         num_iterations=1, shuffle_dataset=False, seed=cfg.seed, logging_steps=1, save_strategy="no",
         report_to="none", use_cpu=device == "cpu", bf16=device == "cuda" and torch.cuda.is_bf16_supported(),
         gradient_checkpointing=False, dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True,
@@ -339,13 +365,29 @@ def run_trl(cfg: Any, env: Any, harness: Any, batches: list[list[Any]], out: Pat
     from trl import GRPOTrainer
 
     tasks = {t.task_id: t for batch in batches for t in batch}
-    prompts = {tid: score(env, harness, task, "")[2] for tid, task in tasks.items()}
-    dataset = Dataset.from_list([{"prompt": prompts[t.task_id], "task_id": t.task_id} for b in batches for t in b])
     model, tok, replayed = lora_model(cfg, initial)
     calls: list[dict[str, Any]] = []
     clock = StepClock()
-    trainer = GRPOTrainer(model=model, reward_funcs=coevo_reward(env, harness, tasks, calls),
-                          args=trl_config(cfg, out), train_dataset=dataset, processing_class=tok, callbacks=[clock])
+    if cfg.rollout.max_steps == 1:  # single turn: TRL generates, coevo's runtime scores
+        prompts = {tid: score(env, harness, task, "")[2] for tid, task in tasks.items()}
+        dataset = Dataset.from_list([{"prompt": prompts[t.task_id], "task_id": t.task_id} for b in batches for t in b])
+        extra = {"reward_funcs": coevo_reward(env, harness, tasks, calls)}
+    else:  # episodes: coevo's runtime generates with TRL's weights (rollout_func), the prompt names the task
+        from coevo.trainers.trl_rollout import coevo_reward_func, episode_rollout_func
+
+        from coevo.loop.build import build_policy
+
+        def log(traces: list[Any]) -> None:
+            calls.append({"task_ids": list(dict.fromkeys(t.task_id for t in traces)),
+                          "rewards": [t.reward for t in traces], "passed": [t.passed for t in traces]})
+
+        dataset = Dataset.from_list([{"prompt": t.task_id} for b in batches for t in b])
+        extra = {"reward_funcs": coevo_reward_func,
+                 "rollout_func": episode_rollout_func(env, harness, tasks, lambda m: build_policy(cfg, m, tok)[0],
+                                                      max_steps=cfg.rollout.max_steps, workers=cfg.rollout.workers,
+                                                      on_traces=log)}
+    trainer = GRPOTrainer(model=model, args=trl_config(cfg, out), train_dataset=dataset, processing_class=tok,
+                          callbacks=[clock], **extra)
     before = adapter_state(trainer.model)
     began = time.perf_counter()
     trainer.train()
@@ -369,6 +411,7 @@ def settings(cfg: Any, harness: Any) -> dict[str, Any]:
     return {"model": cfg.model.name, "lora": {"r": cfg.model.lora_r, "alpha": cfg.model.lora_alpha,
                                               "dropout": cfg.model.lora_dropout},
             "env": {"name": cfg.env.name, **cfg.env.args}, "harness": harness.id, "steps": cfg.rounds,
+            "max_steps": cfg.rollout.max_steps,
             "prompts": cfg.batch_tasks, "generations": cfg.rollout.attempts,
             "completions_per_step": cfg.batch_tasks * cfg.rollout.attempts, "lr": t.lr,
             "temperature": cfg.rollout.temperature, "max_new_tokens": cfg.rollout.max_new_tokens, "beta": t.beta,
@@ -426,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "scripts/peer_trl.py", *(sys.argv[1:] if argv is None else argv)])
-    cfg = compose_config(args, out, write_harness(out))
+    cfg = compose_config(args, out, args.harness.resolve() if args.harness else write_harness(out))
     from coevo.loop.build import start_harness
 
     harness = start_harness(cfg)
@@ -438,8 +481,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if "trl" in args.arms:
         arms["trl"] = run_trl(cfg, env, harness, batches, out, initial)
     expected = [[t.task_id for t in b] for b in batches]
+    unmatched = UNMATCHED if cfg.rollout.max_steps == 1 else UNMATCHED_EPISODES
     result = {
-        "command": command, "settings": settings(cfg, harness), "unmatched": UNMATCHED,
+        "command": command, "settings": settings(cfg, harness), "unmatched": unmatched,
         "same_prompts": all([r["task_ids"] for r in arm["rows"]] == expected for arm in arms.values()),
         "same_harness": all(r["harness"] == {"base": harness.id} for r in arms.get("coevo", {}).get("rows", [])),
         "arms": arms,
@@ -452,11 +496,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"{s['generations']} completions per step; lr {s['lr']:g}, temperature {s['temperature']:g}, "
               f"max new tokens {s['max_new_tokens']}, beta {s['beta']:g}, clip [{1 - s['eps_low']:g}, "
               f"{1 + s['eps_high']:g}], seed {s['seed']}. Same prompts in the same order: {result['same_prompts']}. "
-              "Reward: the env verifier's score of the answer the lenient harness extracts, through coevo's runtime "
+              f"Harness {s['harness']}, at most {s['max_steps']} model calls an episode. "
+              "Reward: the env verifier's score of the answer the harness extracts, through coevo's runtime "
               "for both arms (reasoning-gym gives partial credit; full-credit pass rates are in the JSON). "
+              + ("TRL's episodes came from coevo's runtime and generation engine with TRL's current weights "
+                 "(rollout_func), so its s/step differs from coevo's in the update and bookkeeping, not in "
+                 "generation code. " if s["max_steps"] > 1 else "") +
               "s/step is generation + update (coevo: rollout + behaviour log-probs + GRPO; TRL: on_step_begin "
               "to on_step_end).\n\nNot matched between the arms:\n\n"
-              + "".join(f"- {line}\n" for line in UNMATCHED))
+              + "".join(f"- {line}\n" for line in unmatched))
     (out / "peer_trl.md").write_text(report)
     figure(arms, out / "peer_trl.png")
     print(report)

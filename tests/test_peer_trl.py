@@ -90,3 +90,27 @@ def test_tiny_preset_trains_both_arms_on_the_same_prompts(tmp_path, monkeypatch)
     assert "| coevo | 2 | 4 | 0.500 | 0.500 |" in table and "| trl | 2 | 4 | 0.500 | 0.500 |" in table
     assert "python scripts/peer_trl.py --preset tiny" in table
     assert (out / "peer_trl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_tiny_preset_on_the_tool_path_trains_trl_on_coevo_episodes(tmp_path, monkeypatch):
+    import coevo.trainers.trl_rollout as trl_rollout
+
+    script = load_script()
+    monkeypatch.setattr(ReasoningSession, "verify", alternating_verify())
+    rows: list[dict[str, Any]] = []
+    original = trl_rollout.trace_row
+    monkeypatch.setattr(trl_rollout, "trace_row", lambda trace: rows.append(original(trace)) or rows[-1])
+    out = tmp_path / "peer"
+    harness = ROOT / "examples" / "harnesses" / "lenient_tool_choice_demos.yaml"
+    result = script.main(["--preset", "tiny", "--harness", str(harness), "--out", str(out)])
+
+    assert result["same_prompts"] and result["same_harness"] and result["settings"]["max_steps"] == 3
+    for name in ("coevo", "trl"):
+        assert [r["reward"] for r in result["arms"][name]["rows"]] == [0.5, 0.5], name
+        assert result["arms"][name]["lora_change"] > 0, name
+    assert len(rows) == 8  # TRL's 2 steps x 2 prompts x 2 completions, each a coevo episode
+    # (the tiny model's 8 tokens never close the forced call, so these episodes are one call each; the
+    # masking of tool results is tests/trainers/test_trl_rollout.py's)
+    assert all(len(r["env_mask"]) == len(r["completion_ids"]) == len(r["logprobs"]) > 0 for r in rows)
+    assert "rollout_func" in (out / "peer_trl.md").read_text()
