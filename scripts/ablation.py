@@ -21,6 +21,8 @@ learning curves (train pass rate and tool-use rate per round) and the test pass 
 Presets: ``efficacy`` (issues 12 and 23: 100 sealed test tasks, 3 seeds, groups of 8, four rounds
 that evolve in rounds 0 and 1 and train in each, 4 GRPO passes a round; run with ``--jobs 2``), ``protocol`` (the original one-round check, ~45 min), ``tiny``
 (the tiny random model on the arithmetic env; the test suite runs it in about a minute).
+``--against DIR`` reports each arm against the same arm and seeds in another ablation directory
+(a run with one override changed), paired, with each side's GRPO signal per round.
 """
 
 from __future__ import annotations
@@ -126,6 +128,36 @@ def summarise(results: dict[str, list[list[RoundRecord]]], seed: int = 0) -> dic
     return {"arms": arms, "differences": diffs}
 
 
+def against(results: dict[str, list[list[RoundRecord]]], seeds: Sequence[int], other: Path, seed: int = 0) -> dict:
+    """Each arm against the same arm and seeds in another ablation directory ``other`` (a run with
+    one override changed, e.g. ``buffer.critic_traces=false``): the paired test pass@1 difference
+    (this − other), and per round of each side the share of GRPO groups with equal rewards and the
+    GRPO minutes, which say what the changed setting did to the training signal and its cost."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for mode, runs in results.items():
+        theirs = []
+        for s in seeds:
+            run_dir = other / f"{mode}-s{s}"
+            if not (run_dir / "report" / "summary.md").is_file():
+                raise SystemExit(f"--against {other}: {run_dir.name} has not finished there")
+            theirs.append(load_run(run_dir).records)
+        mine_m, theirs_m = task_matrix(runs, "pass_at_1")[1], task_matrix(theirs, "pass_at_1")[1]
+        if mine_m.shape != theirs_m.shape:
+            raise SystemExit(f"--against {other}: {mode} was tested on other tasks there")
+
+        def signal(recs: list[list[RoundRecord]]) -> dict[str, list[float | None]]:
+            zero = [[r.grpo.zero_variance_fraction if r.grpo else None for r in rec] for rec in recs]
+            return {"zero_variance_by_round": [None if None in col else float(np.mean(col)) for col in zip(*zero)],
+                    "grpo_minutes": float(np.mean([sum(r.seconds.get("grpo", 0.0) for r in rec) / 60 for rec in recs])),
+                    "pass_at_1": [100 * v for v in bootstrap(np.asarray([[float(np.mean(r[-1].test.outcomes[t]))
+                                                                          for t in sorted(r[-1].test.outcomes)]
+                                                                         for r in recs]), rng)]}
+        out[mode] = {"seeds": len(seeds), "this": signal(runs), "other": signal(theirs),
+                     "difference": [100 * v for v in bootstrap(mine_m - theirs_m, rng)]}
+    return out
+
+
 # ------------------------------------------------------------------------------------ report
 def _ci(v: Sequence[float]) -> str:
     return f"{v[0]:+.1f} [{v[1]:+.1f}, {v[2]:+.1f}]"
@@ -158,6 +190,19 @@ def report_text(summary: dict, command: str, wall_minutes: float) -> str:
               "|---|---|---|" + ("---|" if at_k else "")]
     lines += [f"| {name} |" + cells(str(d["seeds"]), _ci(d["pass_at_1"])) + (cells(_ci(d["pass_at_k"])) if at_k else "")
               for name, d in diffs.items()]
+    if summary.get("against"):
+        zero = lambda v: ", ".join("-" if x is None else f"{x:.2f}" for x in v)  # noqa: E731
+        lines += ["", f"Against {summary['against_dir']} (same arm, same seeds):", "",
+                  "| arm | seeds | test pass@1 here (%) | there (%) | here − there (paired) | equal-reward share of "
+                  "groups by round, here | there | GRPO minutes here | there |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for mode, a in summary["against"].items():
+            lines.append(f"| {mode} |" + cells(str(a["seeds"]), _rate(a["this"]["pass_at_1"]),
+                                                _rate(a["other"]["pass_at_1"]), _ci(a["difference"]),
+                                                zero(a["this"]["zero_variance_by_round"]),
+                                                zero(a["other"]["zero_variance_by_round"]),
+                                                f"{a['this']['grpo_minutes']:.1f}",
+                                                f"{a['other']['grpo_minutes']:.1f}"))
     lines += ["", f"wall clock: {wall_minutes:.1f} min (runs already finished are read back, not re-run)"]
     return "\n".join(lines) + "\n"
 
@@ -204,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                     help="runs side by side, each with cores/jobs intra-op threads and its console in "
                          "<out>/<mode>-s<seed>.log (issue 12's 3-round efficacy preset took 52.7 min with --jobs 2 on 2 cores; "
                          "docs/PERF.md)")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="another ablation directory: each arm against the same arm and seeds there (paired)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = ap.parse_args(argv)
     out = args.out or ROOT / "runs" / f"ablation-{args.preset}"
@@ -222,7 +269,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for mode in args.modes:
         results[mode] = [recs for (m, _seed), recs in zip(runs, records) if m == mode]
     summary = summarise(results)
+    if args.against is not None:
+        summary |= {"against": against(results, args.seeds, args.against), "against_dir": str(args.against)}
     command = " ".join(["python scripts/ablation.py", "--preset", args.preset, "--seeds", *map(str, args.seeds),
+                        *(["--against", str(args.against)] if args.against else []),
                         *(["--", *args.overrides] if args.overrides else [])])
     text = report_text(summary, command, (time.perf_counter() - began) / 60)
     (out / "ablation.md").write_text(text)

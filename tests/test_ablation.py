@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +81,29 @@ def test_tiny_preset_runs_every_arm_and_writes_the_report(tmp_path):
     for mode in ablation.MODES:
         rounds = [json.loads(line) for line in (tmp_path / f"{mode}-s0" / "rounds.jsonl").read_text().splitlines()]
         assert all((r["grpo"] is not None) == (mode in ("model_only", "coevolve")) for r in rounds)
+    check_against(tmp_path)
+
+
+def check_against(done: Path) -> None:
+    """--against on the tiny ablation's runs: the same runs read back against a copy in which one
+    test task of model_only failed where it passed (or passed where it failed) differ by exactly
+    that task's share, paired; a seed missing there is refused."""
+    other = done / "other"
+    shutil.copytree(done / "model_only-s0", other / "model_only-s0")
+    path = other / "model_only-s0" / "rounds.jsonl"
+    rounds = [json.loads(line) for line in path.read_text().splitlines()]
+    outcomes = rounds[-1]["test"]["outcomes"]
+    task = sorted(outcomes)[0]
+    flipped = [not v for v in outcomes[task]]
+    outcomes[task] = flipped
+    path.write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    summary = ablation.main(["--preset", "tiny", "--modes", "model_only", "--seeds", "0", "--out", str(done),
+                             "--against", str(other)])
+    row = summary["against"]["model_only"]
+    attempts = len(flipped)
+    expected = 100 * (attempts - 2 * sum(flipped)) / attempts / len(outcomes)  # here − there on that task alone
+    assert row["difference"][0] == pytest.approx(expected) and row["seeds"] == 1
+    assert row["this"]["zero_variance_by_round"] == row["other"]["zero_variance_by_round"]
+    assert f"Against {other}" in (done / "ablation.md").read_text()
+    with pytest.raises(SystemExit, match="has not finished there"):
+        ablation.against({"static": [ablation.load_run(done / "static-s0").records]}, [0], other)
