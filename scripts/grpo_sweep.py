@@ -61,17 +61,17 @@ def first_attempts(traces: list, versions: list[int], group: int) -> tuple[list,
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
+    from coevo.buffers import ReplayBuffer
+    from coevo.trainers.grpo import GRPOTrainer, apply_lora
     from omegaconf import OmegaConf
 
     from coevo.agent.rollouts import RolloutService
-    from coevo.buffers import ReplayBuffer
     from coevo.config.schema import TrainConfig
     from coevo.envs.load import make_env
     from coevo.loop.build import build_policy, start_harness, to_config
     from coevo.loop.round_grpo import CRITIC, step_batches
     from coevo.policy.load import load_model
     from coevo.report.stats import bootstrap
-    from coevo.trainers.grpo import GRPOTrainer, apply_lora
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path)

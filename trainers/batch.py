@@ -153,3 +153,34 @@ def collate(items: Sequence[TrainSequence | PackedSequence], pad_id: int,
         temperatures=flat([[s.temperature] * n for s, n in zip(seqs, lengths, strict=True)]),
         lengths=lengths,
     )
+
+
+def row_length(item: TrainSequence | PackedSequence) -> int:
+    """Tokens in ``item``'s batch row (its last call's prompt and completion)."""
+    last = parts_of(item)[-1]
+    return len(last.prompt_ids) + len(last.completion_ids)
+
+
+def micro_batches(rows: Sequence[TrainSequence | PackedSequence], world: int, size: int,
+                  tokens: int | None = None) -> list[list[list[TrainSequence | PackedSequence]]]:
+    """Each process's micro-batches of ``rows`` (process ``p`` takes ``rows[p::world]``, in order).
+
+    A micro-batch holds at most ``size`` rows and, with ``tokens``, at most that many padded
+    tokens (rows x its longest row; a row longer than the budget goes alone): memory follows the
+    padded batch, and one packed row of a multi-call trace can be many times a single call's. Every
+    process gets the same number of micro-batches (the shorter lists end with empty ones, which the
+    trainer fills with a zero-weight forward), since each backward takes part in the gradient
+    reduction."""
+    per_process = []
+    for mine in (list(rows[p::world]) for p in range(world)):
+        out: list[list[TrainSequence | PackedSequence]] = []
+        for row in mine:
+            mb = out[-1] if out else None
+            widest = max([row_length(r) for r in mb or []] + [row_length(row)])
+            if mb is None or len(mb) >= size or (tokens is not None and widest * (len(mb) + 1) > tokens):
+                out.append([row])
+            else:
+                mb.append(row)
+        per_process.append(out)
+    count = max(1, *(len(out) for out in per_process))
+    return [out + [[] for _ in range(count - len(out))] for out in per_process]

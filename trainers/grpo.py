@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -34,7 +33,15 @@ from coevo.kernels import LossParams, grpo_loss
 from coevo.kernels.objective import pick, token_weights
 from coevo.trainers import sharding
 from coevo.trainers.advantages import group_advantages
-from coevo.trainers.batch import PackedSequence, TrainSequence, collate, pack_calls, parts_of, training_sequences
+from coevo.trainers.batch import (
+    PackedSequence,
+    TrainSequence,
+    collate,
+    micro_batches,
+    pack_calls,
+    parts_of,
+    training_sequences,
+)
 from coevo.trainers.logprobs import (
     MIN_SHARED_PREFIX,
     completion_hidden,
@@ -84,17 +91,18 @@ class StepMetrics:
 class GRPOTrainer:
     """Owns the optimizer of ``model`` and applies GRPO steps to it.
 
-    The hyper-parameters come from ``config`` (``coevo.config.schema.TrainerConfig``, as TRL's GRPOTrainer
-    takes its GRPOConfig; the dataclass holds the only defaults): ``lr``, ``weight_decay``,
-    ``max_grad_norm``, ``warmup_steps`` (linear schedule), ``micro_batch_size`` (sequences per
-    forward), clip ``eps_low``/``eps_high``, ``dual_clip`` (c > 1 or None), ``beta`` for the KL
-    penalty to a reference (for LoRA the base model with the adapter disabled; otherwise
-    ``ref_model``) estimated by ``kl_estimator`` (k3 | k2 | k1), ``tis_cap`` for the truncated
-    importance weight between the trainer's behaviour log-probs and the sampler's, ``aggregation``
-    (token_mean | sequence_mean | dr_grpo), ``scale_by_std`` (False is Dr. GRPO's advantage),
-    ``drop_zero_variance``, ``kernel`` (auto | chunked | reference | triton), ``optimizer``
-    (adamw | sgd; SGD keeps the update proportional to the gradient, which the distributed test
-    relies on to see a wrong gradient scale). ``config.steps_per_round`` is the loop's.
+    The hyper-parameters come from ``config`` (``coevo.config.schema.TrainerConfig``, as TRL's
+    GRPOTrainer takes its GRPOConfig; the dataclass holds the only defaults): ``lr``,
+    ``weight_decay``, ``max_grad_norm``, ``warmup_steps`` (linear schedule), ``micro_batch_size``
+    (sequences per forward) and ``micro_batch_tokens`` (padded tokens per forward), clip
+    ``eps_low``/``eps_high``, ``dual_clip`` (c > 1 or None), ``beta`` for the KL penalty to a
+    reference (for LoRA the base model with the adapter disabled; otherwise ``ref_model``) estimated
+    by ``kl_estimator`` (k3 | k2 | k1), ``tis_cap`` for the truncated importance weight between the
+    trainer's behaviour log-probs and the sampler's, ``aggregation`` (token_mean | sequence_mean |
+    dr_grpo), ``scale_by_std`` (False is Dr. GRPO's advantage), ``drop_zero_variance``, ``kernel``
+    (auto | chunked | reference | triton), ``optimizer`` (adamw | sgd; SGD keeps the update
+    proportional to the gradient, which the distributed test relies on to see a wrong gradient
+    scale). ``config.steps_per_round`` is the loop's.
 
     The values a run derives from other settings are required arguments with no default:
     ``total_steps`` (end of the linear decay: rounds x steps per round), ``temperature`` (the
@@ -124,8 +132,8 @@ class GRPOTrainer:
             raise ValueError(f"aggregation dr_grpo needs loss_horizon >= 1 (the completion budget), got {loss_horizon}")
         loss_params = LossParams(eps_low=c.eps_low, eps_high=c.eps_high, dual_clip=c.dual_clip, beta=c.beta,
                                  kl_estimator=c.kl_estimator)
-        if micro_batch_size < 1 or temperature <= 0:
-            raise ValueError("micro_batch_size must be >= 1 and temperature > 0")
+        if micro_batch_size < 1 or (c.micro_batch_tokens is not None and c.micro_batch_tokens < 1) or temperature <= 0:
+            raise ValueError("micro_batch_size and micro_batch_tokens must be >= 1 and temperature > 0")
         self.accelerator = accelerator or Accelerator()
         if c.sharding not in ("none", "fsdp2"):
             raise ValueError(f"config trainer.sharding={c.sharding!r}; choose one of ['fsdp2', 'none']")
@@ -142,10 +150,9 @@ class GRPOTrainer:
         if c.optimizer not in optimizers:
             raise ValueError(f"optimizer must be one of {sorted(optimizers)}, got {c.optimizer!r}")
         opt = optimizers[c.optimizer](params, lr=c.lr, weight_decay=c.weight_decay)
-        warmup_steps = c.warmup_steps
 
         def schedule(step: int) -> float:
-            warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+            warm = min(1.0, (step + 1) / c.warmup_steps) if c.warmup_steps else 1.0
             return warm * max(0.0, 1.0 - step / max(total_steps, 1))
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
@@ -153,11 +160,8 @@ class GRPOTrainer:
             self.model, self.optimizer, self.scheduler = model, opt, scheduler
         else:
             self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, opt, scheduler)
-        self.ref_model = ref_model
-        self.pad_id = pad_id
-        self.config = config
-        self.max_grad_norm = c.max_grad_norm
-        self.micro_batch_size = micro_batch_size
+        self.ref_model, self.pad_id, self.config, self.max_grad_norm = ref_model, pad_id, config, c.max_grad_norm
+        self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, c.micro_batch_tokens
         self.loss_params, self.kernel = loss_params, c.kernel
         self.beta, self.tis_cap, self.temperature = c.beta, c.tis_cap, temperature
         self.loss_horizon = loss_horizon
@@ -193,9 +197,8 @@ class GRPOTrainer:
         rows = pack_calls(seqs) if self.config.pack_calls else seqs  # a chained trace: one forward pass
         if self.config.share_prefix:  # rows of one prompt side by side: their micro-batch reads it once
             rows = sorted(rows, key=lambda row: parts_of(row)[0].prompt_ids)
-        mine = rows[rank::world]
-        n_micro = math.ceil(math.ceil(len(rows) / world) / self.micro_batch_size)
-        micro = [mine[k * self.micro_batch_size : (k + 1) * self.micro_batch_size] for k in range(n_micro)]
+        micro = micro_batches(rows, world, self.micro_batch_size, self.micro_batch_tokens)[rank]
+        n_micro = len(micro)
 
         self.model.train()
         total_loss, details = 0.0, []

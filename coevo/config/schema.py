@@ -151,6 +151,8 @@ class TrainerConfig:
                                   "a round's groups are split over its steps as PPO minibatches, wrapping around "
                                   "(None: every step takes the whole round)")
     micro_batch_size: int = opt(8, "sequences per forward/backward (gradient accumulation beyond)")
+    micro_batch_tokens: int | None = opt(None, "at most this many padded tokens (rows x the longest) per "
+                                         "forward/backward as well; a longer row goes alone (None: rows only)")
     eps_low: float = opt(0.2, "clip: ratio lower bound 1 - eps_low")
     eps_high: float = opt(0.28, "clip: ratio upper bound 1 + eps_high")
     dual_clip: float | None = opt(None, "dual clip constant c > 1 for negative advantages (None: off)")

@@ -89,7 +89,7 @@ def check(cfg: TrainConfig) -> None:
                 "buffer.capacity": cfg.buffer.capacity, "trainer.steps_per_round": t.steps_per_round,
                 "rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.max_steps": cfg.rollout.max_steps,
                 "rollout.batch_size": cfg.rollout.batch_size, "rollout.workers": cfg.rollout.workers,
-                "trainer.micro_batch_size": t.micro_batch_size,
+                "trainer.micro_batch_size": t.micro_batch_size, "trainer.micro_batch_tokens": t.micro_batch_tokens,
                 "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size, "model.lora_r": cfg.model.lora_r,
                 "evolution.max_variants": e.max_variants, "evolution.patience_rounds": e.patience_rounds,
                 "evolution.every": e.every}
