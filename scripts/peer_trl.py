@@ -75,7 +75,9 @@ UNMATCHED_EPISODES = [
     "truncation: coevo excludes a trace with a truncated call; TRL gets the same rule through the row's "
     "env_mask (coevo.trainers.trl_rollout.trace_row), both keep the reward in the group statistics",
     "sequences: coevo packs a trace's chained calls into one row and weighs each call as a sequence; TRL's row "
-    "is the whole episode (the same tokens, the same token-mean loss)",
+    "is the whole episode (the same tokens, the same token-mean loss); where a call does not extend the ones "
+    "before it (a reply re-tokenised differently from its sampled ids, ~1 trace in 16), coevo trains the later "
+    "calls as rows of their own and TRL's row ends before them (trace_row's calls_dropped)",
 ]
 """What differs on multi-call episodes (``--harness``): the first three as above, then these."""
 

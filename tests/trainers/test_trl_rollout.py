@@ -1,12 +1,12 @@
 """coevo episodes as TRL rollout_func rows: one row per trace whose calls chain, only sampled
-tokens masked in, with the sampler's log-probs; what cannot be one row is refused."""
+tokens masked in, with the sampler's log-probs; a call that does not chain ends the row."""
 
 from __future__ import annotations
 
 import pytest
+from coevo.trainers.trl_rollout import coevo_reward_func, trace_row
 
 from coevo.agent.trace import ModelCall, Trace
-from coevo.trainers.trl_rollout import coevo_reward_func, trace_row
 
 
 def call(prompt: list[int], completion: list[int], *, trainable: bool = True) -> ModelCall:
@@ -37,9 +37,14 @@ def test_calls_coevo_does_not_train_are_masked_out():
     assert trace_row(trace(call([1], [2]), call([1, 2, 3], [4]), trainable=False))["env_mask"] == [0, 0, 0]
 
 
+def test_a_call_that_does_not_extend_the_row_ends_it():
+    # call 1 re-tokenised call 0's reply (3 -> 9): the row keeps call 0 and says it left 2 calls out
+    row = trace_row(trace(call([1, 2], [3]), call([1, 2, 9, 5], [4]), call([1, 2, 9, 5, 4], [6])))
+    assert row["completion_ids"] == [3] and row["env_mask"] == [1] and row["calls_dropped"] == 2
+    assert trace_row(trace(call([1], [2]), call([1, 2, 3], [4])))["calls_dropped"] == 0
+
+
 def test_what_cannot_be_one_row_is_refused():
-    with pytest.raises(ValueError, match="does not extend"):  # a memory processor rewrote the history
-        trace_row(trace(call([1, 2], [3]), call([1, 9, 3], [4])))
     with pytest.raises(ValueError, match="no model call"):
         trace_row(trace())
     no_logprobs = call([1], [2])
