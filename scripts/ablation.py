@@ -146,14 +146,12 @@ def against(results: dict[str, list[list[RoundRecord]]], seeds: Sequence[int], o
         if mine_m.shape != theirs_m.shape:
             raise SystemExit(f"--against {other}: {mode} was tested on other tasks there")
 
-        def signal(recs: list[list[RoundRecord]]) -> dict[str, list[float | None]]:
+        def signal(recs: list[list[RoundRecord]], scores: np.ndarray) -> dict[str, list[float | None]]:
             zero = [[r.grpo.zero_variance_fraction if r.grpo else None for r in rec] for rec in recs]
             return {"zero_variance_by_round": [None if None in col else float(np.mean(col)) for col in zip(*zero)],
                     "grpo_minutes": float(np.mean([sum(r.seconds.get("grpo", 0.0) for r in rec) / 60 for rec in recs])),
-                    "pass_at_1": [100 * v for v in bootstrap(np.asarray([[float(np.mean(r[-1].test.outcomes[t]))
-                                                                          for t in sorted(r[-1].test.outcomes)]
-                                                                         for r in recs]), rng)]}
-        out[mode] = {"seeds": len(seeds), "this": signal(runs), "other": signal(theirs),
+                    "pass_at_1": [100 * v for v in bootstrap(scores, rng)]}
+        out[mode] = {"seeds": len(seeds), "this": signal(runs, mine_m), "other": signal(theirs, theirs_m),
                      "difference": [100 * v for v in bootstrap(mine_m - theirs_m, rng)]}
     return out
 

@@ -172,15 +172,17 @@ def micro_batches(rows: Sequence[TrainSequence | PackedSequence], world: int, si
     trainer fills with a zero-weight forward), since each backward takes part in the gradient
     reduction."""
     per_process = []
-    for mine in (list(rows[p::world]) for p in range(world)):
+    for p in range(world):
         out: list[list[TrainSequence | PackedSequence]] = []
-        for row in mine:
-            mb = out[-1] if out else None
-            widest = max([row_length(r) for r in mb or []] + [row_length(row)])
-            if mb is None or len(mb) >= size or (tokens is not None and widest * (len(mb) + 1) > tokens):
-                out.append([row])
+        widest = 0  # the longest row of out[-1]
+        for row in rows[p::world]:
+            n = row_length(row)
+            if out and len(out[-1]) < size and (tokens is None or max(widest, n) * (len(out[-1]) + 1) <= tokens):
+                out[-1].append(row)
+                widest = max(widest, n)
             else:
-                mb.append(row)
+                out.append([row])
+                widest = n
         per_process.append(out)
     count = max(1, *(len(out) for out in per_process))
     return [out + [[] for _ in range(count - len(out))] for out in per_process]
