@@ -46,6 +46,10 @@ class RolloutConfig:
     max_new_tokens: int = opt(160, "completion budget per model call, set on the harness")
     keep_truncated: bool = opt(False, "train on completions cut at max_new_tokens too (sets the harness's "
                                "token_annotation.exclude_truncated=false; smoke runs of an untrained model need it)")
+    signal_groups: int | None = opt(None, "dynamic sampling (DAPO) when the model trains: while fewer of the round's "
+                                    "groups have a reward spread, roll out batch_tasks more train tasks (no round's "
+                                    "batch holds them; AEGIS never sees them) and train on them too (None: off)")
+    max_extra_tasks: int = opt(24, "dynamic sampling: at most this many extra tasks a round")
     max_steps: int = opt(6, "model calls per episode at most; a starting harness whose step budget is lower gets "
                          "it raised to this")
     batch_size: int = opt(32, "model calls per generate() batch")

@@ -249,6 +249,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
         share=(lambda obj: broadcast_object_list([obj], from_process=0)[0]) if accelerator.num_processes > 1 else None,
         sync_weights=sync, release_rollout=getattr(policy, "release", None),  # a vLLM engine's sleep mode
         tokenizer=tok, critic_traces=critic_traces, sampler_logprobs=cfg.buffer.sampler_logprobs,
+        signal_groups=cfg.rollout.signal_groups, max_extra_tasks=cfg.rollout.max_extra_tasks,
         evolve_rounds=lambda r: r < e.early_rounds or (r - e.early_rounds + 1) % e.every == 0,
     )
     try:

@@ -46,11 +46,12 @@ from coevo.loop.round_grpo import (
     buffered_rollouts,
     critic_task_ids,
     critic_traces_to_store,
+    dynamic_sample,
     grpo_record,
     step_batches,
     training_batch,
 )
-from coevo.loop.round_plan import batches_per_epoch, round_batches
+from coevo.loop.round_plan import batches_per_epoch, extra_pools, round_batches
 from coevo.loop.round_record import round_record
 from coevo.report.tracking import edit_rows
 from coevo.rundir import checkpoint
@@ -113,6 +114,8 @@ class Coevolution:
         critic_traces: list[Trace] | None = None,
         evolve_rounds: Callable[[int], bool] | None = None,
         sampler_logprobs: bool = False,
+        signal_groups: int | None = None,
+        max_extra_tasks: int = 0,
     ) -> None:
         trains = mode in ("coevolve", "model_only")
         if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
@@ -124,8 +127,10 @@ class Coevolution:
         self.evolves, self.trains = mode in ("coevolve", "harness_only"), trains
         self.batches = round_batches(train_tasks, batch_tasks, seed, rounds)
         self.per_epoch = batches_per_epoch(len(train_tasks), batch_tasks)
+        self.signal_groups = signal_groups if trains else None  # dynamic sampling: only a training run draws more
+        self.extras = extra_pools(train_tasks, self.batches, max_extra_tasks if self.signal_groups else 0, seed)
         self.val_tasks, self.test_tasks = list(val_tasks), list(test_tasks)
-        self.rounds, self.attempts, self.seed = rounds, attempts, seed
+        self.rounds, self.attempts, self.seed, self.batch_tasks = rounds, attempts, seed, batch_tasks
         self.first, self.end = first_round, first_round + rounds  # round numbers [first, end)
         self.trainer, self.buffer, self.logprob_fn, self.steps_per_round = trainer, buffer, logprob_fn, steps_per_round
         self.step_traces, self.val_every, self.eval_attempts = step_traces, val_every, eval_attempts
@@ -148,20 +153,10 @@ class Coevolution:
         directory = checkpoint.latest(self.run_dir / "checkpoint")
         if directory is None:
             return 0
-        state = checkpoint.load_state(directory)
-        if state.get("harnesses_redacted"):
-            raise checkpoint.CheckpointError(
-                f"{directory / 'state.json'}: a harness of the run held the value of a secret environment variable, "
-                "which the checkpoint records as <redacted>; resuming would run other harnesses (under other ids) "
-                "than those that ran. Start the run over in another run_dir=, with no key in its harnesses")
+        state = checkpoint.load_state(directory, resumable=True)
         verify_run(self.run_dir, directory, state, files=True, buffer=self.buffer, lineage=True)
         if self.trainer is not None:
-            try:
-                self.trainer.load(directory / "trainer")
-            except Exception as err:  # whatever the loader raises: a file the hashes did not cover, NaN weights
-                raise checkpoint.CheckpointError(
-                    f"{directory / 'trainer'} cannot be loaded ({type(err).__name__}: {str(err) or 'no weights file'}); "
-                    f"the run cannot resume from it: {checkpoint.RECOVER}") from err
+            checkpoint.load_trainer(self.trainer, directory / "trainer")
             self.policy.model_version = str(self.trainer.version)
             self.sync_weights()
         where = directory / "state.json"
@@ -225,14 +220,17 @@ class Coevolution:
         traces = self._buffered(r)
         if traces is None:
             traces = self._redacted(self._routed(batch, r, "rollout", self.attempts, f"round {r}: rollouts").traces)
+            traces += self._top_up(traces, r)
             seconds["rollout"] = time.perf_counter() - tick
             if self.trains:
                 tick = time.perf_counter()
                 self.buffer.add(traces, round=r, model_version=version, logprob_fn=self._logprob_fn(traces))
                 seconds["logprobs"] = time.perf_counter() - tick
 
-        evolved: EvolveReport | None = None
         train_ids = {t.task_id for t in batch}
+        extra_ids = {t.task_id for t in traces} - train_ids  # dynamic sampling's: they train, AEGIS never sees them
+        traces, train_ids = [t for t in traces if t.task_id in train_ids], train_ids | extra_ids
+        evolved: EvolveReport | None = None
         if self.evolves and self.evolve_rounds(r):
             self.rollouts.begin_critic(r)  # the Critic's re-runs go on from here
             withheld = self.withheld(r)
@@ -253,6 +251,7 @@ class Coevolution:
         if self.trains:
             tick = time.perf_counter()
             grpo = self._train(self.share(training_batch(self.buffer, train_ids)), r)
+            grpo.extra_tasks = len(extra_ids) if self.signal_groups else None
             seconds["grpo"] = time.perf_counter() - tick
 
         val = None
@@ -308,7 +307,7 @@ class Coevolution:
         """Task ids whose references may not become demonstrations in round ``r``: every task that
         round ``r`` or a later round trains on (epochs repeat tasks), and the validation and test
         tasks (which never have references; named anyway, so the guarantee does not rest on that)."""
-        ids = {t.task_id for batch in self.batches[r - self.first :] for t in batch}
+        ids = {t.task_id for batch in self.batches[r - self.first :] + self.extras[r - self.first :] for t in batch}
         return ids | {t.task_id for t in self.val_tasks} | {t.task_id for t in self.test_tasks}
 
     def _buffered(self, r: int) -> list[Trace] | None:
@@ -324,11 +323,22 @@ class Coevolution:
             self.buffer.add(kept, round=r, model_version=version, logprob_fn=self._logprob_fn(kept))
         return critic_task_ids(self.buffer, r)
 
-    def _routed(self, tasks: Sequence[Task], r: int, phase: str, attempts: int, label: str) -> Rollout:
-        """``attempts`` episodes of each task on the variant AEGIS routes it to."""
+    def _top_up(self, traces: list[Trace], r: int) -> list[Trace]:
+        """Round ``r``'s extra tasks from its reserve (``rollout.signal_groups``: dynamic sampling), on
+        a stream of their own seeded once ("extra"), so the rest of the round samples as without them."""
+        def run(tasks: list[Task], first: bool) -> list[Trace]:
+            return self._redacted(self._routed(tasks, r, "extra", self.attempts, f"round {r}: extra tasks", first).traces)
+
+        return dynamic_sample(traces, self.extras[r - self.first], self.batch_tasks, self.signal_groups or 0, run)
+
+    def _routed(self, tasks: Sequence[Task], r: int, phase: str, attempts: int, label: str, reseed: bool = True
+                ) -> Rollout:
+        """``attempts`` episodes of each task on the variant AEGIS routes it to (the policy reseeded
+        for ``phase`` first, unless ``reseed`` is False: the phase's stream goes on)."""
         harnesses, variants = self.aegis.routed(tasks)
         prefix = "r" if phase == "rollout" else phase
-        return self.rollouts.run(harnesses, tasks, attempts=attempts, phase=phase, round=r, variant=variants, label=label,
+        return self.rollouts.run(harnesses, tasks, attempts=attempts, phase=phase if reseed else None, round=r,
+                                 variant=variants, label=label,
                                  trace_id=lambda t, a: f"{prefix}{r:04d}-{t.task_id}-{a}")
 
     def _redacted(self, traces: list[Trace]) -> list[Trace]:

@@ -92,12 +92,12 @@ def check(cfg: TrainConfig) -> None:
                 "trainer.micro_batch_size": t.micro_batch_size, "trainer.micro_batch_tokens": t.micro_batch_tokens,
                 "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size, "model.lora_r": cfg.model.lora_r,
                 "evolution.max_variants": e.max_variants, "evolution.patience_rounds": e.patience_rounds,
-                "evolution.every": e.every}
+                "evolution.every": e.every, "rollout.signal_groups": cfg.rollout.signal_groups}
     non_negative = {"evolution.reference_pool": e.reference_pool, "evolution.max_proposals": e.max_proposals,
                     "evolution.max_revisions": e.max_revisions, "evolution.recent_batches": e.recent_batches,
                     "meta_agent.max_retries": cfg.meta_agent.max_retries,
                     "meta_agent.request_retries": cfg.meta_agent.request_retries,
-                    "trainer.warmup_steps": t.warmup_steps,
+                    "trainer.warmup_steps": t.warmup_steps, "rollout.max_extra_tasks": cfg.rollout.max_extra_tasks,
                     "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit,
                     "evolution.early_rounds": e.early_rounds}
     for low, values in ((1, positive), (0, non_negative)):
@@ -162,12 +162,14 @@ def check(cfg: TrainConfig) -> None:
                          "model with the adapter disabled, and full fine-tuning has no reference model here; "
                          "set trainer.beta=0 or model.lora=true")
     attempts, capacity = cfg.rollout.attempts, cfg.buffer.capacity
-    if cfg.mode in ("coevolve", "model_only") and capacity < cfg.batch_tasks * attempts:
+    extra = cfg.rollout.max_extra_tasks if cfg.rollout.signal_groups else 0
+    if cfg.mode in ("coevolve", "model_only") and capacity < (cfg.batch_tasks + extra) * attempts:
         # a round's traces must all fit in the buffer, whose capacity then bounds batch_tasks
-        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts}: a round adds "
-                         f"batch_tasks x rollout.attempts={attempts} = {cfg.batch_tasks * attempts} traces, which "
-                         f"must fit in buffer.capacity={capacity}; lower batch_tasks or raise buffer.capacity to >= "
-                         f"{cfg.batch_tasks * attempts}")
+        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts - extra}: a round adds "
+                         f"(batch_tasks + rollout.max_extra_tasks={extra} with dynamic sampling) x rollout.attempts="
+                         f"{attempts} = {(cfg.batch_tasks + extra) * attempts} traces, which must fit in "
+                         f"buffer.capacity={capacity}; lower batch_tasks or raise buffer.capacity to >= "
+                         f"{(cfg.batch_tasks + extra) * attempts}")
 
 
 def check_train_split(cfg: TrainConfig, n_train: int) -> None:

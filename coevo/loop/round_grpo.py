@@ -5,10 +5,11 @@ record of its optimizer steps (``coevo.loop.coevolution`` calls them; the traine
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from coevo.agent.trace import Trace
+from coevo.envs.base import Task
 from coevo.rundir.records import GRPOMetrics
 from coevo.trainers.advantages import group_advantages
 
@@ -99,3 +100,28 @@ def grpo_record(steps: Sequence[dict[str, Any]], traces: Sequence[Trace]) -> GRP
     return GRPOMetrics.from_dict(last | (whole if steps else {}) | {"buffer_traces": len(traces), "steps": rows or None,
                                          "critic_traces": len(traces) - len(without),
                                          "zero_variance_without_critic": stats.zero_variance_fraction})
+
+
+def signal_groups(traces: Sequence[Trace]) -> int:
+    """How many tasks' groups have a reward spread among their trainable members (what a GRPO step
+    learns from; a group whose rewards are all equal has zero advantages)."""
+    rewards: dict[str, set[float]] = {}
+    for t in traces:
+        if t.trainable:
+            rewards.setdefault(t.task_id, set()).add(t.reward)
+    return sum(len(r) > 1 for r in rewards.values())
+
+
+def dynamic_sample(traces: Sequence[Trace], reserve: Sequence[Task], chunk: int, target: int,
+                   roll_out: Callable[[list[Task], bool], list[Trace]]) -> list[Trace]:
+    """DAPO's dynamic sampling: while fewer than ``target`` of the round's groups have a reward
+    spread, roll out the next ``chunk`` tasks of the round's ``reserve`` (``roll_out(tasks, first)``)
+    and return every extra trace. At a 6% pass rate ~70% of groups of 8 have equal rewards and
+    train nothing; drawing further tasks until enough groups carry signal gives every optimizer
+    step a full minibatch of them, at the price of the extra episodes."""
+    extra: list[Trace] = []
+    for i in range(0, len(reserve), chunk):
+        if signal_groups([*traces, *extra]) >= target:
+            break
+        extra += roll_out(list(reserve[i : i + chunk]), i == 0)
+    return extra

@@ -32,3 +32,16 @@ def round_batches(tasks: Sequence[Task], batch_tasks: int, seed: int, rounds: in
         out += [order[i * batch_tasks : (i + 1) * batch_tasks] for i in range(per_epoch)]
         epoch += 1
     return out[:rounds]
+
+
+def extra_pools(tasks: Sequence[Task], batches: Sequence[Sequence[Task]], per_round: int, seed: int
+                ) -> list[list[Task]]:
+    """Every round's reserve for dynamic sampling (``rollout.signal_groups``): the train tasks no
+    round's batch holds, shuffled once (seeded) and cut into disjoint slices of ``per_round``, one
+    per round in order (shorter or empty once the split runs out). Fixed in advance, so a round's
+    extras do not depend on how many earlier rounds drew, a resumed run draws what the killed one
+    did, and the rounds that will train on them are known when references are withheld."""
+    used = {t.task_id for batch in batches for t in batch}
+    rest = [t for t in tasks if t.task_id not in used]
+    random.Random(f"{seed}-extra").shuffle(rest)
+    return [rest[i * per_round : (i + 1) * per_round] for i in range(len(batches))]

@@ -90,11 +90,12 @@ RECOVER = ("restore the file from a backup, or start the run over in another run
            "references can stay where they are)")
 
 
-def load_state(directory: Path) -> dict[str, Any]:
+def load_state(directory: Path, resumable: bool = False) -> dict[str, Any]:
     """The round's ``state.json``; a damaged one raises ``CheckpointError`` naming it. (Commits are
     atomic, so this means the file changed after it was written: a disk or a copy lost bytes.) The
     round counter is checked against the directory's name, so a changed digit cannot resume a run at
-    another round than the one its weights and records belong to."""
+    another round than the one its weights and records belong to. ``resumable``: refuse a state
+    whose harnesses were redacted (the run it would resume is not the one that ran)."""
     path = directory / "state.json"
     try:
         state = json.loads(path.read_bytes())
@@ -109,7 +110,22 @@ def load_state(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is damaged: 'next_round' is {next_round!r}, but {directory.name} holds round "
                               f"{named.lstrip('0') or 0} (next_round {expected}); the run cannot resume from it: "
                               f"{RECOVER}")
+    if resumable and state.get("harnesses_redacted"):
+        raise CheckpointError(
+            f"{path}: a harness of the run held the value of a secret environment variable, which the checkpoint "
+            "records as <redacted>; resuming would run other harnesses (under other ids) than those that ran. Start "
+            "the run over in another run_dir=, with no key in its harnesses")
     return state
+
+
+def load_trainer(trainer: Any, directory: Path) -> None:
+    """``trainer.load(directory)``, any failure (a file the hashes did not cover, NaN weights) raised
+    as ``CheckpointError`` naming the directory and how to recover."""
+    try:
+        trainer.load(directory)
+    except Exception as err:  # whatever the loader raises
+        raise CheckpointError(f"{directory} cannot be loaded ({type(err).__name__}: {str(err) or 'no weights file'}); "
+                              f"the run cannot resume from it: {RECOVER}") from err
 
 
 def file_digests(directory: Path) -> dict[str, dict[str, Any]]:

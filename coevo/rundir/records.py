@@ -237,6 +237,7 @@ class GRPOMetrics(Record):
     steps: list[dict[str, Any]] | None = None  # every step's scalar StepMetrics (the fields above are the last's)
     critic_traces: Int | None = None  # of buffer_traces, the Critic's paired re-runs (buffer.critic_traces)
     zero_variance_without_critic: Float | None = None  # the groups' zero-variance share had they been left out
+    extra_tasks: Int | None = None  # tasks dynamic sampling added to the round's groups (rollout.signal_groups)
 
 
 @dataclass
