@@ -10,8 +10,8 @@ stream's self-evolving protocol adapts each stage with it. Episodes go through t
 (``coevo.agent.rollouts``); what a run keeps on disk is ``coevo.rundir.state``.
 
 No gold answer of a task the run will still train, validate or test on may reach a harness edit:
-each round tells AEGIS to withhold the references of every task a remaining round's batch holds
-(this round's included) and of the validation and test tasks, so demonstrations come only from
+each round tells AEGIS to withhold the references of every task a remaining round's batch or
+dynamic-sampling reserve holds (this round's included) and of the validation and test tasks, so demonstrations come only from
 tasks already consumed for good or from a reference pool split off the train split (``coevo.loop.build``).
 Infrastructure failures (``Trace.infra_failure``) are counted per round in the record.
 
@@ -305,8 +305,8 @@ class Coevolution:
 
     def withheld(self, r: int) -> set[str]:
         """Task ids whose references may not become demonstrations in round ``r``: every task that
-        round ``r`` or a later round trains on (epochs repeat tasks), and the validation and test
-        tasks (which never have references; named anyway, so the guarantee does not rest on that)."""
+        round ``r`` or a later round trains on (epochs repeat tasks; dynamic sampling's reserves), and the
+        validation and test tasks (which never have references; named anyway, so the guarantee does not rest on that)."""
         ids = {t.task_id for batch in self.batches[r - self.first :] + self.extras[r - self.first :] for t in batch}
         return ids | {t.task_id for t in self.val_tasks} | {t.task_id for t in self.test_tasks}
 
