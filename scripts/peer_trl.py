@@ -379,9 +379,10 @@ def run_trl(cfg: Any, env: Any, harness: Any, batches: list[list[Any]], out: Pat
 
         from coevo.loop.build import build_policy
 
-        def log(traces: list[Any]) -> None:
+        def log(traces: list[Any], rows: list[dict[str, Any]]) -> None:
             calls.append({"task_ids": list(dict.fromkeys(t.task_id for t in traces)),
-                          "rewards": [t.reward for t in traces], "passed": [t.passed for t in traces]})
+                          "rewards": [t.reward for t in traces], "passed": [t.passed for t in traces],
+                          "calls_dropped": sum(r["calls_dropped"] for r in rows)})
 
         dataset = Dataset.from_list([{"prompt": t.task_id} for b in batches for t in b])
         extra = {"reward_funcs": coevo_reward_func,
@@ -402,7 +403,8 @@ def run_trl(cfg: Any, env: Any, harness: Any, batches: list[list[Any]], out: Pat
              "pass_rate": statistics.fmean(c["passed"]), "task_ids": c["task_ids"],
              "reward_check": statistics.fmean(c["rewards"]),
              "frac_reward_zero_std": e.get("frac_reward_zero_std"), "clipped_ratio": e.get("completions/clipped_ratio"),
-             "loss": e.get("loss")} for e, s, c in zip(logs, clock.seconds, calls, strict=True)]
+             "loss": e.get("loss"), "calls_dropped": c.get("calls_dropped")}  # None: single turn
+            for e, s, c in zip(logs, clock.seconds, calls, strict=True)]
     return {"rows": rows, "wall_s": wall, "lora_change": adapter_change(before, adapter_state(trainer.model)),
             "replayed_init_equal": replayed, "initial_adapter": "coevo's" if initial is not None else "replayed"}
 

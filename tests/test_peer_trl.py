@@ -110,6 +110,8 @@ def test_tiny_preset_on_the_tool_path_trains_trl_on_coevo_episodes(tmp_path, mon
         assert [r["reward"] for r in result["arms"][name]["rows"]] == [0.5, 0.5], name
         assert result["arms"][name]["lora_change"] > 0, name
     assert len(rows) == 8  # TRL's 2 steps x 2 prompts x 2 completions, each a coevo episode
+    assert [r["calls_dropped"] for r in result["arms"]["trl"]["rows"]] == [
+        sum(r["calls_dropped"] for r in rows[:4]), sum(r["calls_dropped"] for r in rows[4:])]  # tallied per step
     # (the tiny model's 8 tokens never close the forced call, so these episodes are one call each; the
     # masking of tool results is tests/trainers/test_trl_rollout.py's)
     assert all(len(r["env_mask"]) == len(r["completion_ids"]) == len(r["logprobs"]) > 0 for r in rows)
