@@ -11,8 +11,8 @@ stream's self-evolving protocol adapts each stage with it. Episodes go through t
 
 No gold answer of a task the run will still train, validate or test on may reach a harness edit:
 each round tells AEGIS to withhold the references of every task a remaining round's batch or
-dynamic-sampling reserve holds (this round's included) and of the validation and test tasks, so demonstrations come only from
-tasks already consumed for good or from a reference pool split off the train split (``coevo.loop.build``).
+dynamic-sampling reserve holds (this round's included) and of the validation and test tasks, so
+demonstrations come only from consumed tasks or a reference pool split off (``coevo.loop.build``).
 Infrastructure failures (``Trace.infra_failure``) are counted per round in the record.
 
 Resume: a round ends with an atomic checkpoint commit (``coevo.rundir.checkpoint``). Started again on
@@ -304,9 +304,8 @@ class Coevolution:
                            self.trainer.version if self.trainer is not None else 0, time.perf_counter() - began)
 
     def withheld(self, r: int) -> set[str]:
-        """Task ids whose references may not become demonstrations in round ``r``: every task that
-        round ``r`` or a later round trains on (epochs repeat tasks; dynamic sampling's reserves), and the
-        validation and test tasks (which never have references; named anyway, so the guarantee does not rest on that)."""
+        """Task ids whose references may not become demonstrations in round ``r``: the tasks round ``r`` or
+        a later one trains on (batches, dynamic sampling's reserves) and the validation and test tasks."""
         ids = {t.task_id for batch in self.batches[r - self.first :] + self.extras[r - self.first :] for t in batch}
         return ids | {t.task_id for t in self.val_tasks} | {t.task_id for t in self.test_tasks}
 
@@ -327,7 +326,8 @@ class Coevolution:
         """Round ``r``'s extra tasks from its reserve (``rollout.signal_groups``: dynamic sampling), on
         a stream of their own seeded once ("extra"), so the rest of the round samples as without them."""
         def run(tasks: list[Task], first: bool) -> list[Trace]:
-            return self._redacted(self._routed(tasks, r, "extra", self.attempts, f"round {r}: extra tasks", first).traces)
+            done = self._routed(tasks, r, "extra", self.attempts, f"round {r}: extra tasks", reseed=first)
+            return self._redacted(done.traces)
 
         return dynamic_sample(traces, self.extras[r - self.first], self.batch_tasks, self.signal_groups or 0, run)
 

@@ -165,8 +165,8 @@ def check(cfg: TrainConfig) -> None:
     extra = cfg.rollout.max_extra_tasks if cfg.rollout.signal_groups else 0
     if cfg.mode in ("coevolve", "model_only") and capacity < (cfg.batch_tasks + extra) * attempts:
         # a round's traces must all fit in the buffer, whose capacity then bounds batch_tasks
-        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts - extra}: a round adds "
-                         f"(batch_tasks + rollout.max_extra_tasks={extra} with dynamic sampling) x rollout.attempts="
+        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts - extra}: a round "
+                         f"adds (batch_tasks + rollout.max_extra_tasks={extra} with dynamic sampling) x rollout.attempts="
                          f"{attempts} = {(cfg.batch_tasks + extra) * attempts} traces, which must fit in "
                          f"buffer.capacity={capacity}; lower batch_tasks or raise buffer.capacity to >= "
                          f"{(cfg.batch_tasks + extra) * attempts}")

@@ -60,12 +60,9 @@ def step_batches(traces: Sequence[Trace], versions: Sequence[int], steps: int, m
     """
     if not max_traces:
         return [(list(traces), list(versions))] * steps
-    groups: dict[str, list[int]] = {}
-    for i, t in enumerate(traces):
-        groups.setdefault(t.task_id, []).append(i)
-    spread = lambda idx: len({traces[i].reward for i in idx if traces[i].trainable}) > 1  # noqa: E731
-    signal = [idx for idx in groups.values() if spread(idx)]
-    flat = [i for idx in groups.values() if not spread(idx) for i in idx]
+    groups = spread_groups(traces)
+    signal = [idx for idx, spread in groups if spread]
+    flat = [i for idx, spread in groups if not spread for i in idx]
     random.Random(seed).shuffle(signal)
     out, at = [], 0
     for _ in range(steps):
@@ -102,14 +99,18 @@ def grpo_record(steps: Sequence[dict[str, Any]], traces: Sequence[Trace]) -> GRP
                                          "zero_variance_without_critic": stats.zero_variance_fraction})
 
 
+def spread_groups(traces: Sequence[Trace]) -> list[tuple[list[int], bool]]:
+    """Each task's group as (indices into ``traces``, whether its trainable members' rewards differ):
+    a group whose rewards are all equal has zero advantages and teaches a GRPO step nothing."""
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(traces):
+        groups.setdefault(t.task_id, []).append(i)
+    return [(idx, len({traces[i].reward for i in idx if traces[i].trainable}) > 1) for idx in groups.values()]
+
+
 def signal_groups(traces: Sequence[Trace]) -> int:
-    """How many tasks' groups have a reward spread among their trainable members (what a GRPO step
-    learns from; a group whose rewards are all equal has zero advantages)."""
-    rewards: dict[str, set[float]] = {}
-    for t in traces:
-        if t.trainable:
-            rewards.setdefault(t.task_id, set()).add(t.reward)
-    return sum(len(r) > 1 for r in rewards.values())
+    """How many tasks' groups have a reward spread (``spread_groups``)."""
+    return sum(spread for _, spread in spread_groups(traces))
 
 
 def dynamic_sample(traces: Sequence[Trace], reserve: Sequence[Task], chunk: int, target: int,
