@@ -19,9 +19,30 @@ def test_subpackages_import_after_install(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).parent == ROOT / "kernels"
-    probe = "import importlib.util as u; print([n for n in ('trainers', 'buffers', 'kernels') if u.find_spec(n) and str(u.find_spec(n).origin).startswith(%r)])" % str(ROOT)
+    # a package of the same name installed from elsewhere (Hugging Face's kernels) is not a leak
+    probe = ("import importlib.util as u, os; print([n for n in ('trainers', 'buffers', 'kernels') "
+             "if u.find_spec(n) and str(u.find_spec(n).origin).startswith(os.path.join(%r, n))])" % str(ROOT))
     leaked = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True)
     assert leaked.stdout.strip() == "[]", leaked.stdout + leaked.stderr
+
+
+def test_run_from_the_root_an_installed_kernels_package_is_not_shadowed():
+    """`python train.py` / `python -m pytest` put the root first on sys.path, where its kernels/
+    folder would win `import kernels` over Hugging Face's package (transformers >= 5.25 imports it
+    while loading any model); importing coevo moves the root behind site-packages."""
+    code = ("import sys, importlib.util as u; import coevo; "
+            "print(sys.path[-1] in ('', '.', %r), u.find_spec('kernels').origin)" % str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    last_is_root, origin = out.stdout.split()
+    assert last_is_root == "True"
+    hub = subprocess.run([sys.executable, "-c", "import importlib.util as u; print(u.find_spec('kernels'))"],
+                         cwd=ROOT.parent, capture_output=True, text=True)
+    if hub.stdout.strip() != "None":  # Hugging Face's kernels is installed: it, not the folder, is found
+        assert not origin.startswith(str(ROOT / "kernels")), origin
+        load = "import coevo; from transformers import LlamaConfig, LlamaForCausalLM; print('ok')"
+        done = subprocess.run([sys.executable, "-c", load], cwd=ROOT, capture_output=True, text=True)
+        assert done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_every_package_directory_is_listed():
