@@ -15,6 +15,6 @@ test: $(STAMP)
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/bootstrap.sh
+$(STAMP): pyproject.toml scripts/bootstrap.sh scripts/constraints.txt
 	bash scripts/bootstrap.sh $(VENV)
 	touch $(STAMP)

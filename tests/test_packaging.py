@@ -75,3 +75,26 @@ def test_wheel_installs_only_under_coevo(tmp_path):
     assert tops == {"coevo", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     for sub in ("trainers", "buffers", "kernels", "harness/library", "safety/sandbox"):
         assert f"coevo/{sub}/__init__.py" in names
+
+
+def test_the_bootstrap_constraints_pin_every_dependency_within_its_range():
+    """scripts/constraints.txt (the tested versions the bootstrap installs without a GPU) must satisfy
+    pyproject's ranges, or a fresh clone's install fails; and it must pin every direct dependency but
+    torch and triton, or a new release can change what CI tests."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (ROOT / "scripts" / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version.strip()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for spec in project["dependencies"] + project["optional-dependencies"]["dev"]:
+        req = Requirement(spec)
+        name = canonicalize_name(req.name)
+        if name in ("torch", "triton") or (req.marker and not req.marker.evaluate()):
+            continue
+        assert name in pins, f"{req.name} is not pinned in scripts/constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} is outside {req.specifier}"
+    assert "torch" not in pins and "triton" not in pins
