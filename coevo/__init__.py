@@ -18,15 +18,9 @@ def _move_source_root_behind_site_packages() -> None:
     and ``scripts`` but an installed package of the same name comes first. ``coevo`` itself is
     found either way (the editable install's finder, or the root).
     """
-    def is_root(entry: str) -> bool:
-        try:
-            return Path(entry or ".").resolve() == _SOURCE_ROOT
-        except OSError:
-            return False
-
-    roots = [entry for entry in sys.path if is_root(entry)]
+    roots = [e for e in sys.path if isinstance(e, str) and Path(e or ".").resolve() == _SOURCE_ROOT]
     if roots:
-        sys.path[:] = [entry for entry in sys.path if not is_root(entry)] + roots
+        sys.path[:] = [e for e in sys.path if e not in roots] + roots
 
 
 _move_source_root_behind_site_packages()
