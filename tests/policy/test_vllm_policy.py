@@ -1,4 +1,6 @@
-"""VLLMPolicy's contract against a fake engine (the real engine is checked by scripts/gpu_check.py)."""
+"""VLLMPolicy's contract against a fake engine, and the colocated engine's call order against a fake
+``vllm`` module (GPU sleep mode, which the CPU build lacks). The real engine runs the same paths in
+tests/policy/test_vllm_engine.py (vLLM's CPU build) and scripts/gpu_check.py (GPU)."""
 
 import pytest
 import torch
@@ -121,38 +123,13 @@ def test_missing_vllm_names_the_extra(monkeypatch):
         vmod.ColocatedEngine("some/model")
 
 
-def test_colocated_engine_caches_prefixes_and_resets_them_on_weight_load(monkeypatch):
-    """A fake ``vllm`` module records what the engine is built with and asked to do."""
+def _fake_vllm(monkeypatch, log: list, *, sleep_mode: bool = True, cpu: bool = False) -> dict:
+    """A fake ``vllm`` module whose LLM logs, in order, what the engine asks of it; returns the kwargs
+    the last LLM was built with. ``sleep_mode``/``cpu``: what the fake platform reports."""
     import sys
     import types
 
-    from coevo.policy import vllm as vmod
-
-    calls: dict[str, object] = {}
-
-    class LLM:
-        def __init__(self, **kwargs):
-            calls["kwargs"] = kwargs
-            runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=lambda w: calls.update(loaded=list(w))))
-            self.llm_engine = types.SimpleNamespace(
-                model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(model_runner=runner)))
-
-        def reset_prefix_cache(self):
-            calls["reset"] = "loaded" in calls  # after the new weights are in
-
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM))
-    engine = vmod.ColocatedEngine("some/model")
-    assert calls["kwargs"]["enable_prefix_caching"] is True
-    engine.load_weights(iter([("w", torch.zeros(1))]))
-    assert calls["reset"] is True
-    vmod.ColocatedEngine("some/model", enable_prefix_caching=False)
-    assert calls["kwargs"]["enable_prefix_caching"] is False
-
-
-def _fake_vllm(monkeypatch, log: list):
-    """A fake ``vllm`` module whose LLM logs, in order, what the engine asks of it."""
-    import sys
-    import types
+    built: dict = {}
 
     class Out:
         def __init__(self, n):
@@ -161,14 +138,17 @@ def _fake_vllm(monkeypatch, log: list):
 
     class LLM:
         def __init__(self, **kwargs):
+            built.clear()
+            built.update(kwargs)
             log.append(("init", kwargs.get("enable_sleep_mode", False)))
-            runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=lambda w: log.append(("load", len(list(w))))))
-            self.llm_engine = types.SimpleNamespace(
-                model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(model_runner=runner)))
 
         def generate(self, prompts, params, use_tqdm=False):
             log.append(("generate", len(prompts)))
             return [Out(params.max_tokens) for _ in prompts]
+
+        def collective_rpc(self, method, kwargs):
+            assert method == "reload_weights" and kwargs["is_checkpoint_format"] is True
+            log.append(("load", len(list(kwargs["weights_iterator"]))))
 
         def sleep(self, level):
             log.append(("sleep", level))
@@ -179,8 +159,40 @@ def _fake_vllm(monkeypatch, log: list):
         def reset_prefix_cache(self):
             log.append(("reset",))
 
+    platform = types.SimpleNamespace(is_cpu=lambda: cpu, is_sleep_mode_available=lambda: sleep_mode,
+                                     device_type="cpu" if cpu else "cuda")
     sampling = lambda **kw: types.SimpleNamespace(**kw)  # noqa: E731
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=sampling))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=platform))
+    return built
+
+
+def test_colocated_engine_caches_prefixes_and_resets_them_after_a_weight_load(monkeypatch):
+    from coevo.policy import vllm as vmod
+
+    log: list = []
+    built = _fake_vllm(monkeypatch, log)
+    engine = vmod.ColocatedEngine("some/model")
+    assert built["enable_prefix_caching"] is True and "enforce_eager" not in built
+    engine.load_weights(iter([("w", torch.zeros(1))]))
+    assert log[-2:] == [("load", 1), ("reset",)]  # reset after the new weights are in
+    vmod.ColocatedEngine("some/model", enable_prefix_caching=False)
+    assert built["enable_prefix_caching"] is False
+
+
+def test_on_a_platform_without_sleep_mode_the_level_is_dropped_with_one_warning(monkeypatch, caplog):
+    from coevo.policy import vllm as vmod
+
+    log: list = []
+    built = _fake_vllm(monkeypatch, log, sleep_mode=False, cpu=True)
+    with caplog.at_level("WARNING", logger="coevo.policy.vllm"):
+        engine = vmod.ColocatedEngine("some/model", sleep_level=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "rollout.vllm_sleep_level=1 ignored: vLLM has no sleep mode on cpu; the engine keeps its memory while "
+        "the trainer steps"]
+    assert "enable_sleep_mode" not in built and built["enforce_eager"] is True and engine.sleep_level is None
+    engine.release()
+    assert ("sleep", 1) not in log
 
 
 @pytest.mark.parametrize("level", [1, 2])
@@ -289,5 +301,5 @@ def test_only_rank_0_builds_a_vllm_engine_and_syncs_it(tmp_path, monkeypatch, mo
     policy.release()
     with pytest.raises(RuntimeError, match="only rank 0 generates"):
         policy.generate([ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=1))])
-    policy, sync = build.build_policy(cfg, None, tok)
+    policy, sync = build.build_policy(cfg, tiny_model(tok), tok)
     assert built == [mode] and isinstance(policy.engine, Built) and sync is not None
