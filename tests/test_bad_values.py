@@ -206,17 +206,57 @@ def test_eval_with_a_negative_temperature_is_a_usage_error_like_train_py(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_distributed_launches_are_checked_naming_what_to_use():
+def test_distributed_launches_get_what_they_ask_for_or_a_refusal_naming_why():
     from accelerate.utils import DistributedType
 
-    from coevo.loop.config_check import check_distributed
+    from coevo.loop.config_check import check_distributed, launch_request
 
-    with pytest.raises(ValueError, match="DEEPSPEED is not supported.*configs/accelerate/fsdp2.yaml"):
-        check_distributed(DistributedType.DEEPSPEED)
+    # what the launcher asked for, from what accelerate launch / torchrun export
+    assert launch_request({"ACCELERATE_USE_DEEPSPEED": "true", "WORLD_SIZE": "2"}) == ("deepspeed", 2)
+    assert launch_request({"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "4"}) == ("fsdp", 4)
+    assert launch_request({"ACCELERATE_USE_DEEPSPEED": "false", "WORLD_SIZE": "2"}) == (None, 2)
+    assert launch_request({}) == (None, 1)
+
+    # DeepSpeed: ZeRO-3 or a refusal; a DeepSpeed launch that accelerate set up as DDP (what cpu=True did) is refused
+    assert check_distributed(DistributedType.DEEPSPEED, requested="deepspeed", world_size=2, processes=2,
+                             zero_stage=3) == "zero3"
+    with pytest.raises(ValueError, match="ZeRO stage 2 is not supported.*stage 3 .configs/accelerate/zero3.yaml"):
+        check_distributed(DistributedType.DEEPSPEED, requested="deepspeed", world_size=2, processes=2, zero_stage=2)
+    with pytest.raises(ValueError, match="asks for DeepSpeed .ACCELERATE_USE_DEEPSPEED=true. but accelerate set up "
+                                         "DistributedType.MULTI_CPU"):
+        check_distributed(DistributedType.MULTI_CPU, requested="deepspeed", world_size=2, processes=2, zero_stage=3)
+    # FSDP: version 2, also on CPU where accelerate sets up no FSDP (the trainer shards itself); version 1 refused
+    assert check_distributed(DistributedType.FSDP, 2, requested="fsdp", world_size=2, processes=2) == "fsdp2"
+    assert check_distributed(DistributedType.MULTI_CPU, 2, requested="fsdp", world_size=2, processes=2) == "fsdp2"
     with pytest.raises(ValueError, match="FSDP version 1 is not supported.*fsdp_version: 2"):
-        check_distributed(DistributedType.FSDP, 1)
-    assert check_distributed(DistributedType.FSDP, 2) == "fsdp2"  # the trainer shards itself
-    assert check_distributed(DistributedType.MULTI_GPU) is None and check_distributed(DistributedType.NO) is None
+        check_distributed(DistributedType.FSDP, 1, requested="fsdp", world_size=2, processes=2)
+    with pytest.raises(ValueError, match="FSDP version 1 is not supported"):
+        check_distributed(DistributedType.MULTI_CPU, 1, requested="fsdp", world_size=2, processes=2)
+    # several processes: as many ranks as were started
+    with pytest.raises(ValueError, match="started 2 processes .WORLD_SIZE. but accelerate set up 1"):
+        check_distributed(DistributedType.NO, world_size=2, processes=1)
+    assert check_distributed(DistributedType.MULTI_CPU, world_size=2, processes=2) is None
+    assert check_distributed(DistributedType.MULTI_GPU, world_size=8, processes=8) is None
+    assert check_distributed(DistributedType.NO) is None
+
+
+def test_trainer_sharding_must_fit_the_launch():
+    import dataclasses
+
+    from coevo.config.schema import TrainConfig
+    from coevo.loop.launch import with_launch_sharding
+
+    cfg = TrainConfig()
+    assert with_launch_sharding(cfg, "zero3", None).trainer.sharding == "zero3"  # a DeepSpeed launch sets it
+    fsdp = with_launch_sharding(cfg, "fsdp2", False).trainer
+    assert (fsdp.sharding, fsdp.reshard_after_forward) == ("fsdp2", False)  # with the launch config's resharding
+    multi = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sharding="fsdp2"))
+    assert with_launch_sharding(multi, None, None) is multi  # the CPU path: the trainer shards a DDP launch's ranks
+    with pytest.raises(ValueError, match="trainer.sharding=fsdp2 does not fit a DeepSpeed ZeRO-3 launch"):
+        with_launch_sharding(multi, "zero3", None)
+    zero3 = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sharding="zero3"))
+    with pytest.raises(ValueError, match="trainer.sharding=zero3 does not fit a launch without DeepSpeed"):
+        with_launch_sharding(zero3, None, None)
 
 
 def test_the_agents_axis_on_an_env_without_owners_is_a_usage_error_before_the_model_loads():

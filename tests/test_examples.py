@@ -468,7 +468,8 @@ def test_gpu_cluster_example_checks_configs_composes_launches_and_matches_its_gu
 
     out = main()
     assert {name: c.distributed_type.value for name, c in out["configs"].items()} == {
-        "ddp.yaml": "MULTI_GPU", "ddp_2nodes.yaml": "MULTI_GPU", "fsdp2.yaml": "FSDP"}
+        "ddp.yaml": "MULTI_GPU", "ddp_2nodes.yaml": "MULTI_GPU", "fsdp2.yaml": "FSDP", "zero3.yaml": "DEEPSPEED"}
+    assert out["configs"]["zero3.yaml"].deepspeed_config["zero_stage"] == 3
     assert out["configs"]["fsdp2.yaml"].fsdp_config["fsdp_version"] == 2
     assert out["configs"]["ddp_2nodes.yaml"].num_machines == 2
     assert len(out["composed"]["sweep"]) == 6

@@ -82,7 +82,8 @@ def test_wheel_installs_only_under_coevo(tmp_path):
 def test_the_bootstrap_constraints_pin_every_dependency_within_its_range():
     """scripts/constraints.txt (the tested versions the bootstrap installs without a GPU) must satisfy
     pyproject's ranges, or a fresh clone's install fails; and it must pin every direct dependency but
-    torch and triton, or a new release can change what CI tests."""
+    torch and triton, or a new release can change what CI tests (the deepspeed extra included: the
+    bootstrap installs it without a GPU, at the version it names)."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
@@ -92,7 +93,8 @@ def test_the_bootstrap_constraints_pin_every_dependency_within_its_range():
             name, version = line.split("==")
             pins[canonicalize_name(name)] = version.strip()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for spec in project["dependencies"] + project["optional-dependencies"]["dev"]:
+    extras = project["optional-dependencies"]
+    for spec in project["dependencies"] + extras["dev"] + extras["deepspeed"]:
         req = Requirement(spec)
         name = canonicalize_name(req.name)
         if name in ("torch", "triton") or (req.marker and not req.marker.evaluate()):
@@ -100,3 +102,5 @@ def test_the_bootstrap_constraints_pin_every_dependency_within_its_range():
         assert name in pins, f"{req.name} is not pinned in scripts/constraints.txt"
         assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} is outside {req.specifier}"
     assert "torch" not in pins and "triton" not in pins
+    bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
+    assert f'"deepspeed=={pins["deepspeed"]}"' in bootstrap  # the version it installs is the pinned one

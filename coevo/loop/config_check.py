@@ -6,7 +6,7 @@ first, and so do the scripts and examples that compose a config (``examples/gpu_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from coevo.config.schema import MODES, EvolutionConfig, TrainConfig
 
@@ -58,7 +58,7 @@ def check(cfg: TrainConfig) -> None:
         "trainer.kl_estimator": (cfg.trainer.kl_estimator, KL_ESTIMATORS),
         "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
         "trainer.kernel": (cfg.trainer.kernel, IMPLS),
-        "trainer.sharding": (cfg.trainer.sharding, ("none", "fsdp2")),
+        "trainer.sharding": (cfg.trainer.sharding, ("none", "fsdp2", "zero3")),
         "logger.kind": (cfg.logger.kind, ("none", "wandb")),
         "logger.mode": (cfg.logger.mode, tuple(WANDB_MODES)),
     }
@@ -145,9 +145,10 @@ def check(cfg: TrainConfig) -> None:
     if cfg.buffer.sampler_logprobs and cfg.rollout.backend == "vllm":
         raise ValueError("config buffer.sampler_logprobs=true needs rollout.backend=transformers: vLLM's probabilities "
                          "differ from the trainer's, so its log-probs are no behaviour log-probs (leave it false)")
-    if cfg.trainer.sharding == "fsdp2" and cfg.rollout.backend == "vllm":
-        raise ValueError("config trainer.sharding=fsdp2 with rollout.backend=vllm is not supported: the weight sync to "
-                         "vLLM reads whole (merged) parameters from the trainer, which FSDP2 holds sharded; use "
+    if cfg.trainer.sharding != "none" and cfg.rollout.backend == "vllm":
+        raise ValueError(f"config trainer.sharding={cfg.trainer.sharding} with rollout.backend=vllm is not supported: "
+                         "the weight sync to vLLM reads whole (merged) parameters from the trainer, which "
+                         f"{'FSDP2' if cfg.trainer.sharding == 'fsdp2' else 'ZeRO-3'} holds sharded; use "
                          "rollout.backend=transformers (rank 0 generates from a gathered copy) or DDP + LoRA with vLLM")
     if cfg.model.name in SCRIPTED_MODELS and cfg.mode in ("coevolve", "model_only"):
         raise ValueError(f"config model.name={cfg.model.name!r} has no weights to train in mode={cfg.mode!r}; use "
@@ -189,7 +190,7 @@ def check_dependencies(cfg: TrainConfig) -> None:
     missing one stops the run at once with its install command (``coevo.config.optional``)."""
     from coevo.config.optional import require
 
-    if cfg.rollout.backend == "vllm":
+    if cfg.rollout.backend == "vllm" and cfg.rollout.vllm_mode == "colocate":  # a server is reached over HTTP
         require("vllm", "rollout.backend=vllm")
     if cfg.logger.kind == "wandb":
         require("wandb", "logger.kind=wandb")
@@ -200,24 +201,48 @@ def check_dependencies(cfg: TrainConfig) -> None:
         require("triton", "trainer.kernel=triton")
 
 
-def check_distributed(distributed_type: Any, fsdp_version: int | None = None) -> str | None:
-    """What the accelerate launch asks for, checked before any work. Returns ``"fsdp2"`` when the launch
-    config is FSDP version 2 (the trainer then shards itself: ``coevo.trainers.sharding``), else None.
-    FSDP version 1 and DeepSpeed are refused: the trainer applies the LM head outside the model's
-    forward and drives the optimizer itself, which FSDP2's root unit allows and neither of them does
-    (docs/gpu-cluster.md, "Sharded training")."""
+def launch_request(environ: Mapping[str, str]) -> tuple[str | None, int]:
+    """What the launcher asked of this process, from the variables it sets: (strategy, processes).
+    ``accelerate launch`` exports ACCELERATE_USE_DEEPSPEED=true for a DeepSpeed config or
+    ``--use_deepspeed`` ("deepspeed"), ACCELERATE_USE_FSDP=true for an FSDP one ("fsdp"), nothing for
+    DDP (None); it and torchrun export WORLD_SIZE, the number of processes started. (``--cpu
+    --num_processes N`` starts one process and exports nothing that says N: not detectable here.)"""
+    def flag(name: str) -> bool:
+        return environ.get(name, "false").strip().lower() in ("true", "1", "yes")
+
+    strategy = "deepspeed" if flag("ACCELERATE_USE_DEEPSPEED") else "fsdp" if flag("ACCELERATE_USE_FSDP") else None
+    return strategy, int(environ.get("WORLD_SIZE", "1") or 1)
+
+
+def check_distributed(distributed_type: Any, fsdp_version: int | None = None, *, requested: str | None = None,
+                      world_size: int = 1, processes: int = 1, zero_stage: int | None = None) -> str | None:
+    """The launch against what accelerate set up, before any work: a launch gets the strategy it asked
+    for or a ValueError saying why not, never another one. Returns the trainer's sharding: ``"fsdp2"``
+    for FSDP version 2 (the trainer shards itself, ``coevo.trainers.sharding``; on CPU, where accelerate
+    sets up no FSDP, too), ``"zero3"`` for DeepSpeed ZeRO stage 3 (``coevo.trainers.zero``), else None.
+
+    ``requested`` and ``world_size``: ``launch_request``'s; ``processes``: the processes accelerate
+    set up; ``fsdp_version`` and ``zero_stage``: the launch config's. Refused: a DeepSpeed launch that
+    accelerate set up as anything else, fewer processes than were started, FSDP version 1, ZeRO stages
+    0-2 (docs/gpu-cluster.md, "Sharded training")."""
     from accelerate.utils import DistributedType
 
-    if distributed_type == DistributedType.FSDP:
+    if requested == "deepspeed" and distributed_type != DistributedType.DEEPSPEED:
+        raise ValueError(f"the launch asks for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true) but accelerate set up "
+                         f"{distributed_type}: coevo does not run another strategy in its place")
+    if processes < world_size:
+        raise ValueError(f"the launch started {world_size} processes (WORLD_SIZE) but accelerate set up {processes}: "
+                         "coevo does not train on fewer ranks than were launched")
+    if distributed_type == DistributedType.DEEPSPEED:
+        if zero_stage != 3:
+            raise ValueError(f"DeepSpeed ZeRO stage {zero_stage} is not supported: coevo runs DeepSpeed at stage 3 "
+                             "(configs/accelerate/zero3.yaml); without sharding launch DDP")
+        return "zero3"
+    if distributed_type == DistributedType.FSDP or requested == "fsdp":
         if fsdp_version == 2:
             return "fsdp2"
         raise ValueError(f"accelerate's FSDP version {fsdp_version} is not supported: coevo shards with FSDP2; set "
                          "fsdp_config.fsdp_version: 2 (configs/accelerate/fsdp2.yaml)")
-    if distributed_type == DistributedType.DEEPSPEED:
-        raise ValueError("accelerate's distributed_type=DEEPSPEED is not supported: DeepSpeed's engine owns the "
-                         "backward and optimizer step that coevo's GRPO trainer drives itself; for ZeRO-3's "
-                         "memory use FSDP2 (accelerate launch --config_file configs/accelerate/fsdp2.yaml, which "
-                         "shards parameters, gradients and optimizer state the same way), or DDP + LoRA")
     return None
 
 

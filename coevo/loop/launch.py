@@ -1,0 +1,82 @@
+"""From the launch to an ``Accelerator`` that is what the launch asked for, and the trainer's sharding.
+
+A launch asks for a strategy through the variables ``accelerate launch`` exports
+(``config_check.launch_request``). accelerate itself can quietly give another: ``Accelerator(cpu=True)``
+under a DeepSpeed launch sets up gloo DDP (MULTI_CPU), and without it on a CPU-only machine it finds
+no backend for DeepSpeed and reports one process on each rank. So DeepSpeed launches are never
+built with ``cpu=True``, and on a CPU their process group is named (gloo); every other launch keeps
+``cpu`` as the device says; ``config_check.check_distributed`` then compares what was set up with
+what was asked, and refuses a mismatch in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from coevo.loop.config_check import check_distributed, launch_request
+
+
+def launch_accelerator(device: str, mixed_precision: str, environ: Mapping[str, str] | None = None
+                       ) -> tuple[Any, str | None, bool | None]:
+    """(accelerator, sharding, reshard_after_forward) for a run on ``device`` ("cpu" | "cuda"):
+    sharding is ``"fsdp2"``, ``"zero3"`` or None (``check_distributed``); reshard_after_forward is the
+    FSDP2 launch config's (None otherwise). Under ZeRO-3 transformers is left in its plain mode
+    (``coevo.trainers.zero.plain_transformers``). A ValueError when the launch cannot get what it asked for."""
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    environ = os.environ if environ is None else environ
+    requested, world_size = launch_request(environ)
+    deepspeed = requested == "deepspeed"
+    if deepspeed:
+        from coevo.config.optional import require
+
+        require("deepspeed", "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED=true)")
+        if "LOCAL_RANK" not in environ:  # accelerate would still report DEEPSPEED, without a process group
+            raise ValueError("ACCELERATE_USE_DEEPSPEED=true without a launcher (LOCAL_RANK is unset): start DeepSpeed "
+                             "runs with accelerate launch --config_file configs/accelerate/zero3.yaml")
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if deepspeed and device == "cpu" else []
+    accelerator = Accelerator(cpu=device == "cpu" and not deepspeed, mixed_precision=mixed_precision,
+                              kwargs_handlers=handlers)
+    if deepspeed and accelerator.device.type != device:
+        raise ValueError(f"config model.device={device} but the DeepSpeed launch runs on {accelerator.device.type} "
+                         "(DeepSpeed's accelerator; DS_ACCELERATOR=cpu selects the CPU one): set model.device to match")
+    fsdp = getattr(accelerator.state, "fsdp_plugin", None)  # None on CPU: accelerate sets up FSDP only on GPUs
+    version = getattr(fsdp, "fsdp_version", None) or int(environ.get("FSDP_VERSION", "1") or 1)
+    ds = getattr(accelerator.state, "deepspeed_plugin", None)
+    zero_stage = ds.deepspeed_config.get("zero_optimization", {}).get("stage") if ds is not None else None
+    sharding = check_distributed(accelerator.distributed_type, version, requested=requested, world_size=world_size,
+                                 processes=accelerator.num_processes, zero_stage=zero_stage)
+    reshard = None
+    if sharding == "fsdp2":
+        reshard = bool(fsdp.reshard_after_forward) if fsdp is not None else \
+            environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() in ("true", "1", "yes")
+    if sharding == "zero3":
+        from coevo.trainers import zero
+
+        zero.plain_transformers(ds)
+    return accelerator, sharding, reshard
+
+
+def with_launch_sharding(cfg: Any, sharding: str | None, reshard_after_forward: bool | None) -> Any:
+    """``cfg`` with the launch's sharding (``launch_accelerator``'s) as ``trainer.sharding``, and an
+    FSDP2 launch config's resharding choice. A config that names another sharding than the launch
+    gives is a ValueError: ``trainer.sharding=zero3`` needs a DeepSpeed launch, and a DeepSpeed or FSDP
+    launch takes ``none`` or its own (``fsdp2`` without an FSDP launch config is the CPU path: the
+    trainer shards a DDP launch's ranks itself)."""
+    import dataclasses
+
+    asked = cfg.trainer.sharding
+    if sharding is None and asked != "zero3":
+        return cfg
+    if asked not in ("none", sharding):
+        launch = {"zero3": "a DeepSpeed ZeRO-3 launch", "fsdp2": "an FSDP2 launch", None: "a launch without DeepSpeed"}
+        launch = launch[sharding]
+        raise ValueError(f"config trainer.sharding={asked} does not fit {launch}: DeepSpeed launches "
+                         "(configs/accelerate/zero3.yaml) set zero3 and FSDP launches fsdp2 themselves; leave "
+                         "trainer.sharding=none")
+    trainer = dataclasses.replace(cfg.trainer, sharding=sharding)
+    if reshard_after_forward is not None:
+        trainer = dataclasses.replace(trainer, reshard_after_forward=reshard_after_forward)
+    return dataclasses.replace(cfg, trainer=trainer)
