@@ -95,6 +95,8 @@ def check_transformers(model_name: str, device: str):
     hf = TransformersPolicy(model, tok, max_batch_size=64, engine="hf")
     for temperature in (0.0, 0.7):
         first = requests(8, temperature)
+        policy.reseed(0)  # both engines draw the same noise (coevo.policy.decode.RaceSampling) from here on
+        hf.reseed(0)
         a, b = policy.generate(first), hf.generate(first)
         second = [ChatRequest([*r.messages, {"role": "assistant", "content": g.text}, {"role": "user", "content": "Again."}],
                           r.sampling) for r, g in zip(first, a, strict=True)]
