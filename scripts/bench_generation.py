@@ -125,23 +125,36 @@ def run_workload(policy: Any, harness: Harness, tasks: list, env: Any, passes: i
     }
 
 
-def workloads(args: argparse.Namespace) -> None:
-    model, tok = load_model("smollm2")
-    engines = {"old": TransformersPolicy(model, tok, engine="hf", max_batch_size=32),
-               "new": TransformersPolicy(model, tok, engine="cached", max_batch_size=32)}
+def workload_setup(args: argparse.Namespace) -> tuple[Any, list, dict[str, tuple[Harness, int]]]:
+    """(env, tasks, {workload: (harness, passes)}) for ``--tasks`` and ``--workloads``."""
     env = make_env("reasoning", {"datasets": ["basic_arithmetic", "chain_sum"], "n_per_dataset": 40})
-    tasks = env.tasks("train")[: args.tasks]
     loads = {"main-job": (main_job_harness(), 2), "tool-demos": (tool_demo_harness(), 1)}
-    loads = {name: loads[name] for name in args.workloads.split(",")}
-    engines["new"].generate([ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=2))])
+    return env, env.tasks("train")[: args.tasks], {name: loads[name] for name in args.workloads.split(",")}
+
+
+def interleaved(engines: dict[str, Any], loads: dict[str, tuple[Harness, int]], tasks: list, env: Any,
+                repeats: int) -> dict[tuple[str, str], list[dict]]:
+    """Every workload through every engine, in turn, ``repeats`` times, so that machine noise hits
+    them alike: {(workload, engine): one ``run_workload`` result per repeat}."""
     results: dict[tuple[str, str], list[dict]] = {}
-    for r in range(args.repeats):
+    for r in range(repeats):
         for load, (harness, passes) in loads.items():
             for name, policy in engines.items():
                 res = run_workload(policy, harness, tasks, env, passes)
                 results.setdefault((load, name), []).append(res)
                 print(f"repeat {r} {load:10s} {name}: {res['seconds']:.1f} s, {res['episodes']} episodes, "
-                      f"{res['calls']} calls, prompt {res['prompt']} computed {res['computed']}", flush=True)
+                      f"{res['calls']} calls, {res['completion']} completion tokens, prompt {res['prompt']} "
+                      f"computed {res['computed']}", flush=True)
+    return results
+
+
+def workloads(args: argparse.Namespace) -> None:
+    model, tok = load_model("smollm2")
+    engines = {"old": TransformersPolicy(model, tok, engine="hf", max_batch_size=32),
+               "new": TransformersPolicy(model, tok, engine="cached", max_batch_size=32)}
+    engines["new"].generate([ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=2))])
+    env, tasks, loads = workload_setup(args)
+    results = interleaved(engines, loads, tasks, env, args.repeats)
     greedy_same = {}
     for load, (harness, passes) in loads.items():  # the exactness contract: greedy ids must be identical
         greedy = harness.set_param("sampling", "temperature", 0.0)
@@ -237,18 +250,8 @@ def vllm_side_by_side(args: argparse.Namespace) -> None:
     for policy in engines.values():
         policy.generate(warm)
     print(f"vLLM engine start and first generate: {time.perf_counter() - start:.1f} s", flush=True)
-    env = make_env("reasoning", {"datasets": ["basic_arithmetic", "chain_sum"], "n_per_dataset": 40})
-    tasks = env.tasks("train")[: args.tasks]
-    loads = {"main-job": (main_job_harness(), 2), "tool-demos": (tool_demo_harness(), 1)}
-    loads = {name: loads[name] for name in args.workloads.split(",")}
-    results: dict[tuple[str, str], list[dict]] = {}
-    for r in range(args.repeats):
-        for load, (harness, passes) in loads.items():
-            for name, policy in engines.items():
-                res = run_workload(policy, harness, tasks, env, passes)
-                results.setdefault((load, name), []).append(res)
-                print(f"repeat {r} {load:10s} {name}: {res['seconds']:.1f} s, {res['episodes']} episodes, "
-                      f"{res['calls']} calls, {res['completion']} completion tokens", flush=True)
+    env, tasks, loads = workload_setup(args)
+    results = interleaved(engines, loads, tasks, env, args.repeats)
     print(f"\nmodel=smollm2 fp32 torch={torch.__version__} tasks={args.tasks} x 2 attempts, temperature 0.7, "
           f"repeats={args.repeats}")
     print("| workload | engine | episodes/s (median) | x transformers generate | completion tokens/s | passed |")

@@ -14,8 +14,7 @@ from accelerate import Accelerator
 
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from coevo.trainers import sharding
-from coevo.trainers.grpo import apply_lora
-from tests.trainers.helpers import make_trainer, synthetic_traces
+from tests.trainers.helpers import synthetic_traces, worker_trainer
 
 STEPS = 3
 
@@ -32,14 +31,8 @@ def main() -> None:
     args = ap.parse_args()
     accelerator = Accelerator(cpu=True)
     tok = tiny_tokenizer()
-    torch.manual_seed(0)
-    model = tiny_model(tok, seed=0, arch="llama")
-    if args.lora:
-        model = apply_lora(model, r=4, alpha=8, dropout=0.0)
-    trainer = make_trainer(model, tok, accelerator=accelerator, lr=0.05 if args.adamw else 0.5,
-                           optimizer="adamw" if args.adamw else "sgd", max_grad_norm=1.0 if args.adamw else 1e9,
-                           micro_batch_size=args.micro_batch_size, aggregation="token_mean", kernel="chunked",
-                           sharding="fsdp2" if args.sharded else "none", total_steps=STEPS)
+    trainer = worker_trainer(tok, accelerator, lora=args.lora, adamw=args.adamw, micro_batch_size=args.micro_batch_size,
+                             sharding="fsdp2" if args.sharded else "none", total_steps=STEPS)
     first = 0
     if args.resume:
         trainer.load(args.resume)

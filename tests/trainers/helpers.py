@@ -48,3 +48,23 @@ def make_trainer(model, tok, *, accelerator=None, ref_model=None, total_steps: i
     return GRPOTrainer(model, TrainerConfig(**hyper), pad_id=tok.pad_token_id, accelerator=accelerator,
                        ref_model=ref_model, total_steps=total_steps, temperature=temperature,
                        loss_horizon=loss_horizon)
+
+
+def worker_trainer(tok, accelerator, *, lora: bool, adamw: bool, micro_batch_size: int, sharding: str,
+                   total_steps: int, **hyper):
+    """The sharded-training workers' trainer (FSDP2 and ZeRO-3 against one process): the tiny llama,
+    optionally with LoRA, plain SGD without clipping (a step's update is then exactly comparable) or
+    AdamW with clipping (optimizer state to save and resume); ``hyper`` as ``make_trainer``'s."""
+    import torch
+
+    from coevo.policy.tiny import tiny_model
+    from coevo.trainers.grpo import apply_lora
+
+    torch.manual_seed(0)
+    model = tiny_model(tok, seed=0, arch="llama")
+    if lora:
+        model = apply_lora(model, r=4, alpha=8, dropout=0.0)
+    return make_trainer(model, tok, accelerator=accelerator, lr=0.05 if adamw else 0.5,
+                        optimizer="adamw" if adamw else "sgd", max_grad_norm=1.0 if adamw else 1e9,
+                        micro_batch_size=micro_batch_size, aggregation="token_mean", kernel="chunked",
+                        sharding=sharding, total_steps=total_steps, **hyper)

@@ -18,8 +18,7 @@ import torch
 
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from coevo.trainers import grpo, sharding, zero
-from coevo.trainers.grpo import apply_lora
-from tests.trainers.helpers import make_trainer, synthetic_traces
+from tests.trainers.helpers import synthetic_traces, worker_trainer
 
 STEPS = 3
 CALLS = (2, 1, 2)  # model calls per trace at each step: step 1's 9 sequences leave rank 1 a zero-weight filler forward
@@ -57,14 +56,8 @@ def main() -> None:
 
         accelerator, strategy = Accelerator(cpu=True), None
     tok = tiny_tokenizer()
-    torch.manual_seed(0)
-    model = tiny_model(tok, seed=0, arch="llama")
-    if args.lora:
-        model = apply_lora(model, r=4, alpha=8, dropout=0.0)
-    trainer = make_trainer(model, tok, accelerator=accelerator, lr=0.05 if args.adamw else 0.5,
-                           optimizer="adamw" if args.adamw else "sgd", max_grad_norm=1.0 if args.adamw else 1e9,
-                           micro_batch_size=args.micro_batch_size, aggregation="token_mean", kernel="chunked",
-                           sharding=strategy or "none", total_steps=STEPS, beta=args.beta)
+    trainer = worker_trainer(tok, accelerator, lora=args.lora, adamw=args.adamw, micro_batch_size=args.micro_batch_size,
+                             sharding=strategy or "none", total_steps=STEPS, beta=args.beta)
     calls: list = []
     record_loss_inputs(calls)
     sizes = {name: {"local": p.numel(), "shard": p.ds_tensor.numel() if zero.is_partitioned(p) else None,
