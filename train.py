@@ -7,7 +7,9 @@
     accelerate launch train.py model=... rollout=vllm logger=wandb
 
 Configs live in configs/ (schema and field docs: coevo/config/schema.py, or `coevo config show`).
-Started again with the same config, a run resumes from its last complete round.
+Started again with the same config, a run resumes from its last complete round. An error the
+user can fix (a config value, a missing dependency, a run directory) is one line on stderr, exit
+status 2 (1 for a run directory in use or damaged); HYDRA_FULL_ERROR=1 shows its stack trace.
 """
 
 import os
@@ -16,6 +18,7 @@ import sys
 import hydra
 
 from coevo.config.schema import register
+from coevo.errors import reported_as_one_line
 
 register()
 
@@ -27,7 +30,8 @@ if int(os.environ.get("RANK", "0")) > 0:  # one run directory: only rank 0 lets 
 def main(cfg) -> None:  # cfg: a DictConfig
     import coevo
 
-    coevo.run(cfg)
+    with reported_as_one_line():
+        coevo.run(cfg)
 
 
 if __name__ == "__main__":

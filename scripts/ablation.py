@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from coevo.report.data import load_run
+from coevo.report.figures import round_axis
 from coevo.report.stats import bootstrap
 from coevo.rundir.records import RoundRecord
 
@@ -217,18 +218,21 @@ def figure(summary: dict, path: Path) -> None:
         ax = fig.add_subplot(1, 3, i + 1)
         for mode, a in arms.items():
             ax.plot(range(len(a["curves"][key])), a["curves"][key], marker="o", label=mode)
-        ax.set_xlabel("round")
+        round_axis(ax, range(max(len(a["curves"][key]) for a in arms.values())))
         ax.set_ylabel("%")
         ax.set_title(f"{title} (mean over seeds)")
         if i == 0:
             ax.legend(fontsize=8)
     ax = fig.add_subplot(1, 3, 3)
     modes = list(arms)
-    for offset, key in ((-0.18, "pass_at_1"), (0.18, "pass_at_k")):
+    k = next(iter(arms.values()))["k"]
+    series = (("pass@1", "pass_at_1"), (f"pass@{k}", "pass_at_k")) if k > 1 else (("pass@1", "pass_at_1"),)
+    width = 0.72 / len(series)  # with k = 1, pass@k is pass@1: one bar per arm, not two equal ones
+    for i, (label, key) in enumerate(series):
         vals = [arms[m][key] for m in modes]
-        ax.bar([j + offset for j in range(len(modes))], [v[0] for v in vals], width=0.36,
-               yerr=[[v[0] - v[1] for v in vals], [v[2] - v[0] for v in vals]], capsize=3,
-               label=key.replace("_at_", "@").replace("k", str(next(iter(arms.values()))["k"])))
+        offset = (i - (len(series) - 1) / 2) * width
+        ax.bar([j + offset for j in range(len(modes))], [v[0] for v in vals], width=width,
+               yerr=[[v[0] - v[1] for v in vals], [v[2] - v[0] for v in vals]], capsize=3, label=label)
     ax.set_xticks(range(len(modes)), modes, fontsize=8)
     ax.set_ylabel("test pass rate (%)")
     ax.set_title("sealed test split (95% bootstrap CI)")

@@ -98,6 +98,7 @@ def figure(summary: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     steps = range(1, summary["steps"] + 1)
@@ -114,6 +115,7 @@ def figure(summary: dict, path: Path) -> None:
     axes[2].set_title("policy")
     for ax in axes[:3]:
         ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
     bars = [summary["before"], summary["after"]]
     axes[3].bar([0, 1], [b[0] for b in bars], yerr=[[b[0] - b[1] for b in bars], [b[2] - b[0] for b in bars]],

@@ -172,7 +172,8 @@ def compose_config(args: argparse.Namespace, out: Path, harness: Path) -> Any:
     completions = args.prompts * args.generations
     overrides = [
         f"model={args.model}", "model.lora=true", "env=reasoning_easy", f"harness.start='{harness}'",
-        "trainer=grpo_lora", "trainer.beta=0.0", "trainer.steps_per_round=1", "mode=model_only",
+        "trainer=grpo_lora", "trainer.beta=0.0", "trainer.steps_per_round=1", "trainer.step_traces=null",
+        "mode=model_only",
         f"rounds={args.steps}", f"batch_tasks={args.prompts}", f"rollout.attempts={args.generations}",
         f"rollout.temperature={args.temperature}", f"rollout.max_new_tokens={args.max_new_tokens}",
         f"rollout.max_steps={args.max_steps}", f"rollout.keep_truncated={str(args.keep_truncated).lower()}",

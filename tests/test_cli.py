@@ -107,7 +107,7 @@ def test_evolve_with_a_scripted_policy_writes_rounds_harnesses_and_summary(tmp_p
     out = tmp_path / "evo"
     result = runner.invoke(app, ["evolve", "--env", "arithmetic", "--model", "scripted", "--rounds", "2",
                                  "--batch-tasks", "4", "--k", "2", "--val-limit", "4", "--test-limit", "3",
-                                 "--out", str(out)])
+                                 "--max-new-tokens", "96", "--out", str(out)])
     assert result.exit_code == 0, result.output
     # a train.py run directory of mode=harness_only: the same round, records and report
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]

@@ -25,7 +25,7 @@ def full() -> str:
 def test_show_is_yaml_of_the_composed_defaults(full: str) -> None:
     values, _ = compose_defaults()
     assert yaml.safe_load(full) == values
-    assert "  lr: 5.0e-05  # learning rate (AdamW)\n" in full  # grpo_lora's value, the schema's help
+    assert "  lr: 0.0005  # learning rate (AdamW)\n" in full  # grpo_lora's value, the schema's help
     assert "trainer:  # configs/trainer/grpo_lora.yaml\n" in full
 
 

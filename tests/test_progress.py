@@ -5,19 +5,50 @@ import io
 import pytest
 from rich.console import Console
 
+from coevo.report import progress as progress_module
 from coevo.report.progress import RichProgress
 
 
-def test_a_log_file_gets_a_line_at_the_start_each_quarter_and_the_end():
+class Clock:
+    """``time.perf_counter`` stand-in: ``now`` seconds, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_log_file_gets_a_line_at_the_start_each_quarter_and_the_end_with_the_time_left(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(progress_module.time, "perf_counter", clock)
     out = io.StringIO()
     progress = RichProgress(Console(file=out, force_terminal=False, width=200))
     with progress.task("arithmetic/test episodes", 8) as advance:
         for _ in range(8):
+            clock.now += 10.0  # 10 s a unit: at 2/8, 60 s are left
             advance()
     lines = out.getvalue().splitlines()
     assert lines[0] == "arithmetic/test episodes: started, 8 to do"
-    assert [line.split(": ")[1].split(" after")[0] for line in lines[1:-1]] == ["2/8 (25%)", "4/8 (50%)", "6/8 (75%)"]
-    assert lines[-1].startswith("arithmetic/test episodes: done, 8/8 in ") and lines[-1].endswith(" s")
+    assert lines[1:-1] == ["arithmetic/test episodes: 2/8 (25%) after 20 s, ~60 s left",
+                           "arithmetic/test episodes: 4/8 (50%) after 40 s, ~40 s left",
+                           "arithmetic/test episodes: 6/8 (75%) after 60 s, ~20 s left"]
+    assert lines[-1] == "arithmetic/test episodes: done, 8/8 in 80.0 s"
+
+
+def test_quarter_lines_are_skipped_when_the_last_line_is_recent(monkeypatch):
+    """A task that moves fast (a Critic stage of a few seconds) says when it starts and ends, not
+    five lines in three seconds; a slow one keeps its quarters."""
+    clock = Clock()
+    monkeypatch.setattr(progress_module.time, "perf_counter", clock)
+    out = io.StringIO()
+    progress = RichProgress(Console(file=out, force_terminal=False, width=200), min_interval_s=5.0)
+    with progress.task("critic", 4) as advance:
+        for seconds in (1.0, 1.0, 6.0, 1.0):  # 25% at 1 s (too soon), 50% at 2 s (too soon), 75% at 8 s
+            clock.now += seconds
+            advance()
+    lines = out.getvalue().splitlines()
+    assert lines == ["critic: started, 4 to do", "critic: 3/4 (75%) after 8 s, ~3 s left", "critic: done, 4/4 in 9.0 s"]
 
 
 def test_a_failed_task_says_where_it_stopped_and_every_zero_logs_only_start_and_end():

@@ -78,7 +78,7 @@ VARIANTS = {0: {"base": H1}, 1: {"base": H1, "v1": H2}, 2: {"base": H1, "v1": H2
 LINEAGE = [
     {"id": H0, "parent_id": None, "round": -1, "variant": "base", "how": "start", "edits": [], "hypothesis": ""},
     {"id": H1, "parent_id": H0, "round": 0, "variant": "base", "how": "shipped",
-     "edits": ["insert few_shot (few_shot)"], "hypothesis": "fix seesaw round 0"},
+     "edits": ["insert few_shot"], "hypothesis": "fix seesaw round 0"},
     {"id": H2, "parent_id": H1, "round": 1, "variant": "v1", "how": "spawned",
      "edits": ["insert calc_hint (few_shot)"], "hypothesis": "fix seesaw round 1"},
     {"id": H4, "parent_id": H1, "round": 3, "variant": "base", "how": "shipped",
@@ -318,7 +318,7 @@ def test_summary_edits_table(report_dir: Path):
                        "| round | variant | edits | gate | verdict | fail→pass | pass→fail | reason |")
     expected = [(r, s, v) for r in sorted(PLAN) for s, v in PLAN[r]]
     assert len(rows) == len(expected) == 7
-    assert rows[0] == "| 0 | base | insert few_shot (few_shot) | seesaw | shipped | 1 | 0 | improves |"
+    assert rows[0] == "| 0 | base | insert few_shot | seesaw | shipped | 1 | 0 | improves |"
     assert rows[1] == "| 0 | base | set_param step_budget.max_steps | seesaw | rejected | 1 | 2 | t5 broke |"
     assert rows[2].startswith("| 1 | base | insert calc_hint (few_shot) | seesaw | spawned | 1 | 1 |")
     quality = rows[3]
@@ -506,7 +506,7 @@ def test_real_verdict_dicts_validate_and_describe_like_edit():
     rec = fabricate_records()[0]
     rec["evolve"]["verdicts"] = [json.loads(json.dumps(verdict.to_dict()))]
     record = RoundRecord.from_dict(rec)
-    assert record.verdicts[0].describe_edits() == "insert few_shot (few_shot); set_param step_budget.max_steps"
+    assert record.verdicts[0].describe_edits() == "insert few_shot; set_param step_budget.max_steps"
     assert record.verdicts[0].edits == edits
     assert record.edit_counts() == {"shipped": 1, "spawned": 0, "rejected": 0, "undecided": 0}
     assert record.to_dict()["evolve"]["verdicts"] == [verdict.to_dict()]  # nothing added or lost

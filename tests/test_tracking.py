@@ -128,11 +128,11 @@ EXPECTED_FLAT = {
 }
 
 EXPECTED_ROWS = [
-    {"round": 1, "variant": "base", "edits": "insert few_shot (few_shot); set_param sampling.temperature",
+    {"round": 1, "variant": "base", "edits": "insert few_shot; set_param sampling.temperature",
      "gate": "seesaw", "ship": True, "fail_to_pass": 2, "pass_to_fail": 0, "reason": "no regressions"},
-    {"round": 1, "variant": "base", "edits": "insert few_shot (few_shot); set_param sampling.temperature",
+    {"round": 1, "variant": "base", "edits": "insert few_shot; set_param sampling.temperature",
      "gate": "seesaw", "ship": False, "fail_to_pass": 1, "pass_to_fail": 1, "reason": "t3 regressed"},
-    {"round": 1, "variant": "v1", "edits": "insert few_shot (few_shot); set_param sampling.temperature",
+    {"round": 1, "variant": "v1", "edits": "insert few_shot; set_param sampling.temperature",
      "gate": "quality", "ship": False, "fail_to_pass": 0, "pass_to_fail": 0, "reason": "leaks the answer"},
 ]
 

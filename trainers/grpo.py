@@ -458,8 +458,13 @@ def _temperature(items: Sequence[TrainSequence | PackedSequence], batch: Any) ->
 def apply_lora(model: Any, *, r: int = ModelConfig.lora_r, alpha: int = ModelConfig.lora_alpha,
                dropout: float = ModelConfig.lora_dropout,
                target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> Any:
-    """Wrap ``model`` with a LoRA adapter (PEFT); only the adapter is trainable."""
+    """Wrap ``model`` with a LoRA adapter (PEFT); only the adapter is trainable. PEFT reads a
+    property transformers 5 deprecates; its FutureWarning says nothing a user can act on."""
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
-                                            target_modules=list(target_modules), task_type="CAUSAL_LM"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
+                                                target_modules=list(target_modules), task_type="CAUSAL_LM"))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from coevo.agent.rollouts import RolloutService
 from coevo.agent.trace import Trace
@@ -42,9 +44,11 @@ def evaluate(
     *,
     attempts: int = 1,
     limit: int | None = None,
+    on_trace: Callable[[Trace], None] | None = None,
 ) -> tuple[EvalReport, list[Trace]]:
     """Run every task of ``split`` (the first ``limit``) ``attempts`` times on ``harness``, through
-    ``rollouts`` (its policy, env, batching, step limit and progress display).
+    ``rollouts`` (its policy, env, batching, step limit and progress display); ``on_trace`` gets each
+    trace as its episode ends (``TraceLog.append`` keeps them on disk as they come).
 
     ``limit`` is passed on to the env when its ``tasks`` takes a ``limit`` keyword
     (``tasks(split, limit=None)``), so an env whose tasks are expensive to list (a benchmark that
@@ -57,7 +61,8 @@ def evaluate(
     if not tasks:
         raise ValueError(f"env {env.name!r} has no tasks in split {split!r}")
     start = time.perf_counter()
-    done = rollouts.run(harness, tasks, attempts=attempts, phase=None, label=f"{env.name}/{split} episodes")
+    done = rollouts.run(harness, tasks, attempts=attempts, phase=None, label=f"{env.name}/{split} episodes",
+                        on_trace=on_trace)
     traces, outcomes = done.traces, done.outcomes()
     p1, pk = done.pass_at_1, done.pass_at_k
     report = EvalReport(
@@ -77,6 +82,24 @@ def evaluate(
         outcomes=outcomes,
     )
     return report, traces
+
+
+class TraceLog:
+    """``traces.jsonl`` appended (redacted, flushed) as episodes end, so an evaluation that is
+    stopped keeps every episode it finished; ``write_eval`` rewrites it in task order at the end."""
+
+    def __init__(self, path: Path, tokenizer: Any | None = None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.tokenizer, self.secrets = path, tokenizer, secret_env_values()
+        self.lock = threading.Lock()
+        path.write_text("")
+
+    def append(self, trace: Trace) -> None:
+        if self.secrets:
+            trace = redact_trace(trace, self.tokenizer, self.secrets)
+        line = json.dumps(trace.to_dict()) + "\n"
+        with self.lock, open(self.path, "a") as f:
+            f.write(line)
 
 
 def first_tasks(env: Any, split: str, limit: int | None) -> list:

@@ -52,7 +52,12 @@ def _results(messages: list[Message]) -> list[str]:
 class GoldPolicy(ScriptedPolicy):
     """Replays ``tasks``' gold actions (see the module docstring). ``answer(task)``: the final
     answer once the calls are made (default: ``done``; an env whose verifier checks an answer
-    offers ``gold_answer``); ``owner``: play a lead that delegates by entity."""
+    offers ``gold_answer``); ``owner``: play a lead that delegates by entity.
+
+    Its replies are never cut at the completion budget: a gold replay checks the env and the
+    harness's plumbing, and a reference call cut at 192 bytes would fail as the env's own error."""
+
+    cut_at_budget = False
 
     def __init__(self, tasks: Iterable[Task], *, answer: Callable[[Task], str] | None = None,
                  owner: Mapping[str, str] | None = None, model_version: str = "gold") -> None:

@@ -77,6 +77,10 @@ class ScriptedPolicy:
     be malformed, as with a real model forced into a turn it would not have written.
     """
 
+    cut_at_budget = True
+    """Whether a reply longer than ``max_new_tokens`` is cut (a replay of reference actions is not:
+    ``coevo.agent.gold.GoldPolicy``)."""
+
     def __init__(self, respond: Callable[[list[Message]], str], model_version: str = "scripted") -> None:
         self.respond = respond
         self.model_version = model_version
@@ -101,7 +105,7 @@ class ScriptedPolicy:
             if stop and stop in text:
                 text = text[: text.index(stop)]
         ids = byte_ids(text)
-        if len(ids) > request.sampling.max_new_tokens:
+        if self.cut_at_budget and len(ids) > request.sampling.max_new_tokens:
             self.cuts += 1
             if self.cuts == 1:
                 log.warning(

@@ -112,18 +112,25 @@ class RolloutService:
 
     def run(self, harness: Harness | Sequence[Harness], tasks: Sequence[Task], *, attempts: int,
             phase: str | None, round: int = 0, variant: str | Sequence[str] = "base", label: str = "episodes",
-            trace_id: Callable[[Task, int], str] | None = None) -> Rollout:
+            trace_id: Callable[[Task, int], str] | None = None,
+            on_trace: Callable[[Trace], None] | None = None) -> Rollout:
         """``attempts`` episodes of every task on ``harness`` (one, or one per task with ``variant``
         parallel to it); the policy reseeded for (``round``, ``phase``) first unless ``phase`` is None.
-        ``label`` names the progress bar; ``trace_id(task, attempt)`` each trace."""
+        ``label`` names the progress bar; ``trace_id(task, attempt)`` each trace; ``on_trace`` gets
+        each trace as its episode ends (from the worker threads)."""
         if phase is not None:
             self.reseed(round, phase)
         bar = self.progress.task(label, len(tasks) * attempts) if self.progress is not None else nullcontext(None)
         with bar as advance:
+            def finished(trace: Trace) -> None:
+                if on_trace is not None:
+                    on_trace(trace)
+                if advance is not None:
+                    advance()
+
             groups = run_attempts(tasks, harness, self.policy, self.env, attempts=attempts, variant=variant,
                                   trace_id=trace_id, batch_size=self.batch_size, workers=self.workers,
-                                  max_steps=self.max_steps, on_trace=(lambda _t: advance()) if advance else None,
-                                  **self.timeouts)
+                                  max_steps=self.max_steps, on_trace=finished, **self.timeouts)
         return Rollout([t for group in groups for t in group], [t.task_id for t in tasks], attempts)
 
     def begin_critic(self, round: int) -> None:

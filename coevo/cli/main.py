@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -15,6 +17,7 @@ from rich.table import Table
 
 from coevo.cli.harness import evolved_on, harness_app, load_harness
 from coevo.config.schema import RolloutConfig
+from coevo.errors import USAGE_EXIT, debugging, one_line, reported_as_one_line
 from coevo.harness import Harness
 from coevo.harness.defaults import with_step_cap
 
@@ -125,9 +128,10 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
     """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
-    from coevo.agent.evaluate import evaluate, write_eval
+    from coevo.agent.evaluate import TraceLog, evaluate, first_tasks, write_eval
     from coevo.agent.rollouts import RolloutService
     from coevo.envs.base import SPLITS
+    from coevo.loop.config_check import check_context_window
     from coevo.report.progress import RichProgress
     from coevo.safety.secrets import start_redaction
 
@@ -147,14 +151,20 @@ def eval_cmd(
     try:
         with console.status(f"loading model {model}"):
             policy = build_policy(model, backend, device, adapter, env_name, seed, env=env)
+        first = first_tasks(env, split, 1)
+        prompt_size = check_context_window(policy, h, env, first[0], max_steps, field="--max-new-tokens") if first else None
+        if prompt_size is not None:
+            console.print(prompt_size, soft_wrap=True)
         rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps,
                                   workers=RolloutConfig.workers, seed=seed, progress=RichProgress(console))
-        report, traces = evaluate(h, rollouts, split, attempts=attempts, limit=limit)
+        out = out or Path("runs") / time.strftime(f"eval-{env.name}-%Y%m%d-%H%M%S")
+        log = TraceLog(out / "traces.jsonl", tokenizer=getattr(policy, "tokenizer", None))
+        console.print(f"traces: {log.path} (appended as episodes end)", soft_wrap=True)
+        report, traces = evaluate(h, rollouts, split, attempts=attempts, limit=limit, on_trace=log.append)
     finally:
         close = getattr(env, "close", None)
         if close is not None:
             close()
-    out = out or Path("runs") / time.strftime(f"eval-{env.name}-%Y%m%d-%H%M%S")
     write_eval(out, h, report, traces, tokenizer=getattr(policy, "tokenizer", None))
     table = Table(title=f"{env_name} / {split} — harness {h.name} ({h.id}), policy {report.model_version}")
     columns = {"tasks": str(report.n_tasks), "attempts": str(attempts), "pass@1": f"{report.pass_at_1:.3f}"}
@@ -212,7 +222,6 @@ def evolve_cmd(
     from coevo.loop.build import run
     from coevo.report.data import load_run
     from coevo.report.evolve_summary import evolve_markdown, evolve_summary
-    from coevo.rundir.records import StartRecord
 
     options = {"model.name": model, "rollout.backend": backend, "model.device": device, "harness.start": harness,
                "meta_agent.backend": meta, "meta_agent.url": meta_url, "meta_agent.model": meta_model,
@@ -242,8 +251,8 @@ def evolve_cmd(
         run_dir = run(cfg)
     except ValueError as err:  # a config value no component accepts: the message names the field
         raise typer.BadParameter(str(err)) from None
-    start = StartRecord.from_dict(json.loads((run_dir / "start.json").read_text()), str(run_dir / "start.json"))
-    summary = evolve_summary(load_run(run_dir), start, k, cfg.env.name)
+    finished = load_run(run_dir)
+    summary = evolve_summary(finished, finished.start, k, cfg.env.name)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     (run_dir / "summary.md").write_text(evolve_markdown(summary))
     for name, row in summary["splits"].items():
@@ -386,8 +395,36 @@ def damaged(err: Exception) -> None:
     raise typer.Exit(1)
 
 
-def main() -> None:
-    app()
+@app.callback()
+def options(debug: bool = typer.Option(False, "--debug", help="show the stack trace of an error instead of its "
+                                      "one-line message (the same as HYDRA_FULL_ERROR=1)")) -> None:
+    if debug:
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the command line. An error the user can fix (a bad option or config value, a missing
+    dependency, an unreadable run directory) is one line, ``error: ...``, on stderr with exit
+    status 2 (1 for a run directory that cannot be used as it is), never a stack trace or a help
+    panel; ``--debug`` shows the trace. Without arguments: the help."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        app(["--help"], prog_name="coevo")
+        return
+    with reported_as_one_line():
+        try:
+            status = app(argv, prog_name="coevo", standalone_mode=False)
+        except typer.TyperException as err:  # option parsing and typer.BadParameter (click's exceptions)
+            if debugging():
+                raise
+            command = getattr(getattr(err, "ctx", None), "command_path", "coevo")
+            message = err.format_message() if hasattr(err, "format_message") else str(err)
+            print(f"{one_line(message)} (see {command} --help)", file=sys.stderr, flush=True)
+            raise SystemExit(getattr(err, "exit_code", USAGE_EXIT)) from None
+        except typer.Abort:
+            raise SystemExit(130) from None
+    if isinstance(status, int) and status:  # typer.Exit(code) returns its code without standalone mode
+        raise SystemExit(status)
 
 
 if __name__ == "__main__":

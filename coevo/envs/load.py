@@ -11,6 +11,7 @@ import inspect
 from typing import Any, Callable
 
 from coevo.config.imports import import_object
+from coevo.errors import UsageError
 from coevo.harness.events import Message
 
 
@@ -28,11 +29,11 @@ def env_class(name: str) -> Callable[..., Any]:
     if name in ENVS:
         return ENVS[name]
     if ":" not in name:
-        raise ValueError(f"unknown env {name!r}; use {allowed_forms()}")
+        raise UsageError(f"unknown env {name!r}; use {allowed_forms()}")
     cls = import_object(name, "env")
     missing = [m for m in ("tasks", "reset") if not callable(getattr(cls, m, None))]
     if missing or not callable(cls):
-        raise ValueError(f"env {name!r} is not an environment class: it lacks {missing or ['a constructor']} "
+        raise UsageError(f"env {name!r} is not an environment class: it lacks {missing or ['a constructor']} "
                          "(see the Env protocol in coevo/envs/base.py)")
     return cls
 
@@ -48,7 +49,7 @@ def check_env_args(name: str, args: dict[str, Any] | None) -> None:
     try:
         signature.bind(**(args or {}))
     except TypeError as err:
-        raise ValueError(f"env {name!r} does not take the arguments {dict(args or {})}: {err}; "
+        raise UsageError(f"env {name!r} does not take the arguments {dict(args or {})}: {err}; "
                          f"its constructor is {cls.__name__}{signature}") from None
 
 

@@ -46,5 +46,5 @@ class Edit:
     def describe(self) -> str:
         if self.op == "set_param":
             return f"set_param {self.processor}.{self.param}"
-        kind = (self.spec or {}).get("kind", "")
-        return f"{self.op} {self.processor}" + (f" ({kind})" if kind else "")
+        kind = (self.spec or {}).get("kind", "")  # named only when the processor's name does not say it
+        return f"{self.op} {self.processor}" + (f" ({kind})" if kind and kind != self.processor else "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from coevo.config.schema import EvolutionConfig, TrainConfig
+from coevo.errors import UsageError
 from coevo.loop.config_check import (
     SCRIPTED_MODELS,
     check,
@@ -63,13 +65,13 @@ def check_resumable(run_dir: Path, cfg: TrainConfig) -> dict[str, Any]:
     path = run_dir / "config.yaml"
     done = completed_rounds(run_dir)
     if cfg.rounds < done:
-        raise ValueError(f"config rounds={cfg.rounds} must be >= {done}: {run_dir} already completed {done} rounds; "
+        raise UsageError(f"config rounds={cfg.rounds} must be >= {done}: {run_dir} already completed {done} rounds; "
                          "resume it with rounds >= that, or choose another name= / run_dir=")
     if path.is_file():
         saved = with_new_fields(yaml.safe_load(path.read_text()))
         changed = sorted(k for k in set(saved) | set(data) if saved.get(k) != data.get(k) and k not in RESUMABLE_CHANGES)
         if changed:
-            raise ValueError(f"{run_dir} holds a run with a different config (keys {changed}); resume it with the same "
+            raise UsageError(f"{run_dir} holds a run with a different config (keys {changed}); resume it with the same "
                              "config, or choose another name= / run_dir=")
     return data
 
@@ -113,6 +115,8 @@ def run(cfg: Any) -> Path:
     install_log_redaction()
     remember_secrets()  # a variable unset during the run is still redacted from what it writes
     device = device_of(cfg.model.device)
+    if device == "cpu":  # DeepSpeed (where installed) is told, not left to detect it and warn on every run
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
     # what the launch asked for (DeepSpeed, FSDP, N processes) or a one-line ValueError, never another strategy
     accelerator, sharding, reshard = launch_accelerator(device, mixed)
@@ -161,7 +165,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
     try:
         pool, train = split_reference_pool(env.tasks("train"), cfg.evolution.reference_pool, cfg.seed)
     except ValueError as err:
-        raise ValueError(f"config evolution.reference_pool={cfg.evolution.reference_pool}: {err}") from None
+        raise UsageError(f"config evolution.reference_pool={cfg.evolution.reference_pool}: {err}") from None
     check_train_split(cfg, len(train))
     start = start_harness(cfg)
     env_tools = session_tools(env, train[0])
@@ -180,7 +184,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
             model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype,
                                     seed=cfg.model.init_seed)
         except ValueError as err:  # the loader names the allowed values; the field is named here
-            raise ValueError(f"config model.name={cfg.model.name!r}: {err}") from err
+            raise UsageError(f"config model.name={cfg.model.name!r}: {err}") from err
     if trains and cfg.model.lora:
         model = apply_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha, dropout=cfg.model.lora_dropout)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
@@ -202,12 +206,14 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
         try:
             policy, sync = scripted_policy(cfg.model.name, env, cfg.env.name), None
         except ValueError as err:
-            raise ValueError(f"config model.name={cfg.model.name!r}: {err}") from None
-    check_context_window(policy, start, env, train[0], cfg.rollout.max_steps)
+            raise UsageError(f"config model.name={cfg.model.name!r}: {err}") from None
+    prompt_size = check_context_window(policy, start, env, train[0], cfg.rollout.max_steps)
     if is_main:  # config and model are valid: the run directory's first file
         write_config(run_dir, cfg)
 
     progress = RichProgress() if is_main else NullProgress()
+    if prompt_size is not None:
+        progress.message(prompt_size)
     tasks = {t.task_id: t for t in train}
     evolves = cfg.mode in ("coevolve", "harness_only")
     references = {}
@@ -245,7 +251,9 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
         sync_weights=sync, release_rollout=getattr(policy, "release", None),  # a vLLM engine's sleep mode
         tokenizer=tok, critic_traces=critic_traces, sampler_logprobs=cfg.buffer.sampler_logprobs,
         signal_groups=cfg.rollout.signal_groups, max_extra_tasks=cfg.rollout.max_extra_tasks,
-        evolve_rounds=lambda r: r < e.early_rounds or (r - e.early_rounds + 1) % e.every == 0,
+        evolve_rounds=lambda r: r < e.early_rounds or (e.every > 0 and (r - e.early_rounds + 1) % e.every == 0),
+        critic_episodes=(e.stat_budget if e.gate == "stat" else cfg.batch_tasks * e.critic_attempts)
+        * e.max_proposals * e.max_variants,  # at most, for the time estimate
     )
     try:
         loop.run()
@@ -254,10 +262,13 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
             buffer.close()
         tracker.finish()
     if is_main:
+        from coevo.report.result import result_lines, run_result
         from coevo.report.summary import write_report
 
         out = write_report(run_dir)
-        progress.message(f"report: {out / 'summary.md'}")
+        progress.message(f"report: {out / 'summary.md'} (figure: {out / 'result.png'})")
+        for line in result_lines(run_result(loop.state.records, loop.state.start)):  # the run's last lines: its result
+            progress.message(line)
         unlock_run_dir(run_dir)
     accelerator.wait_for_everyone()
     return run_dir
@@ -286,18 +297,18 @@ def start_harness(cfg: TrainConfig) -> Any:
             h = Harness.load(spec)
         except ValueError as err:  # a processor names its parameter and what it allows; the field is named here
             # Harness.load names the file; here the field names it
-            raise ValueError(f"config harness.start={spec!r}: {str(err).removeprefix(f'{spec}: ')}") from err
+            raise UsageError(f"config harness.start={spec!r}: {str(err).removeprefix(f'{spec}: ')}") from err
     else:
-        raise ValueError(f"config harness.start={spec!r} is neither a built-in harness {sorted(BUILTIN_HARNESSES)} "
+        raise UsageError(f"config harness.start={spec!r} is neither a built-in harness {sorted(BUILTIN_HARNESSES)} "
                          "nor a harness YAML file")
     if "sampling" not in h:
-        raise ValueError(f"harness {spec!r} has no 'sampling' processor to take rollout.temperature/max_new_tokens")
+        raise UsageError(f"harness {spec!r} has no 'sampling' processor to take rollout.temperature/max_new_tokens")
     h = h.set_param("sampling", "temperature", float(cfg.rollout.temperature))
     h = h.set_param("sampling", "max_new_tokens", int(cfg.rollout.max_new_tokens))
     h = with_step_cap(h, cfg.rollout.max_steps)  # the harness's step budget never ends episodes sooner
     if cfg.rollout.keep_truncated:
         if "token_annotation" not in h:
-            raise ValueError(f"rollout.keep_truncated=true needs a 'token_annotation' processor in harness {spec!r}")
+            raise UsageError(f"rollout.keep_truncated=true needs a 'token_annotation' processor in harness {spec!r}")
         h = h.set_param("token_annotation", "exclude_truncated", False)
     return h
 
@@ -332,7 +343,7 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any, *, generates: bool = Tr
 
     path = str(converted_dir()) if cfg.model.name == "smollm2" else cfg.model.name
     if cfg.rollout.vllm_mode not in ("colocate", "server"):
-        raise ValueError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose one of ['colocate', 'server']")
+        raise UsageError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose one of ['colocate', 'server']")
     if not generates:
         engine = IdleEngine()
     elif cfg.rollout.vllm_mode == "colocate":
@@ -342,7 +353,7 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any, *, generates: bool = Tr
                                  gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
     elif cfg.rollout.vllm_mode == "server":
         if cfg.rollout.vllm_sleep_level is not None:
-            raise ValueError("rollout.vllm_sleep_level applies to the colocated engine; a vllm-serve server holds "
+            raise UsageError("rollout.vllm_sleep_level applies to the colocated engine; a vllm-serve server holds "
                              "its own GPUs (set it to null with rollout.vllm_mode=server)")
         engine = ServerEngine(cfg.rollout.vllm_server_url, sync_dir=Path(cfg.run_dir) / "vllm_sync")
     policy = VLLMPolicy(engine, tok, model_version="0")
@@ -366,7 +377,7 @@ def scripted_policy(name: str, env: Any, env_name: str, *, delegate: bool = Fals
                           owner=getattr(env, "tool_owners", None) if delegate else None, model_version=f"gold-{env.name}")
     solver = scripted_solver(env_name)
     if solver is None:
-        raise ValueError(f"env {env_name!r} has no scripted solver; use a model")
+        raise UsageError(f"env {env_name!r} has no scripted solver; use a model")
     return ScriptedPolicy(solver, model_version=f"scripted-{env.name}")
 
 

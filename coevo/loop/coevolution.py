@@ -53,6 +53,7 @@ from coevo.loop.round_grpo import (
 )
 from coevo.loop.round_plan import batches_per_epoch, extra_pools, round_batches
 from coevo.loop.round_record import round_record
+from coevo.report.eta import RunShape, start_line, time_left_line
 from coevo.report.tracking import edit_rows
 from coevo.rundir import checkpoint
 from coevo.rundir.check import buffer_next_seq, verify_run
@@ -116,6 +117,7 @@ class Coevolution:
         sampler_logprobs: bool = False,
         signal_groups: int | None = None,
         max_extra_tasks: int = 0,
+        critic_episodes: int = 0,
     ) -> None:
         trains = mode in ("coevolve", "model_only")
         if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
@@ -143,6 +145,11 @@ class Coevolution:
         self.evolve_rounds = evolve_rounds or (lambda r: True)
         self.sampler_logprobs = sampler_logprobs  # behaviour log-probs from the sampler (buffer.sampler_logprobs)
         self.state = LoopState()
+        self.shape = RunShape(  # what the time estimates price (coevo.report.eta)
+            first=self.first, end=self.end, rollout_episodes=batch_tasks * attempts,
+            critic_episodes=critic_episodes if self.evolves else 0, evolves=self.evolve_rounds,
+            grpo_steps=steps_per_round if trains else 0, step_traces=step_traces or batch_tasks * attempts,
+            eval_episodes=(len(self.val_tasks) + len(self.test_tasks)) * eval_attempts)
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
@@ -201,8 +208,11 @@ class Coevolution:
             self._lineage(self.aegis.start_events(round=self.first - 1))
             if self.is_main:
                 self.state.start = self.evaluate_start()
+                if self.shape.eval_episodes:
+                    self.progress.message(start_line(self.shape, self.state.start.seconds / self.shape.eval_episodes))
         for r in range(start, self.end):
-            self.run_round(r)
+            if self.run_round(r) is not None and r + 1 < self.end:
+                self.progress.message(time_left_line(self.state.records, self.shape, self.state.start))
         return self.state.records
 
     def run_round(self, r: int) -> RoundRecord | None:

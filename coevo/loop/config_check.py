@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from coevo.config.schema import MODES, EvolutionConfig, TrainConfig
+from coevo.errors import UsageError
 
 SCRIPTED_MODELS = ("scripted", "gold")
 """``model.name`` values that run without weights (``coevo.loop.build.scripted_policy``)."""
@@ -65,24 +66,24 @@ def check(cfg: TrainConfig) -> None:
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             removed = REMOVED_AGGREGATIONS.get(value) if key == "trainer.aggregation" else None
-            raise ValueError(f"config {key}={value!r} is not allowed; choose one of {list(allowed)}"
+            raise UsageError(f"config {key}={value!r} is not allowed; choose one of {list(allowed)}"
                              + (f" ({removed})" if removed else ""))
     if cfg.meta_agent.backend not in BACKENDS:
         if ":" not in cfg.meta_agent.backend:
-            raise ValueError(f"config meta_agent.backend={cfg.meta_agent.backend!r} is not allowed; choose one of "
+            raise UsageError(f"config meta_agent.backend={cfg.meta_agent.backend!r} is not allowed; choose one of "
                              f"{list(BACKENDS)} or the import path 'package.module:factory' of your own")
         try:
             meta_agent_factory(cfg.meta_agent.backend)
         except ValueError as err:
-            raise ValueError(f"config meta_agent.backend: {err}") from None
+            raise UsageError(f"config meta_agent.backend: {err}") from None
     try:
         env_class(cfg.env.name)
     except ValueError as err:
-        raise ValueError(f"config env.name={cfg.env.name!r}: {err}") from None
+        raise UsageError(f"config env.name={cfg.env.name!r}: {err}") from None
     try:
         check_env_args(cfg.env.name, cfg.env.args)
     except ValueError as err:
-        raise ValueError(f"config env.args: {err}") from None
+        raise UsageError(f"config env.args: {err}") from None
     e, t = cfg.evolution, cfg.trainer
     positive = {"rounds": cfg.rounds, "batch_tasks": cfg.batch_tasks, "rollout.attempts": cfg.rollout.attempts,
                 "eval_attempts": cfg.eval_attempts, "evolution.critic_attempts": e.critic_attempts,
@@ -92,18 +93,18 @@ def check(cfg: TrainConfig) -> None:
                 "trainer.micro_batch_size": t.micro_batch_size, "trainer.micro_batch_tokens": t.micro_batch_tokens,
                 "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size, "model.lora_r": cfg.model.lora_r,
                 "evolution.max_variants": e.max_variants, "evolution.patience_rounds": e.patience_rounds,
-                "evolution.every": e.every, "rollout.signal_groups": cfg.rollout.signal_groups}
+                "rollout.signal_groups": cfg.rollout.signal_groups}
     non_negative = {"evolution.reference_pool": e.reference_pool, "evolution.max_proposals": e.max_proposals,
                     "evolution.max_revisions": e.max_revisions, "evolution.recent_batches": e.recent_batches,
                     "meta_agent.max_retries": cfg.meta_agent.max_retries,
                     "meta_agent.request_retries": cfg.meta_agent.request_retries,
                     "trainer.warmup_steps": t.warmup_steps, "rollout.max_extra_tasks": cfg.rollout.max_extra_tasks,
                     "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit,
-                    "evolution.early_rounds": e.early_rounds}
+                    "evolution.early_rounds": e.early_rounds, "evolution.every": e.every}
     for low, values in ((1, positive), (0, non_negative)):
         for key, value in values.items():
             if value is not None and value < low:  # None: the schema's "all" (val_limit, test_limit)
-                raise ValueError(f"config {key}={value} must be >= {low}")
+                raise UsageError(f"config {key}={value} must be >= {low}")
     check_stat_gate(e)
     inf, above = float("inf"), 1e-9  # ``above`` turns a closed lower bound into "> low"
     ranges = {  # field: (value, low, high, the allowed range in words); None (where the schema allows it) is off
@@ -132,41 +133,41 @@ def check(cfg: TrainConfig) -> None:
     }
     for key, (value, low, high, allowed) in ranges.items():
         if value is not None and not low <= value <= high:
-            raise ValueError(f"config {key}={value} is not allowed; it must be {allowed}")
+            raise UsageError(f"config {key}={value} is not allowed; it must be {allowed}")
     urls = {"meta_agent.url": cfg.meta_agent.url if cfg.meta_agent.backend == "openai" else None,
             "rollout.vllm_server_url": cfg.rollout.vllm_server_url
             if cfg.rollout.backend == "vllm" and cfg.rollout.vllm_mode == "server" else None}
     for key, url in urls.items():
         if url is not None and not url.startswith(("http://", "https://")):
-            raise ValueError(f"config {key}={url!r} is not a URL; write it as http://HOST:PORT"
+            raise UsageError(f"config {key}={url!r} is not a URL; write it as http://HOST:PORT"
                              + ("/v1" if key == "meta_agent.url" else ""))
     if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
-        raise ValueError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
+        raise UsageError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
     if cfg.buffer.sampler_logprobs and cfg.rollout.backend == "vllm":
-        raise ValueError("config buffer.sampler_logprobs=true needs rollout.backend=transformers: vLLM's probabilities "
+        raise UsageError("config buffer.sampler_logprobs=true needs rollout.backend=transformers: vLLM's probabilities "
                          "differ from the trainer's, so its log-probs are no behaviour log-probs (leave it false)")
     if cfg.trainer.sharding != "none" and cfg.rollout.backend == "vllm":
-        raise ValueError(f"config trainer.sharding={cfg.trainer.sharding} with rollout.backend=vllm is not supported: "
+        raise UsageError(f"config trainer.sharding={cfg.trainer.sharding} with rollout.backend=vllm is not supported: "
                          "the weight sync to vLLM reads whole (merged) parameters from the trainer, which "
                          f"{'FSDP2' if cfg.trainer.sharding == 'fsdp2' else 'ZeRO-3'} holds sharded; use "
                          "rollout.backend=transformers (rank 0 generates from a gathered copy) or DDP + LoRA with vLLM")
     if cfg.model.name in SCRIPTED_MODELS and cfg.mode in ("coevolve", "model_only"):
-        raise ValueError(f"config model.name={cfg.model.name!r} has no weights to train in mode={cfg.mode!r}; use "
+        raise UsageError(f"config model.name={cfg.model.name!r} has no weights to train in mode={cfg.mode!r}; use "
                          "mode=harness_only or mode=static, or name a model")
     if cfg.model.name in SCRIPTED_MODELS and cfg.rollout.backend != "transformers":
-        raise ValueError(f"config model.name={cfg.model.name!r} runs without a serving backend; leave "
+        raise UsageError(f"config model.name={cfg.model.name!r} runs without a serving backend; leave "
                          "rollout=transformers")
     if cfg.evolution.router and cfg.meta_agent.backend == "rule":
-        raise ValueError("evolution.router=true needs an LLM meta-agent (meta_agent=openai or hf); rule cannot route")
+        raise UsageError("evolution.router=true needs an LLM meta-agent (meta_agent=openai or hf); rule cannot route")
     if cfg.trainer.beta > 0 and not cfg.model.lora and cfg.mode in ("coevolve", "model_only"):
-        raise ValueError(f"config trainer.beta={cfg.trainer.beta} needs model.lora=true: the KL reference is the base "
+        raise UsageError(f"config trainer.beta={cfg.trainer.beta} needs model.lora=true: the KL reference is the base "
                          "model with the adapter disabled, and full fine-tuning has no reference model here; "
                          "set trainer.beta=0 or model.lora=true")
     attempts, capacity = cfg.rollout.attempts, cfg.buffer.capacity
     extra = cfg.rollout.max_extra_tasks if cfg.rollout.signal_groups else 0
     if cfg.mode in ("coevolve", "model_only") and capacity < (cfg.batch_tasks + extra) * attempts:
         # a round's traces must all fit in the buffer, whose capacity then bounds batch_tasks
-        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts - extra}: a round "
+        raise UsageError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts - extra}: a round "
                          f"adds (batch_tasks + rollout.max_extra_tasks={extra} with dynamic sampling) x rollout.attempts="
                          f"{attempts} = {(cfg.batch_tasks + extra) * attempts} traces, which must fit in "
                          f"buffer.capacity={capacity}; lower batch_tasks or raise buffer.capacity to >= "
@@ -177,11 +178,11 @@ def check_train_split(cfg: TrainConfig, n_train: int) -> None:
     """``batch_tasks`` against the train tasks the env holds (known only once it is built): a larger
     value would silently train on the whole split every round, not on the batches asked for."""
     if not n_train:
-        raise ValueError(f"config env.name={cfg.env.name!r} with env.args={cfg.env.args} has no train tasks")
+        raise UsageError(f"config env.name={cfg.env.name!r} with env.args={cfg.env.args} has no train tasks")
     if cfg.batch_tasks > n_train:
         pool = cfg.evolution.reference_pool
         left = f" left after evolution.reference_pool={pool}" if pool else ""
-        raise ValueError(f"config batch_tasks={cfg.batch_tasks} must be <= {n_train}, the train tasks of env "
+        raise UsageError(f"config batch_tasks={cfg.batch_tasks} must be <= {n_train}, the train tasks of env "
                          f"{cfg.env.name!r}{left}")
 
 
@@ -228,20 +229,20 @@ def check_distributed(distributed_type: Any, fsdp_version: int | None = None, *,
     from accelerate.utils import DistributedType
 
     if requested == "deepspeed" and distributed_type != DistributedType.DEEPSPEED:
-        raise ValueError(f"the launch asks for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true) but accelerate set up "
+        raise UsageError(f"the launch asks for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true) but accelerate set up "
                          f"{distributed_type}: coevo does not run another strategy in its place")
     if processes < world_size:
-        raise ValueError(f"the launch started {world_size} processes (WORLD_SIZE) but accelerate set up {processes}: "
+        raise UsageError(f"the launch started {world_size} processes (WORLD_SIZE) but accelerate set up {processes}: "
                          "coevo does not train on fewer ranks than were launched")
     if distributed_type == DistributedType.DEEPSPEED:
         if zero_stage != 3:
-            raise ValueError(f"DeepSpeed ZeRO stage {zero_stage} is not supported: coevo runs DeepSpeed at stage 3 "
+            raise UsageError(f"DeepSpeed ZeRO stage {zero_stage} is not supported: coevo runs DeepSpeed at stage 3 "
                              "(configs/accelerate/zero3.yaml); without sharding launch DDP")
         return "zero3"
     if distributed_type == DistributedType.FSDP or requested == "fsdp":
         if fsdp_version == 2:
             return "fsdp2"
-        raise ValueError(f"accelerate's FSDP version {fsdp_version} is not supported: coevo shards with FSDP2; set "
+        raise UsageError(f"accelerate's FSDP version {fsdp_version} is not supported: coevo shards with FSDP2; set "
                          "fsdp_config.fsdp_version: 2 (configs/accelerate/fsdp2.yaml)")
     return None
 
@@ -257,7 +258,7 @@ def check_triton_device(cfg: TrainConfig) -> None:
     device = device_of(cfg.model.device)
     if torch.device(device).type != "cuda" and not INTERPRETED:
         others = [impl for impl in IMPLS if impl != "triton"]
-        raise ValueError(f"config trainer.kernel=triton needs a CUDA device, and model.device={cfg.model.device!r} "
+        raise UsageError(f"config trainer.kernel=triton needs a CUDA device, and model.device={cfg.model.device!r} "
                          f"is {device} here; choose one of {others} (auto picks triton on CUDA when installed, "
                          "chunked elsewhere)")
 
@@ -265,45 +266,50 @@ def check_triton_device(cfg: TrainConfig) -> None:
 def check_stat_gate(e: EvolutionConfig) -> None:
     """The statistical gate's fields, each named in the error (the Critic checks them again)."""
     if not (0 < e.stat_alpha < 1 and 0 < e.stat_beta < 1 and e.stat_alpha + e.stat_beta < 1):
-        raise ValueError(f"config evolution.stat_alpha={e.stat_alpha} and evolution.stat_beta={e.stat_beta} must be "
+        raise UsageError(f"config evolution.stat_alpha={e.stat_alpha} and evolution.stat_beta={e.stat_beta} must be "
                          "in (0, 1) with stat_alpha + stat_beta < 1")
     if not 0.5 < e.stat_win_share < 1:
-        raise ValueError(f"config evolution.stat_win_share={e.stat_win_share} must be in (0.5, 1)")
+        raise UsageError(f"config evolution.stat_win_share={e.stat_win_share} must be in (0.5, 1)")
     if e.stat_tasks < 1:
-        raise ValueError(f"config evolution.stat_tasks={e.stat_tasks} must be >= 1")
+        raise UsageError(f"config evolution.stat_tasks={e.stat_tasks} must be >= 1")
     if e.stat_budget < 2 * e.critic_attempts:
-        raise ValueError(f"config evolution.stat_budget={e.stat_budget} must be >= 2 * evolution.critic_attempts "
+        raise UsageError(f"config evolution.stat_budget={e.stat_budget} must be >= 2 * evolution.critic_attempts "
                          f"({2 * e.critic_attempts}): one paired attempt of parent and candidate")
     if e.stat_max_episodes < e.stat_budget:
-        raise ValueError(f"config evolution.stat_max_episodes={e.stat_max_episodes} must be >= "
+        raise UsageError(f"config evolution.stat_max_episodes={e.stat_max_episodes} must be >= "
                          f"evolution.stat_budget={e.stat_budget}")
     if e.stat_confirm_attempts < 0 or (e.stat_confirm_attempts and 0.5**e.stat_confirm_attempts > e.stat_alpha):
-        raise ValueError(f"config evolution.stat_confirm_attempts={e.stat_confirm_attempts} must be 0 or enough "
+        raise UsageError(f"config evolution.stat_confirm_attempts={e.stat_confirm_attempts} must be 0 or enough "
                          f"re-runs for the sign test to reach stat_alpha={e.stat_alpha} (0.5^attempts <= stat_alpha)")
 
 
-def check_context_window(policy: Any, harness: Any, env: Any, task: Any, max_steps: int) -> None:
-    """``rollout.max_new_tokens`` plus the prompt of the first train task's first model call (under the
-    starting harness, as the first rollout renders it) against the model's context window, before any
-    rollout: past it the policy refuses every request, and each trace of the run would end as an
-    infrastructure failure. Policies without a context window (scripted, vLLM) are not checked."""
+def check_context_window(policy: Any, harness: Any, env: Any, task: Any, max_steps: int,
+                         field: str = "config rollout.max_new_tokens") -> str | None:
+    """The completion budget plus the prompt of ``task``'s first model call (under ``harness``, as the
+    first rollout renders it) against the model's context window, before any rollout: past it the
+    policy refuses every request, and each trace would end as an infrastructure failure. Returns a
+    line with the prompt's size for the user (a large tool listing shows here first); None for
+    policies without a context window (scripted, vLLM), which are not checked. ``field``: the
+    setting to name in the error (``--max-new-tokens`` on the command line)."""
     from coevo.agent.episode import EpisodeRun, Job
 
     limit = getattr(policy, "context_window", None)
     if not isinstance(limit, int) or not hasattr(policy, "prompt_ids"):
-        return
+        return None
     episode = EpisodeRun(Job(task, harness), env, "context-check", max_steps).run()
     try:
         request = next(episode)  # the first ChatRequest; no model is called
     except StopIteration:
-        return  # the episode ended before asking the model (an env or processor error the rollout will report)
+        return None  # the episode ended before asking the model (an env or processor error the rollout will report)
     finally:
         episode.close()  # closes the env session it opened
     prompt = len(policy.prompt_ids(request.messages, request.reply_prefix))
     budget = request.sampling.max_new_tokens
     if prompt + budget > limit:
-        raise ValueError(f"config rollout.max_new_tokens={budget} does not fit the model's context window: the first "
+        raise UsageError(f"{field}={budget} does not fit the model's context window: the first "
                          f"prompt (task {task.task_id!r} under the starting harness) has {prompt} tokens, "
                          f"{prompt + budget} in all, over the {limit} tokens of model.name's config "
-                         f"(max_position_embeddings); set rollout.max_new_tokens <= {max(limit - prompt, 0)}, or "
-                         "shorten the harness's prompt")
+                         f"(max_position_embeddings); set {field.removeprefix('config ')} <= {max(limit - prompt, 0)}, "
+                         "or shorten the harness's prompt (a large tool set: tool_schema_hint.compact=true)")
+    return (f"first prompt: {prompt} tokens before the first reply (task {task.task_id!r}), + {budget} completion "
+            f"tokens, of the model's {limit}-token context window")

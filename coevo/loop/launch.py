@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from coevo.errors import UsageError
 from coevo.loop.config_check import check_distributed, launch_request
 
 
@@ -34,13 +35,13 @@ def launch_accelerator(device: str, mixed_precision: str, environ: Mapping[str, 
 
         require("deepspeed", "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED=true)")
         if "LOCAL_RANK" not in environ:  # accelerate would still report DEEPSPEED, without a process group
-            raise ValueError("ACCELERATE_USE_DEEPSPEED=true without a launcher (LOCAL_RANK is unset): start DeepSpeed "
+            raise UsageError("ACCELERATE_USE_DEEPSPEED=true without a launcher (LOCAL_RANK is unset): start DeepSpeed "
                              "runs with accelerate launch --config_file configs/accelerate/zero3.yaml")
     handlers = [InitProcessGroupKwargs(backend="gloo")] if deepspeed and device == "cpu" else []
     accelerator = Accelerator(cpu=device == "cpu" and not deepspeed, mixed_precision=mixed_precision,
                               kwargs_handlers=handlers)
     if deepspeed and accelerator.device.type != device:
-        raise ValueError(f"config model.device={device} but the DeepSpeed launch runs on {accelerator.device.type} "
+        raise UsageError(f"config model.device={device} but the DeepSpeed launch runs on {accelerator.device.type} "
                          "(DeepSpeed's accelerator; DS_ACCELERATOR=cpu selects the CPU one): set model.device to match")
     fsdp = getattr(accelerator.state, "fsdp_plugin", None)  # None on CPU: accelerate sets up FSDP only on GPUs
     version = getattr(fsdp, "fsdp_version", None) or int(environ.get("FSDP_VERSION", "1") or 1)
@@ -73,7 +74,7 @@ def with_launch_sharding(cfg: Any, sharding: str | None, reshard_after_forward: 
     if asked not in ("none", sharding):
         launch = {"zero3": "a DeepSpeed ZeRO-3 launch", "fsdp2": "an FSDP2 launch", None: "a launch without DeepSpeed"}
         launch = launch[sharding]
-        raise ValueError(f"config trainer.sharding={asked} does not fit {launch}: DeepSpeed launches "
+        raise UsageError(f"config trainer.sharding={asked} does not fit {launch}: DeepSpeed launches "
                          "(configs/accelerate/zero3.yaml) set zero3 and FSDP launches fsdp2 themselves; leave "
                          "trainer.sharding=none")
     trainer = dataclasses.replace(cfg.trainer, sharding=sharding)

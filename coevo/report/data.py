@@ -9,6 +9,7 @@ AttributeError deep inside a plot.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from coevo.errors import UsageError
 from coevo.rundir.check import committed, verify_run
-from coevo.rundir.records import LineageRow, RoundRecord, read_lineage, read_rounds
+from coevo.rundir.records import LineageRow, RoundRecord, StartRecord, read_lineage, read_rounds
 
 TIME_KEYS = ("rollout", "logprobs", "digest", "plan", "critic", "grpo", "eval", "checkpoint", "other")
 """The time breakdown of a round, in the order the figure stacks it."""
@@ -34,6 +36,7 @@ class Run:
     run_dir: Path
     records: list[RoundRecord]
     lineage: list[LineageRow]
+    start: StartRecord | None = None  # start.json: the starting agent evaluated before round 0 (absent in older runs)
 
     @property
     def rounds(self) -> list[int]:
@@ -58,16 +61,19 @@ def load_run(run_dir: str | Path) -> Run:
     """
     root = Path(run_dir)
     if not root.is_dir():
-        raise ValueError(f"run directory {str(root)!r} does not exist")
+        raise UsageError(f"run directory {str(root)!r} does not exist")
     rounds_path = root / "rounds.jsonl"
     records = read_rounds(rounds_path)
     if not records:
-        raise ValueError(f"run {str(root)!r} has no completed round yet ({rounds_path} is missing or empty)")
+        raise UsageError(f"run {str(root)!r} has no completed round yet ({rounds_path} is missing or empty)")
     records.sort(key=lambda r: r.round)
     found = committed(root)
     if found is not None:  # what the report draws must be what the checkpoint committed
         verify_run(root, *found, lineage=True, rounds=[r.round for r in records])
-    return Run(run_dir=root, records=records, lineage=read_lineage(root / "lineage.jsonl"))
+    start_path = root / "start.json"
+    start = (StartRecord.from_dict(json.loads(start_path.read_text()), str(start_path))
+             if start_path.is_file() else None)
+    return Run(run_dir=root, records=records, lineage=read_lineage(root / "lineage.jsonl"), start=start)
 
 
 def matrix_source(run: Run) -> str:

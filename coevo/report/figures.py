@@ -15,15 +15,17 @@ from typing import Any
 import numpy as np
 
 from coevo.report.data import TIME_KEYS, Run, lineage_layout, matrix_source, short, task_matrix
+from coevo.report.result import run_result
 from coevo.rundir.records import LINEAGE_HOWS
 
-FIGURES = ("pass_rate.png", "lineage.png", "task_matrix.png", "time_breakdown.png")
+FIGURES = ("result.png", "pass_rate.png", "lineage.png", "task_matrix.png", "time_breakdown.png")
 """The figures' file names, in the order ``write_figures`` draws them."""
 
 
 def write_figures(run: Run, out: Path) -> None:
     """Draw ``FIGURES`` into the directory ``out``."""
-    for name, draw in zip(FIGURES, (_draw_pass_rate, _draw_lineage, _draw_task_matrix, _draw_time)):
+    draws = (_draw_result, _draw_pass_rate, _draw_lineage, _draw_task_matrix, _draw_time)
+    for name, draw in zip(FIGURES, draws, strict=True):
         _save(draw(run), out / name)
 
 
@@ -40,8 +42,9 @@ def _save(fig: Any, path: Path) -> None:
     fig.savefig(path, format="png", bbox_inches="tight")
 
 
-def _round_axis(ax: Any, rounds: Sequence[int]) -> None:
-    """Whole-number round ticks (every round while they fit), half a round of margin each side."""
+def round_axis(ax: Any, rounds: Sequence[int]) -> None:
+    """Whole-number round ticks (every round while they fit), half a round of margin each side: every
+    figure with rounds on an axis draws it through this, so none shows a tick at round 0.5."""
     from matplotlib.ticker import MaxNLocator
 
     ax.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)
@@ -50,6 +53,48 @@ def _round_axis(ax: Any, rounds: Sequence[int]) -> None:
     else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
+
+
+def _draw_result(run: Run) -> Any:
+    """The run's result at a glance: the starting and the final agent's pass@1 on the same held-out
+    tasks (95% intervals), beside train pass, tool use and mean reward by round with the rounds
+    whose harness edit shipped marked."""
+    result = run_result(run.records, run.start)
+    fig = _figure(11, 4.2)
+    bars, curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2.2]})
+    if result.start is not None and result.end is not None:
+        values = [result.start, result.end]
+        heights = [100 * v[0] for v in values]
+        errors = [[100 * (v[0] - v[1]) for v in values], [100 * (v[2] - v[0]) for v in values]]
+        bars.bar([0, 1], heights, yerr=errors, capsize=6, color=["0.6", "tab:green"], width=0.6)
+        for x, h in enumerate(heights):
+            bars.annotate(f"{h:.0f}%", (x, h), xytext=(8, 2), textcoords="offset points", fontsize=9)
+        bars.set_xticks([0, 1], ["start", "end"])
+        assert result.change is not None
+        c = [100 * x for x in result.change]
+        bars.set_title(f"pass@1, {result.tasks} held-out {result.split} tasks\n"
+                       f"change {c[0]:+.0f} points [{c[1]:+.0f}, {c[2]:+.0f}]", fontsize=10)
+    else:
+        bars.text(0.5, 0.5, "not evaluated at both ends", ha="center", va="center", transform=bars.transAxes)
+        bars.set_xticks([])
+    bars.set_ylim(0, 105)
+    bars.set_ylabel("pass@1 (%)")
+    rounds = result.rounds
+    curve.plot(rounds, [100 * v for v in result.train_pass], "-o", color="tab:blue", label="train pass")
+    curve.plot(rounds, [100 * v for v in result.tool_use], "-s", color="tab:purple", label="tool use")
+    curve.plot(rounds, [100 * v for v in result.reward], "--", color="tab:olive", label="mean reward (x100)")
+    for i, (r, edits) in enumerate(result.shipped):
+        curve.axvline(r + 0.5, color="tab:orange", lw=1.5, label="edit shipped" if i == 0 else "_")
+        curve.annotate(short(edits, 40), (r + 0.5, 100), xytext=(3, -12), textcoords="offset points", fontsize=7,
+                       rotation=0, color="tab:orange")
+    curve.set_ylim(-3, 108)
+    round_axis(curve, rounds)
+    curve.set_ylabel("% of the round's episodes")
+    curve.grid(alpha=0.3)
+    curve.legend(loc="center right", fontsize=8)
+    curve.set_title("train pass, tool use and reward by round (an edit ships after its round's rollouts)",
+                    fontsize=10)
+    return fig
 
 
 def _draw_pass_rate(run: Run) -> Any:
@@ -84,7 +129,7 @@ def _draw_pass_rate(run: Run) -> Any:
             rejected_label = "_"
             ax.annotate(str(rejected), (r.round, -0.05), xytext=(6, -3), textcoords="offset points", fontsize=8)
     ax.set_ylim(-0.1, 1.1)
-    _round_axis(ax, rounds)
+    round_axis(ax, rounds)
     ax.set_ylabel("pass rate")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
@@ -163,7 +208,7 @@ def _draw_time(run: Run) -> Any:
         heights = np.array([float(r.seconds.get(key, 0.0)) for r in run.records])
         ax.bar(run.rounds, heights, bottom=bottom, color=f"C{i}", label=key, width=0.8)
         bottom += heights
-    _round_axis(ax, run.rounds)
+    round_axis(ax, run.rounds)
     ax.set_ylabel("seconds")
     ax.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     ax.set_title("Time per round by phase")

@@ -1,7 +1,8 @@
 """Progress shown while a run works: rich bars for rollouts, re-runs and training, and a table at
 the end of each round. When the console is not a terminal (a log file, a batch job), transient
 bars would leave nothing behind, so plain lines are printed instead: one when a task starts, one
-at each quarter of it, one when it ends (with its seconds). ``NullProgress`` is the same
+at each quarter of it (at most one every ``min_interval_s``), one when it ends (with its seconds).
+Both say how long the rest should take, from the pace so far. ``NullProgress`` is the same
 interface doing nothing (non-main ranks, tests), so the loop never checks which one it has."""
 
 from __future__ import annotations
@@ -16,15 +17,30 @@ if TYPE_CHECKING:
     from coevo.rundir.records import RoundRecord
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+def duration(seconds: float) -> str:
+    """``42 s`` under two minutes, else ``3.5 min``."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 class RichProgress:
-    def __init__(self, console: Console | None = None, *, log_every_percent: int = 25) -> None:
+    def __init__(self, console: Console | None = None, *, log_every_percent: int = 25,
+                 min_interval_s: float = 5.0) -> None:
         """``log_every_percent``: on a non-terminal console, a line each time this share of a
-        task is done (0: only the start and end lines)."""
+        task is done (0: only the start and end lines), but not sooner than ``min_interval_s``
+        after the previous line (a task of a few seconds says when it starts and ends)."""
         self.console = console or Console()
         self.log_every_percent = log_every_percent
+        self.min_interval_s = min_interval_s
 
     @contextlib.contextmanager
     def task(self, description: str, total: int) -> Iterator[Callable[[], None]]:
@@ -35,14 +51,16 @@ class RichProgress:
             with self._lines(description, total) as advance:
                 yield advance
             return
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("left"), TimeRemainingColumn())
         with Progress(*columns, console=self.console, transient=True) as progress:
             bar = progress.add_task(description, total=total)
             yield lambda: progress.advance(bar)
 
     @contextlib.contextmanager
     def _lines(self, description: str, total: int) -> Iterator[Callable[[], None]]:
-        start, lock, done = time.perf_counter(), threading.Lock(), [0, 0]  # units done, last line's percent
+        start, lock = time.perf_counter(), threading.Lock()
+        done, last = [0, 0], [start]  # units done, the last line's percent; the last line's time
         step = self.log_every_percent
 
         def say(text: str) -> None:
@@ -51,10 +69,14 @@ class RichProgress:
         def advance() -> None:
             with lock:
                 done[0] += 1
+                now = time.perf_counter()
                 percent = 100 * done[0] // total if total > 0 else 100
-                if step > 0 and done[0] < total and percent // step > done[1] // step:
-                    done[1] = percent
-                    say(f"{description}: {done[0]}/{total} ({percent}%) after {time.perf_counter() - start:.1f} s")
+                if (step > 0 and done[0] < total and percent // step > done[1] // step
+                        and now - last[0] >= self.min_interval_s):
+                    done[1], last[0] = percent, now
+                    elapsed = now - start
+                    say(f"{description}: {done[0]}/{total} ({percent}%) after {elapsed:.0f} s, "
+                        f"~{duration(elapsed / done[0] * (total - done[0]))} left")
 
         say(f"{description}: started, {total} to do")
         finished = False
@@ -71,7 +93,8 @@ class RichProgress:
         self.console.print(round_table(record))
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        """A plain line (no markup: results quote intervals like [+38.0, +68.0]), never wrapped."""
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 class NullProgress:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from coevo.report.data import INSIDE_KEYS, TIME_KEYS, Run, load_run, outside_share, short, time_totals
 from coevo.report.figures import FIGURES, write_figures
+from coevo.report.result import result_lines, run_result
 from coevo.rundir.records import RoundRecord
 from coevo.safety.secrets import redact_text
 
@@ -92,6 +93,11 @@ def summary_markdown(run: Run) -> str:
     all_counts = [r.edit_counts() for r in recs]
     lines = [
         f"# Run report: {run.run_dir.name}",
+        "",
+        *[f"- {line}" for line in result_lines(run_result(recs, run.start))],
+        "- figure: [result.png](result.png)",
+        "",
+        "## Run",
         "",
         f"- run dir: `{run.run_dir}`",
         f"- mode: {', '.join(run.modes)}",

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from coevo.errors import RunDirError
 from coevo.safety.secrets import redact
 
 LATEST = "latest"
@@ -82,7 +83,7 @@ def latest(root: Path) -> Path | None:
     return directory
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunDirError):
     """A committed checkpoint cannot be read back; the message names the file and how to recover."""
 
 

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from coevo.errors import RUN_DIR_EXIT, RunDirError, one_line
+
 LOCK_NAME = ".run.lock"
 _HELD: dict[Path, int] = {}  # resolved run directory -> the open, locked file descriptor
 
 
-class RunDirInUseError(RuntimeError):
+class RunDirInUseError(RunDirError):
     """Another live process holds the run directory."""
 
 
@@ -69,4 +72,5 @@ class LockRunDir(Callback):
             try:
                 lock_run_dir(run_dir)
             except RunDirInUseError as err:
-                raise SystemExit(f"Error: {err}") from None
+                print(one_line(err), file=sys.stderr, flush=True)
+                raise SystemExit(RUN_DIR_EXIT) from None

@@ -139,3 +139,17 @@ def test_gold_replay_counts_its_own_calls_whatever_the_context_shows(env):
     val = env.tasks("val")
     shown = lead().insert(FewShotDemos(turns=turns))
     assert run(env, GoldPolicy(tasks, answer=final_answer, owner=OWNER), shown, val).pass_at_1 == 1.0
+
+
+def test_a_gold_replay_is_never_cut_at_the_completion_budget_and_a_scripted_reply_is(env):
+    """A reference call longer than the budget (16 bytes here; 192 by default, BFCL's calls run past
+    it) replays whole: cut, it would fail as the env's own error and blame the env."""
+    tasks = every_task(env)
+    tight = base_harness().set_param("step_budget", "max_steps", 10).set_param("sampling", "max_new_tokens", 16)
+    gold = GoldPolicy(tasks, answer=final_answer)
+    assert run(env, gold, tight, tasks).pass_at_1 == 1.0 and gold.cuts == 0
+    from coevo.agent.policy import ScriptedPolicy
+
+    scripted = ScriptedPolicy(lambda messages: "<answer>" + "x" * 40 + "</answer>")
+    run(env, scripted, tight, tasks[:2])
+    assert scripted.cuts >= 2  # a model-like policy honours the budget

@@ -229,6 +229,27 @@ def test_tool_schema_hint_names_optional_arguments():
     assert '- calc: computes. Arguments: {"e": {"type": "string"}}\n' in system  # all required: as before
 
 
+def test_a_compact_tool_listing_names_every_tool_in_a_fraction_of_the_schema_listing():
+    """A benchmark's 30-tool classes listed with {tools_compact}: every name and argument, the first
+    sentence of each description, a quarter of the characters of the full JSON schemas."""
+    props = {f"arg{i}": {"type": "string", "description": f"the {i}th argument of the call, as a string"}
+             for i in range(4)}
+    tools = {f"tool_{n}": ev.ToolSpec(f"tool_{n}", f"Does thing {n}. It has side effects on the file system.",
+                                      {"properties": props, "required": ["arg0", "arg1"]}) for n in range(30)}
+
+    def system(template: str | None) -> str:
+        s = state(messages=[{"role": "user", "content": "q"}])
+        s.tools = dict(tools)
+        ToolSchemaHint(**({"template": template} if template else {})).process(ev.TaskStartEvent(s))
+        return s.messages[0]["content"]
+
+    full = system(None)
+    compact = system("Tools:\n{tools_compact}\nCall one as <tool_call>{...}</tool_call>.")
+    assert "- tool_7(arg0, arg1, arg2?, arg3?): Does thing 7\n" in compact
+    assert all(f"- tool_{n}(" in compact for n in range(30)) and '"type"' not in compact
+    assert len(compact) < len(full) / 4
+
+
 def request(step=0, tools=("calculator", "python")):
     s = state(step=step)
     s.tools = {n: ev.ToolSpec(n, "") for n in tools}

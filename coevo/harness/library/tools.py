@@ -91,6 +91,16 @@ def tool_hint_line(spec: ToolSpec) -> str:
     return line + (f"; optional: {', '.join(optional)}" if optional else "")
 
 
+def compact_hint_line(spec: ToolSpec) -> str:
+    """One tool in a few tokens: ``- name(a, b, c?): first sentence of its description`` (``?`` marks
+    an optional argument). For tool sets whose full schemas would fill the context window."""
+    properties = (spec.parameters or {}).get("properties", {}) or {}
+    required = set((spec.parameters or {}).get("required") or ())
+    args = ", ".join(k if k in required else f"{k}?" for k in properties)
+    first = spec.description.strip().split(". ")[0].rstrip(".")
+    return f"- {spec.name}({args}): {first}"
+
+
 class ToolSchemaHint(Processor):
     kind = "tool_schema_hint"
     description = (
@@ -101,14 +111,19 @@ class ToolSchemaHint(Processor):
     dimension = Dimension.TOOLS
     consumes = produces = TaskStartEvent
     runs_after = frozenset({"system_prompt", "tool_registry"})
-    params = (Param("template", "prompt", DEFAULT_HINT, "{tools} is replaced by one line per tool"),)
+    params = (Param("template", "prompt", DEFAULT_HINT, "{tools} is replaced by one line per tool with its JSON "
+                    "schema; {tools_compact} by one short line per tool (name, argument names, first sentence of "
+                    "its description): for tool sets whose schemas would fill the context"),)
 
     def process(self, event: TaskStartEvent) -> TaskStartEvent:
         tools = event.state.tools
         if not tools:
             return event
-        lines = "\n".join(tool_hint_line(t) for t in tools.values())
-        hint = self.config["template"].replace("{tools}", lines)
+        hint = self.config["template"]
+        if "{tools_compact}" in hint:
+            hint = hint.replace("{tools_compact}", "\n".join(compact_hint_line(t) for t in tools.values()))
+        if "{tools}" in hint:
+            hint = hint.replace("{tools}", "\n".join(tool_hint_line(t) for t in tools.values()))
         msgs = event.state.messages
         if msgs and msgs[0].get("role") == "system":
             msgs[0] = {**msgs[0], "content": msgs[0]["content"] + "\n\n" + hint}
