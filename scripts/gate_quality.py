@@ -207,7 +207,7 @@ def tiny_setup(overrides: Sequence[str]) -> Setup:
     from coevo.evolution.reference import split_reference_pool
     from coevo.loop.build import start_harness
 
-    cfg = compose(overrides)
+    cfg = compose(["rollout.max_new_tokens=96", *overrides])  # a scripted reply counts bytes: the main job's 64 cut it
     env = ArithmeticEnv(n_tasks=120, max_terms=2, max_operand=30, seed=0)
     pool, train = split_reference_pool(env.tasks("train"), POOL, cfg.seed)
     return Setup("known-effect scripted model on arithmetic", env, KnownEffectPolicy(), start_harness(cfg), train,

@@ -65,3 +65,27 @@ def test_report_shows_pass_at_k_only_with_several_attempts():
     assert "| pass@1 | pass@2 | mean reward |" in two
     head, rule = [line for line in two.splitlines() if line.startswith("| pass@1") or line.startswith("|---|")][:2]
     assert head.count("|") == rule.count("|")
+
+
+def test_an_evaluation_stopped_halfway_keeps_the_traces_of_the_episodes_it_finished(tmp_path):
+    """``TraceLog`` appends each trace as its episode ends: when the run dies before ``write_eval``
+    (a kill, a crash in a later episode), ``traces.jsonl`` holds every episode that finished."""
+    import json
+
+    from coevo.agent.evaluate import TraceLog
+
+    env = ArithmeticEnv(n_tasks=20)
+    seen = {"n": 0}
+
+    def respond(messages):  # the fifth model call kills the evaluation
+        seen["n"] += 1
+        if seen["n"] == 5:
+            raise KeyboardInterrupt
+        return calculator_solver(messages)
+
+    log = TraceLog(tmp_path / "traces.jsonl")
+    rollouts = RolloutService(ScriptedPolicy(respond), env, batch_size=1, max_steps=6, workers=1, seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(base_harness(), rollouts, "val", on_trace=log.append)
+    kept = [json.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
+    assert len(kept) == 2 and all(t["passed"] for t in kept)  # two episodes of two calls each had ended

@@ -376,7 +376,7 @@ def test_a_bad_env_config_names_the_field_and_the_allowed_forms():
 @pytest.mark.slow
 def test_train_py_runs_a_round_on_the_env(tmp_path):
     overrides = ["~env", f"env.name={COUNTDOWN}", "+env.args.n_tasks=30", "model=tiny", "trainer=grpo",
-                 "harness=lenient", "rounds=1", "batch_tasks=2", "val_limit=2", "rollout.max_new_tokens=16",
+                 "harness=lenient", "rounds=1", "batch_tasks=2", "rollout.attempts=2", "val_limit=2", "rollout.max_new_tokens=16",
                  "rollout.keep_truncated=true", "rollout.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=tmp_path, env=env,

@@ -31,7 +31,7 @@ def test_tiny_preset_meets_the_targets_and_writes_the_table(tmp_path, capsys):
     assert by_edit["helpful"]["candidate_pass"] > by_edit["helpful"]["parent_pass"] + 0.2
     assert by_edit["harmful"]["candidate_pass"] == 0.0 < by_edit["harmful"]["parent_pass"]
     assert abs(by_edit["neutral"]["candidate_pass"] - by_edit["neutral"]["parent_pass"]) < 0.1
-    assert all(r["episodes_per_decision"] <= 64 for r in rows)  # the default budget per decision
+    assert all(r["episodes_per_decision"] <= 64 for r in rows)  # the main job's budget per decision (configs/train.yaml)
     out = capsys.readouterr().out
     assert "| edit | runs | shipped | 95% CI |" in out and "gate stat: alpha 0.1" in out
     detail = json.loads((tmp_path / "quality.json").read_text())

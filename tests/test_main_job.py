@@ -1,7 +1,6 @@
 """The main job's shape on the tiny model: ``python train.py`` with only the model and the sizes
-shrunk runs what ``make train`` runs (the start evaluated on the sealed test split, round 0 with
-rollouts, AEGIS under the statistical gate and GRPO, round 1 with rollouts and GRPO only, the test
-split again) and ends with its result: the terminal's last lines and ``summary.md``'s first give
+shrunk runs what ``make train`` runs (the start evaluated on the sealed test split, two rounds of
+rollouts, AEGIS under the statistical gate and GRPO, the test split again) and ends with its result: the terminal's last lines and ``summary.md``'s first give
 start and end pass@1 with intervals, and the report holds the result figure."""
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ def test_the_default_config_runs_on_the_tiny_model_and_ends_with_its_result(tmp_
     assert out.returncode == 0, out.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [0, 1]
-    assert records[0]["evolve"] is not None and records[1]["evolve"] is None  # AEGIS in round 0 only
+    assert all(r["evolve"] is not None for r in records)  # AEGIS in both rounds (evolution.early_rounds=2)
     assert [len(r["grpo"]["steps"]) for r in records] == [3, 3]  # trainer=grpo_lora's steps a round
     assert records[0]["test"] is None and len(records[1]["test"]["outcomes"]) == 4
     start = json.loads((run_dir / "start.json").read_text())

@@ -24,16 +24,31 @@ def test_a_log_file_gets_a_line_at_the_start_each_quarter_and_the_end_with_the_t
     monkeypatch.setattr(progress_module.time, "perf_counter", clock)
     out = io.StringIO()
     progress = RichProgress(Console(file=out, force_terminal=False, width=200))
-    with progress.task("arithmetic/test episodes", 8) as advance:
-        for _ in range(8):
-            clock.now += 10.0  # 10 s a unit: at 2/8, 60 s are left
+    with progress.task("arithmetic/test episodes", 40) as advance:
+        for _ in range(40):
+            clock.now += 10.0  # 10 s a unit: at 10/40, 300 s are left
             advance()
     lines = out.getvalue().splitlines()
-    assert lines[0] == "arithmetic/test episodes: started, 8 to do"
-    assert lines[1:-1] == ["arithmetic/test episodes: 2/8 (25%) after 20 s, ~60 s left",
-                           "arithmetic/test episodes: 4/8 (50%) after 40 s, ~40 s left",
-                           "arithmetic/test episodes: 6/8 (75%) after 60 s, ~20 s left"]
-    assert lines[-1] == "arithmetic/test episodes: done, 8/8 in 80.0 s"
+    assert lines[0] == "arithmetic/test episodes: started, 40 to do"
+    assert lines[1:-1] == ["arithmetic/test episodes: 10/40 (25%) after 100 s, ~5.0 min left",
+                           "arithmetic/test episodes: 20/40 (50%) after 200 s, ~3.3 min left",
+                           "arithmetic/test episodes: 30/40 (75%) after 300 s, ~100 s left"]
+    assert lines[-1] == "arithmetic/test episodes: done, 40/40 in 400.0 s"
+
+
+def test_a_short_task_of_long_units_gets_a_line_per_unit(monkeypatch):
+    """Eight benchmark episodes of minutes each: a line as each ends, not two in the whole run."""
+    clock = Clock()
+    monkeypatch.setattr(progress_module.time, "perf_counter", clock)
+    out = io.StringIO()
+    progress = RichProgress(Console(file=out, force_terminal=False, width=200))
+    with progress.task("bfcl/val episodes", 8) as advance:
+        for _ in range(8):
+            clock.now += 60.0
+            advance()
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "bfcl/val episodes: 1/8 (12%) after 60 s, ~7.0 min left"
+    assert len(lines) == 1 + 7 + 1  # started, one per episode before the last, done
 
 
 def test_quarter_lines_are_skipped_when_the_last_line_is_recent(monkeypatch):

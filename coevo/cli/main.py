@@ -75,6 +75,18 @@ def resolve_env(name: str):
         raise typer.BadParameter(str(err), param_hint="--env") from None
 
 
+def say_prompt_size(policy: Any, harness: Harness, env: Any, split: str, max_steps: int) -> None:
+    """The first prompt's size against the model's context window, printed before any episode (a
+    large tool listing shows here); a completion budget that does not fit is a usage error."""
+    from coevo.agent.evaluate import first_tasks
+    from coevo.loop.config_check import check_context_window
+
+    first = first_tasks(env, split, 1)
+    size = check_context_window(policy, harness, env, first[0], max_steps, field="--max-new-tokens") if first else None
+    if size is not None:
+        console.print(size, soft_wrap=True)
+
+
 def build_policy(model: str, backend: str, device: str, adapter: str | None, env_name: str, seed: int, *,
                  env: Any, delegate: bool = False):
     """The policy for ``coevo eval`` and ``coevo stream``: ``gold`` (``env``'s tasks' own gold
@@ -128,10 +140,9 @@ def eval_cmd(
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
     """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
-    from coevo.agent.evaluate import TraceLog, evaluate, first_tasks, write_eval
+    from coevo.agent.evaluate import TraceLog, evaluate, write_eval
     from coevo.agent.rollouts import RolloutService
     from coevo.envs.base import SPLITS
-    from coevo.loop.config_check import check_context_window
     from coevo.report.progress import RichProgress
     from coevo.safety.secrets import start_redaction
 
@@ -151,10 +162,7 @@ def eval_cmd(
     try:
         with console.status(f"loading model {model}"):
             policy = build_policy(model, backend, device, adapter, env_name, seed, env=env)
-        first = first_tasks(env, split, 1)
-        prompt_size = check_context_window(policy, h, env, first[0], max_steps, field="--max-new-tokens") if first else None
-        if prompt_size is not None:
-            console.print(prompt_size, soft_wrap=True)
+        say_prompt_size(policy, h, env, split, max_steps)
         rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps,
                                   workers=RolloutConfig.workers, seed=seed, progress=RichProgress(console))
         out = out or Path("runs") / time.strftime(f"eval-{env.name}-%Y%m%d-%H%M%S")
@@ -230,7 +238,11 @@ def evolve_cmd(
                "evolution.gate": gate, "evolution.max_variants": max_variants,
                "evolution.max_proposals": max_proposals, "val_limit": val_limit, "rollout.max_steps": max_steps,
                "rollout.max_new_tokens": max_new_tokens, "rollout.batch_size": batch_size, "seed": seed}
-    cli = ["mode=harness_only", "test=" + ("false" if test_limit == 0 else "true")]
+    # harness evolution in every round, compared on 6 validation tasks and the whole test split, at the
+    # completion budget coevo evolve has always had: the main job's schedule (AEGIS in round 0 only),
+    # its 64-token budget and its 50-task test comparison are not this command's defaults
+    cli = ["mode=harness_only", "evolution.early_rounds=0", "evolution.every=1", "rollout.max_new_tokens=96",
+           "val_limit=6", "test_limit=null", "test=" + ("false" if test_limit == 0 else "true")]
     if test_limit:
         cli.append(f"test_limit={test_limit}")
     if env_name is not None:  # a built-in env's config file brings its arguments; an import path starts with none
@@ -314,6 +326,7 @@ def stream_cmd(
     try:
         with console.status(f"loading model {model}"):
             policy = build_policy(model, backend, device, None, env_name, seed, env=env, delegate=axis == "agents")
+        say_prompt_size(policy, start, env, "train", max_steps)
         try:
             result = run_stream(env, policy, out, axis=axis, stages=stages, protocols=protocols, base=start,
                                 rounds_per_stage=rounds_per_stage, attempts=attempts, adapt_limit=adapt_limit,

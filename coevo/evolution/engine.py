@@ -53,6 +53,16 @@ log = logging.getLogger("coevo.evolution")
 T = TypeVar("T")
 
 
+
+def shown_questions(proposal: Proposal) -> set[str]:
+    """The task texts (user turns) of the demonstrations a proposal's ``few_shot`` edits insert or set."""
+    shown: set[str] = set()
+    for edit in proposal.edits:
+        params = (edit.spec or {}).get("params", {}) if edit.op != "set_param" else {edit.param: edit.value}
+        turns = params.get("turns") or []
+        shown |= {str(t.get("content", "")) for t in turns if isinstance(t, dict) and t.get("role") == "user"}
+    return shown
+
 class AEGIS:
     """The harness-evolution engine. Flat arguments:
 
@@ -102,6 +112,7 @@ class AEGIS:
         self.design_lessons = LessonStore(lesson_cap)
         self.routing_lessons = LessonStore(lesson_cap)
         self.rejected: dict[str, set[str]] = defaultdict(set)  # variant -> Proposal.key()
+        self.spent_demos: set[str] = set()  # task texts of demonstrations a rejected edit showed
         self.undecided: dict[str, list[tuple[str, Proposal]]] = defaultdict(list)  # variant -> (parent id, proposal)
         self.recent: dict[str, list[tuple[list[str], float]]] = defaultdict(list)  # variant -> (task ids, score)
         self.notes: dict[str, str] = {}  # task id -> what its last base trajectory did (for the router)
@@ -292,6 +303,7 @@ class AEGIS:
         self.history.append(verdict.to_dict())
         if not verdict.ship and not verdict.undecided:
             self.rejected[verdict.variant].add(verdict.proposal.key())
+            self.spent_demos |= shown_questions(verdict.proposal)
         report.warnings += [a.message for a in self.monitors.observe_verdict(verdict, harness_before=parent)]
         edits = ", ".join(e.describe() for e in verdict.proposal.edits)
         outcome = ("shipped" if verdict.ship else "undecided, to be judged again" if verdict.undecided
@@ -319,9 +331,12 @@ class AEGIS:
 
     def _demos(self, exclude: set[str], limit: int = 2) -> list[Demo]:
         """Worked demonstrations (the runtime's turns) from references of tasks outside ``exclude``:
-        the tasks the Critic judges this round and those the caller withholds."""
+        the tasks the Critic judges this round and those the caller withholds, and none a rejected
+        edit showed: which two tasks are shown changes what a small model copies (on SmolLM2 one
+        pair made the forced calculator call lose 7 of 8 paired attempts where another pair won
+        15 of 16, docs/RESULTS.md), so a rejection spends the pair, not the kind of edit."""
         demos = (reference_demo(self.references[tid]) for tid in sorted(self.references) if tid not in exclude)
-        return [d for d in demos if demo_problem(d) is None][:limit]
+        return [d for d in demos if demo_problem(d) is None and demo_question(d) not in self.spent_demos][:limit]
 
     # ------------------------------------------------------------------ epoch end
     def select(self, evaluate: Callable[[Harness], float], *, round: int) -> list[HarnessEvent]:
@@ -352,6 +367,7 @@ class AEGIS:
             "design_lessons": self.design_lessons.to_dict(),
             "routing_lessons": self.routing_lessons.to_dict(),
             "rejected": {v: sorted(keys) for v, keys in self.rejected.items()},
+            "spent_demos": sorted(self.spent_demos),
             "undecided": {v: [{"parent_id": pid, "proposal": p.to_dict()} for pid, p in items]
                           for v, items in self.undecided.items() if items},
             "critic": self.critic.state_dict(),
@@ -370,6 +386,7 @@ class AEGIS:
         self.design_lessons = LessonStore.from_dict(state["design_lessons"])
         self.routing_lessons = LessonStore.from_dict(state["routing_lessons"])
         self.rejected = defaultdict(set, {v: set(keys) for v, keys in state["rejected"].items()})
+        self.spent_demos = set(state.get("spent_demos", ()))  # absent in states saved before it existed
         # states saved before the statistical gate have no undecided edits and no pooled evidence
         self.undecided = defaultdict(list, {v: [(i["parent_id"], Proposal.from_dict(i["proposal"])) for i in items]
                                             for v, items in state.get("undecided", {}).items()})

@@ -253,7 +253,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
         signal_groups=cfg.rollout.signal_groups, max_extra_tasks=cfg.rollout.max_extra_tasks,
         evolve_rounds=lambda r: r < e.early_rounds or (e.every > 0 and (r - e.early_rounds + 1) % e.every == 0),
         critic_episodes=(e.stat_budget if e.gate == "stat" else cfg.batch_tasks * e.critic_attempts)
-        * e.max_proposals * e.max_variants,  # at most, for the time estimate
+        * e.max_proposals,  # for the time estimate: one variant's proposals, each judged to the gate's budget
     )
     try:
         loop.run()

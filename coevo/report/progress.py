@@ -27,6 +27,10 @@ from rich.progress import (
 )
 
 
+SHORT_TASK = 16
+"""A task of at most this many units gets a line per unit (rate-limited), not per quarter."""
+
+
 def duration(seconds: float) -> str:
     """``42 s`` under two minutes, else ``3.5 min``."""
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
@@ -71,8 +75,9 @@ class RichProgress:
                 done[0] += 1
                 now = time.perf_counter()
                 percent = 100 * done[0] // total if total > 0 else 100
-                if (step > 0 and done[0] < total and percent // step > done[1] // step
-                        and now - last[0] >= self.min_interval_s):
+                # a line per unit for short tasks of long units (8 benchmark episodes), else per quarter
+                crossed = total <= SHORT_TASK or percent // step > done[1] // step
+                if step > 0 and done[0] < total and crossed and now - last[0] >= self.min_interval_s:
                     done[1], last[0] = percent, now
                     elapsed = now - start
                     say(f"{description}: {done[0]}/{total} ({percent}%) after {elapsed:.0f} s, "

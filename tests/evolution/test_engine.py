@@ -298,3 +298,26 @@ def test_the_critic_rollout_reports_infrastructure_failures_as_none(env):
 
     out = critic_rollout(CrashesOn(), env, batch_size=1, max_steps=6)(base_harness(), batch, 2)
     assert out == {batch[0].task_id: [True, True], batch[1].task_id: [None, None], batch[2].task_id: [True, True]}
+
+
+def test_a_rejected_edit_spends_its_demonstrations_and_the_next_draws_other_references(env):
+    """The rule agent's tool-path edit shows the first two references; when the Critic rejects it,
+    the next plan shows two others (the same kind of edit is not blocked), and the spent pair
+    survives a checkpoint."""
+    train = env.tasks("train")
+    refs = {t.task_id: gold_reference(env, t) for t in train[-6:]}
+    critic = Critic(critic_rollout(ScriptedPolicy(lambda m: "no idea"), env, max_steps=6), k=1, gate="seesaw")
+    aegis = AEGIS(base_harness(), RuleMetaAgent(), critic, tasks={t.task_id: t for t in train}, references=refs,
+                  tools=["calculator"])
+    first = [d[0]["content"] for d in aegis._demos(set())]
+    _, report = evolve_round(aegis, train[:4], ScriptedPolicy(lambda m: "no idea"), env, round=0, attempts=1,
+                             max_steps=6)
+    shown = [v for v in report.verdicts if "few_shot" in [e.processor for e in v.proposal.edits]]
+    assert shown and not any(v.ship for v in shown)  # a policy that never answers: every edit is rejected
+    assert set(first) <= aegis.spent_demos
+    second = [d[0]["content"] for d in aegis._demos(set())]
+    assert len(second) == 2 and not set(second) & set(first)
+    restored = AEGIS(base_harness(), RuleMetaAgent(), critic, tasks={t.task_id: t for t in train}, references=refs,
+                     tools=["calculator"])
+    restored.load_state_dict(json.loads(json.dumps(aegis.state_dict())))
+    assert restored.spent_demos == aegis.spent_demos
