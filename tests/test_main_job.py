@@ -37,7 +37,7 @@ def test_the_default_config_runs_on_the_tiny_model_and_ends_with_its_result(tmp_
 
     lines = out.stdout.strip().splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("agent pass@1 on 4 held-out test tasks"))
-    assert lines[first + 1].startswith("change: ") and lines[first + 1].endswith(" (paired over tasks)")
+    assert lines[first + 1].startswith("change: ") and " (paired over tasks); tool use " in lines[first + 1]
     assert any(line.startswith("train pass by round: ") for line in lines[first:])
     assert any(line.startswith("estimate: the 2 round(s) ahead take ~") for line in lines)
     assert any(line.startswith("round 0 took ") and " left (ends ~" in line for line in lines)

@@ -91,3 +91,14 @@ def test_a_run_directory_with_a_malformed_record_is_one_line_naming_the_file_lin
     assert code == 2
     assert err.splitlines() == [f"error: Invalid value for RUN_DIR: {run_dir / 'rounds.jsonl'}:1: required field "
                                 "'round' is missing (and 12 more) (see coevo report --help)"]
+
+
+def test_a_run_directory_that_cannot_be_created_is_one_line_and_exit_1(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    out = train(tmp_path, f"run_dir={blocker / 'run'}", f"hydra.run.dir={blocker / 'run'}")
+    assert out.returncode == 1
+    first = out.stderr.splitlines()[0]
+    assert first.startswith(f"error: run directory {blocker / 'run'} cannot be used: Not a directory")
+    assert first.endswith("choose another name= / run_dir=, or fix its permissions")
+    assert "Traceback" not in out.stdout + out.stderr

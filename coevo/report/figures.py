@@ -81,19 +81,24 @@ def _draw_result(run: Run) -> Any:
     bars.set_ylabel("pass@1 (%)")
     rounds = result.rounds
     curve.plot(rounds, [100 * v for v in result.train_pass], "-o", color="tab:blue", label="train pass")
-    curve.plot(rounds, [100 * v for v in result.tool_use], "-s", color="tab:purple", label="tool use")
+    curve.plot(rounds, [100 * v for v in result.tool_use], "-s", color="tab:purple", label="train tool use")
     curve.plot(rounds, [100 * v for v in result.reward], "--", color="tab:olive", label="mean reward (x100)")
+    ends = [rounds[0] - 1, rounds[-1] + 1]  # the held-out evaluations beside the rounds: before and after
+    if result.start is not None and result.end is not None:
+        curve.plot(ends, [100 * result.start[0], 100 * result.end[0]], "*", ms=14, color="tab:green",
+                   label=f"{result.split} pass@1")
+        curve.plot(ends, [100 * result.start_tool_use, 100 * result.end_tool_use], "*", ms=10, color="tab:purple",
+                   mfc="none", label=f"{result.split} tool use")
     for i, (r, edits) in enumerate(result.shipped):
-        curve.axvline(r + 0.5, color="tab:orange", lw=1.5, label="edit shipped" if i == 0 else "_")
-        curve.annotate(short(edits, 40), (r + 0.5, 100), xytext=(3, -12), textcoords="offset points", fontsize=7,
-                       rotation=0, color="tab:orange")
+        curve.axvline(r + 0.5, color="tab:orange", lw=1.5, label=f"shipped after round {r}: {short(edits, 48)}")
     curve.set_ylim(-3, 108)
-    round_axis(curve, rounds)
-    curve.set_ylabel("% of the round's episodes")
+    curve.set_xlim(ends[0] - 0.5, ends[1] + 0.5)
+    curve.set_xticks([ends[0], *rounds, ends[1]], ["start", *map(str, rounds), "end"])
+    curve.set_xlabel("round")
+    curve.set_ylabel("%")
     curve.grid(alpha=0.3)
-    curve.legend(loc="center right", fontsize=8)
-    curve.set_title("train pass, tool use and reward by round (an edit ships after its round's rollouts)",
-                    fontsize=10)
+    curve.legend(loc="upper left", fontsize=7)
+    curve.set_title("by round (train) and at both ends (held-out)", fontsize=10)
     return fig
 
 

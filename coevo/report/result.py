@@ -30,6 +30,8 @@ class Result:
     start: Interval | None  # pass@1 of the starting agent
     end: Interval | None  # pass@1 of the final agent
     change: Interval | None  # end - start, paired over tasks
+    start_tool_use: float = 0.0  # share of the held-out episodes that called a tool, at each end
+    end_tool_use: float = 0.0
     shipped: list[tuple[int, str]] = field(default_factory=list)  # (round, the edits in words)
     rounds: list[int] = field(default_factory=list)
     train_pass: list[float] = field(default_factory=list)  # per round
@@ -70,9 +72,10 @@ def run_result(records: Sequence[RoundRecord], start: StartRecord | None) -> Res
             split, pair = name, (before, after)
             break
     tasks, begin, end, change = compare(*pair) if pair else (0, None, None, None)
+    tools = (pair[0].tool_use_rate, pair[1].tool_use_rate) if pair else (0.0, 0.0)
     steps = [s for r in records if r.grpo is not None and r.grpo.steps for s in r.grpo.steps]
     return Result(
-        split=split, tasks=tasks, start=begin, end=end, change=change,
+        split=split, tasks=tasks, start=begin, end=end, change=change, start_tool_use=tools[0], end_tool_use=tools[1],
         shipped=[(r.round, in_words(v)) for r in records for v in r.verdicts if v.ship],
         rounds=[r.round for r in records],
         train_pass=[r.train.pass_rate for r in records],
@@ -102,7 +105,8 @@ def result_lines(result: Result) -> list[str]:
         assert result.start is not None and result.end is not None
         lines = [f"agent pass@1 on {result.tasks} held-out {result.split} tasks (95% CI): "
                  f"start {_pct(result.start)} → end {_pct(result.end)}",
-                 f"change: {_points(result.change)} (paired over tasks)"]
+                 f"change: {_points(result.change)} (paired over tasks); tool use {100 * result.start_tool_use:.0f}% → "
+                 f"{100 * result.end_tool_use:.0f}%"]
     if result.shipped:
         lines += [f"shipped in round {r}: {edits}" for r, edits in result.shipped]
     else:

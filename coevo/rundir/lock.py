@@ -30,13 +30,18 @@ class RunDirInUseError(RunDirError):
 
 def lock_run_dir(run_dir: str | Path) -> Path:
     """Create ``run_dir`` if needed and lock it for this process's lifetime; returns the lock file.
-    Raises ``RunDirInUseError`` naming the directory and the holder's pid when another process has it."""
+    Raises ``RunDirInUseError`` naming the directory and the holder's pid when another process has it,
+    ``RunDirError`` when the directory cannot be created or written."""
     path = Path(run_dir).resolve()
     lock = path / LOCK_NAME
     if path in _HELD:
         return lock
-    path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:  # a file in the way, no permission, a read-only file system
+        raise RunDirError(f"run directory {path} cannot be used: {err.strerror or err} ({err.filename or path}); "
+                          "choose another name= / run_dir=, or fix its permissions") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -59,7 +64,7 @@ def unlock_run_dir(run_dir: str | Path) -> None:
 
 class LockRunDir(Callback):
     """Hydra callback: lock the run directory in ``on_run_start``, before Hydra creates ``.hydra/``.
-    Hydra turns an exception in a callback into a warning, so a held directory exits the process
+    Hydra turns an exception in a callback into a warning, so a held (or unusable) directory exits the process
     (status 1) instead. Sweeps lock each job's directory in ``coevo.run``."""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
@@ -71,6 +76,6 @@ class LockRunDir(Callback):
         if run_dir:
             try:
                 lock_run_dir(run_dir)
-            except RunDirInUseError as err:
+            except RunDirError as err:  # in use, or cannot be created
                 print(one_line(err), file=sys.stderr, flush=True)
                 raise SystemExit(RUN_DIR_EXIT) from None
