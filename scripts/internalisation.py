@@ -1,17 +1,25 @@
 """Did the weights learn what the harness had to force? The trained and the frozen model under the
 run's harness, and under the same harness without its scaffolding.
 
-    python scripts/internalisation.py RUN_DIR [RUN_DIR ...] [--limit 100] [--out DIR]
+    python scripts/internalisation.py RUN_DIR [RUN_DIR ...] [--limit 100] [--datasets D ...] [--out DIR]
 
 Each RUN_DIR is a ``train.py`` run that trained a LoRA adapter (``model_only`` or ``coevolve``),
 one per seed. Its final harness (``harness-base.yaml``) is evaluated on the sealed test split in
 three forms: as it is, without its ``tool_choice`` processor (the forced tool-call prefill), and
-without its ``few_shot`` demonstrations. Each form runs with the trained weights (the run's last
-checkpoint) and with the frozen ones (the same model with the adapter disabled): the tool-use rate
-says whether the model calls the tool on its own, pass@1 whether that pays. Differences trained −
-frozen are paired task bootstraps over seeds (``coevo.report.stats.bootstrap``).
+without its ``few_shot`` demonstrations. When the run retired scaffolding (its lineage holds a
+harness with more scaffold processors than the final one: ``experiment=retire``), that most
+scaffolded harness is evaluated too, as it was and without its prefill. Each form runs with the
+trained weights (the run's last checkpoint) and with the frozen ones (the same model with the
+adapter disabled): the tool-use rate says whether the model calls the tool on its own, pass@1
+whether that pays, prompt tokens per episode what the harness costs. Differences trained − frozen
+are paired task bootstraps over seeds (``coevo.report.stats.bootstrap``).
 
-Writes ``DIR/internalisation.md`` and ``.json`` (default DIR: the first run's parent).
+With ``--datasets D [D ...]`` the same table is measured on the test split of other datasets of
+the run's env (transfer: kinds of task the run never trained on), with the run's starting harness
+as one more form, so the rows say how much of the harness's and the weights' gain carries over.
+
+Writes ``DIR/internalisation.md`` and ``.json`` (``transfer.*`` with ``--datasets``; default DIR:
+the first run's parent).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import numpy as np
 from coevo.agent.rollouts import RolloutService, tool_use_rate
 from coevo.envs.load import make_env
 from coevo.harness.harness import Harness
+from coevo.harness.scaffold import scaffold_names, without_outer_scaffold
 from coevo.loop.build import build_policy, to_config
 from coevo.policy.load import load_model
 from coevo.report.stats import bootstrap
@@ -36,9 +45,33 @@ SCAFFOLDS = {"as run": None, "without tool_choice": "tool_choice", "without demo
 """Harness form → the processor kind removed from the run's harness (None: the harness as it ran)."""
 
 
-def harness_forms(h: Harness) -> dict[str, Harness]:
-    """The run's harness and its forms without each scaffold it holds."""
+def most_scaffolded(run_dir: Path) -> Harness | None:
+    """The base variant's harness with the most scaffold processors in the run's lineage (the
+    latest of equals), when it holds more than the final one: the harness before a retirement."""
+    rows = [json.loads(line) for line in (run_dir / "lineage.jsonl").read_text().splitlines() if line.strip()]
+    chain = [Harness.load(run_dir / "lineage" / f"{row['id']}.yaml") for row in rows if row["variant"] == "base"]
+    if not chain:
+        return None
+    best = max(reversed(chain), key=lambda h: len(scaffold_names(h)))
+    final = Harness.load(run_dir / "harness-base.yaml")
+    return best if len(scaffold_names(best)) > len(scaffold_names(final)) else None
+
+
+def start_harness(run_dir: Path) -> Harness:
+    """The harness the run's base variant started from (its lineage's ``start`` row)."""
+    rows = [json.loads(line) for line in (run_dir / "lineage.jsonl").read_text().splitlines() if line.strip()]
+    start = next(row for row in rows if row["variant"] == "base" and row["how"] == "start")
+    return Harness.load(run_dir / "lineage" / f"{start['id']}.yaml")
+
+
+def harness_forms(h: Harness, before: Harness | None = None) -> dict[str, Harness]:
+    """The run's harness and its forms without each scaffold it holds; with ``before`` (the most
+    scaffolded harness of a run that retired scaffolding), that one too, as it was and without its
+    prefill."""
     forms = {}
+    if before is not None:
+        forms["most scaffolded"] = before
+        forms["most scaffolded, without tool_choice"] = without_outer_scaffold(before)
     for form, kind in SCAFFOLDS.items():
         names = [p.name for p in h.processors if p.kind == kind] if kind else []
         if kind and not names:
@@ -50,8 +83,10 @@ def harness_forms(h: Harness) -> dict[str, Harness]:
     return forms
 
 
-def evaluate_run(run_dir: Path, limit: int) -> dict[str, dict[str, dict]]:
-    """form → weights (trained | frozen) → per-task pass@1 and tool use on the run's test split."""
+def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = ()) -> dict[str, dict[str, dict]]:
+    """form → weights (trained | frozen) → per-task pass@1, tool use and prompt tokens on the run's
+    test split, or with ``datasets`` on the test split of those datasets of the run's env instead
+    (transfer: tasks of kinds the run never trained on; the run's starting harness is a form too)."""
     from omegaconf import OmegaConf
 
     from coevo.config.schema import TrainConfig
@@ -65,14 +100,17 @@ def evaluate_run(run_dir: Path, limit: int) -> dict[str, dict[str, dict]]:
                             adapter=str(latest / "trainer" / "model"))
     if not hasattr(model, "disable_adapter"):
         raise SystemExit(f"{run_dir}: the run trained no LoRA adapter; the frozen model is not recoverable from it")
-    env = make_env(cfg.env.name, cfg.env.args)
+    env = make_env(cfg.env.name, {**cfg.env.args, "datasets": list(datasets)} if datasets else cfg.env.args)
     tasks = env.tasks("test")[:limit]
     policy, _ = build_policy(cfg, model, tok)
     rollouts = RolloutService(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
                               workers=cfg.rollout.workers, seed=cfg.seed)
     variant = next(iter(sorted(run_dir.glob("harness-*.yaml"))))
     out: dict[str, dict[str, dict]] = {}
-    for form, h in harness_forms(Harness.load(variant)).items():
+    forms = harness_forms(Harness.load(variant), most_scaffolded(run_dir))
+    if datasets:
+        forms = {"start": start_harness(run_dir), **forms}
+    for form, h in forms.items():
         for weights in ("trained", "frozen"):
             policy.model_version = f"internalisation-{weights}"  # a new version: no prefix cache crosses weights
             with model.disable_adapter() if weights == "frozen" else nullcontext():
@@ -80,7 +118,9 @@ def evaluate_run(run_dir: Path, limit: int) -> dict[str, dict[str, dict]]:
             by_task = {t.task_id: [tr for tr in done.traces if tr.task_id == t.task_id] for t in tasks}
             out.setdefault(form, {})[weights] = {
                 "pass": {k: float(np.mean([tr.passed for tr in v])) for k, v in by_task.items()},
-                "tool_use": {k: tool_use_rate(v) for k, v in by_task.items()}}
+                "tool_use": {k: tool_use_rate(v) for k, v in by_task.items()},
+                "prompt_tokens": {k: float(np.mean([tr.cost.get("prompt_tokens", 0) for tr in v]))
+                                  for k, v in by_task.items()}}
             print(f"{run_dir.name}: {form}, {weights}: pass@1 {np.mean(list(out[form][weights]['pass'].values())):.3f}"
                   f", tool use {np.mean(list(out[form][weights]['tool_use'].values())):.3f}", flush=True)
     close = getattr(env, "close", None)
@@ -89,19 +129,43 @@ def evaluate_run(run_dir: Path, limit: int) -> dict[str, dict[str, dict]]:
     return out
 
 
+RETIRED = ("most scaffolded", "most scaffolded, without tool_choice")
+
+
+def _matrix(per_seed: list[dict], form: str, weights: str, metric: str, tasks: list[str]) -> np.ndarray:
+    """[seeds, tasks] of one metric."""
+    return np.asarray([[s[form][weights][metric][t] for t in tasks] for s in per_seed])
+
+
 def summarise(per_seed: list[dict[str, dict[str, dict]]], seed: int = 0) -> dict:
+    """Per form (those every seed has): pass@1 and tool use, trained and frozen and their paired
+    difference, and the trained model's prompt tokens per episode. For runs that retired
+    scaffolding, ``retirement``: the final harness against the most scaffolded one (pass@1 paired,
+    prompt tokens saved) and the trained model without the prefill (tool use, pass@1 kept)."""
     rng = np.random.default_rng(seed)
     table = {}
-    for form in per_seed[0]:
-        tasks = sorted(per_seed[0][form]["trained"]["pass"])
-        row = {}
+    forms = [f for f in per_seed[0] if all(f in s for s in per_seed)]
+    tasks = sorted(per_seed[0][forms[0]]["trained"]["pass"])
+    for form in forms:
+        row: dict = {}
         for metric in ("pass", "tool_use"):
-            m = {w: np.asarray([[s[form][w][metric][t] for t in tasks] for s in per_seed]) for w in ("trained", "frozen")}
+            m = {w: _matrix(per_seed, form, w, metric, tasks) for w in ("trained", "frozen")}
             row[metric] = {"trained": [100 * v for v in bootstrap(m["trained"], rng)],
                            "frozen": [100 * v for v in bootstrap(m["frozen"], rng)],
                            "difference": [100 * v for v in bootstrap(m["trained"] - m["frozen"], rng)]}
+        row["prompt_tokens"] = float(_matrix(per_seed, form, "trained", "prompt_tokens", tasks).mean())
         table[form] = row | {"tasks": len(tasks)}
-    return {"seeds": len(per_seed), "forms": table}
+    out: dict = {"seeds": len(per_seed), "forms": table}
+    if all(f in forms for f in RETIRED):
+        most, unforced = (_matrix(per_seed, f, "trained", "pass", tasks) for f in RETIRED)
+        final = _matrix(per_seed, "as run", "trained", "pass", tasks)
+        out["retirement"] = {
+            "final_minus_most_scaffolded": [100 * v for v in bootstrap(final - most, rng)],
+            "prompt_tokens_saved": 1 - table["as run"]["prompt_tokens"] / table[RETIRED[0]]["prompt_tokens"],
+            "unforced_tool_use": table[RETIRED[1]]["tool_use"]["trained"],
+            "unforced_pass_kept": float(unforced.mean() / most.mean()) if most.mean() else None,
+        }
+    return out
 
 
 def report_text(summary: dict, command: str) -> str:
@@ -109,10 +173,20 @@ def report_text(summary: dict, command: str) -> str:
     lines = [f"# Internalisation ({summary['seeds']} seeds, sealed test tasks)", "", "```bash", command, "```", "",
              "| harness | tasks | pass@1 frozen (%) | pass@1 trained (%) | trained − frozen | tool use frozen (%) | "
              "tool use trained (%) | trained − frozen |", "|---|---|---|---|---|---|---|---|"]
+    lines[-2] = lines[-2] + " prompt tokens per episode (trained) |"
+    lines[-1] = lines[-1] + "---|"
     for form, row in summary["forms"].items():
         p, u = row["pass"], row["tool_use"]
         lines.append(f"| {form} | {row['tasks']} | {ci(p['frozen'])} | {ci(p['trained'])} | {ci(p['difference'], '+')} | "
-                     f"{ci(u['frozen'])} | {ci(u['trained'])} | {ci(u['difference'], '+')} |")
+                     f"{ci(u['frozen'])} | {ci(u['trained'])} | {ci(u['difference'], '+')} | {row['prompt_tokens']:.0f} |")
+    retired = summary.get("retirement")
+    if retired is not None:
+        kept = retired["unforced_pass_kept"]
+        lines += ["", "Retirement (trained weights): the final harness against the most scaffolded one, pass@1 "
+                  f"{ci(retired['final_minus_most_scaffolded'], '+')} points with "
+                  f"{100 * retired['prompt_tokens_saved']:.0f}% fewer prompt tokens per episode; without the prefill "
+                  f"the model calls the tool in {ci(retired['unforced_tool_use'])}% of episodes and keeps "
+                  + (f"{100 * kept:.0f}%" if kept is not None else "—") + " of the scaffolded pass@1."]
     return "\n".join(lines) + "\n\nIntervals: paired task bootstrap over seeds, 95%.\n"
 
 
@@ -120,15 +194,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, nargs="+", help="run directories that trained a LoRA adapter, one per seed")
     ap.add_argument("--limit", type=int, default=100, help="sealed test tasks evaluated")
+    ap.add_argument("--datasets", nargs="+", default=[],
+                    help="transfer: evaluate on the test split of these datasets of the run's env instead (e.g. "
+                         "products leg_counting, which use the same calculator), with the starting harness as a form")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or args.runs[0].parent
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarise([evaluate_run(run, args.limit) for run in args.runs])
+    summary = summarise([evaluate_run(run, args.limit, args.datasets) for run in args.runs])
     text = report_text(summary, " ".join(["python scripts/internalisation.py", *map(str, args.runs),
-                                          "--limit", str(args.limit)]))
-    (out / "internalisation.md").write_text(text)
-    (out / "internalisation.json").write_text(json.dumps(summary, indent=1))
+                                          "--limit", str(args.limit)]
+                                         + (["--datasets", *args.datasets] if args.datasets else [])))
+    name = "transfer" if args.datasets else "internalisation"
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(text)
     return summary
 

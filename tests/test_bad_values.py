@@ -268,3 +268,14 @@ def test_the_agents_axis_on_an_env_without_owners_is_a_usage_error_before_the_mo
     out = CliRunner().invoke(app, ["stream", "--env", "arithmetic", "--axis", "agents", "--model", "scripted"])
     assert out.exit_code == 2
     assert "has no tool_owners map" in out.output and "loading model" not in out.output
+
+
+def test_episodes_without_the_scaffolding_count_against_the_buffer_too():
+    check(compose_cfg(["batch_tasks=32", "rollout.attempts=8", "rollout.unscaffolded_attempts=8"]))  # 32 x 16 = 512
+    with pytest.raises(ValueError) as info:
+        check(compose_cfg(["batch_tasks=33", "rollout.attempts=8", "rollout.unscaffolded_attempts=8"]))
+    message = str(info.value)
+    assert message.startswith("config batch_tasks=33 must be <= 32"), message
+    assert "+ batch_tasks x rollout.unscaffolded_attempts=8 = 528 traces" in message, message
+    with pytest.raises(ValueError, match="rollout.unscaffolded_attempts=-1 must be >= 0"):
+        check(compose_cfg(["rollout.unscaffolded_attempts=-1"]))

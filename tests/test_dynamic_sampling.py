@@ -104,10 +104,10 @@ def test_extra_tasks_references_are_withheld_from_demonstrations_until_trained(t
     seen: dict[int, set[str]] = {}
     original = AEGIS.evolve
 
-    def evolve(self, traces, *, round, withheld=()):
+    def evolve(self, traces, *, round, withheld=(), **kwargs):
         seen[round] = set(withheld)
         assert all(t.trace_id.startswith("r") for t in traces), "AEGIS digests the batch's rollouts only"
-        return original(self, traces, round=round, withheld=withheld)
+        return original(self, traces, round=round, withheld=withheld, **kwargs)
 
     monkeypatch.setattr(AEGIS, "evolve", evolve)
     coevo.run(smoke(tmp_path / "run", "mode=coevolve", "rollout.signal_groups=100", "rollout.max_extra_tasks=4"))

@@ -40,3 +40,50 @@ def test_tiny_run_trained_against_frozen_under_each_form(tmp_path):
             diff, trained, frozen = (row[metric][k][0] for k in ("difference", "trained", "frozen"))
             assert diff == pytest.approx(trained - frozen)
     assert "without tool_choice" in (tmp_path / "out" / "internalisation.md").read_text()
+
+
+def test_a_run_that_retired_its_prefill_is_measured_against_its_most_scaffolded_harness(tmp_path):
+    scaffolded = base_harness().insert(ToolChoice(tool="calculator", steps=1), index=0)
+    final = scaffolded.remove("tool_choice")
+    run = tmp_path / "run"
+    (run / "lineage").mkdir(parents=True)
+    rows = [(base_harness(), "start"), (scaffolded, "shipped"), (final, "shipped")]
+    for h, how in rows:
+        h.save(run / "lineage" / f"{h.id}.yaml")
+    (run / "lineage.jsonl").write_text("".join(f'{{"id": "{h.id}", "variant": "base", "how": "{how}"}}\n'
+                                               for h, how in rows))
+    final.save(run / "harness-base.yaml")
+    assert internalisation.most_scaffolded(run).id == scaffolded.id
+    forms = internalisation.harness_forms(final, internalisation.most_scaffolded(run))
+    assert list(forms) == ["most scaffolded", "most scaffolded, without tool_choice", "as run"]
+    scaffolded.save(run / "harness-base.yaml")
+    assert internalisation.most_scaffolded(run) is None  # nothing was retired
+
+    def form(pass_, tool, tokens):  # one seed's per-task figures, trained = frozen
+        row = {"pass": dict(zip("ab", pass_)), "tool_use": dict(zip("ab", tool)), "prompt_tokens": {"a": tokens,
+                                                                                                   "b": tokens}}
+        return {"trained": row, "frozen": row}
+
+    seed = {"most scaffolded": form((1.0, 1.0), (1.0, 1.0), 400.0),
+            "most scaffolded, without tool_choice": form((1.0, 0.0), (1.0, 0.0), 380.0),
+            "as run": form((1.0, 0.0), (1.0, 0.0), 100.0)}
+    retired = internalisation.summarise([seed, seed])["retirement"]
+    assert retired["prompt_tokens_saved"] == pytest.approx(0.75)
+    assert retired["unforced_pass_kept"] == pytest.approx(0.5)
+    assert retired["final_minus_most_scaffolded"][0] == pytest.approx(-50.0)
+    assert retired["unforced_tool_use"][0] == pytest.approx(50.0)
+    assert "75% fewer prompt tokens" in internalisation.report_text(internalisation.summarise([seed]), "cmd")
+
+
+def test_transfer_evaluates_the_run_on_datasets_it_never_trained_on_with_its_starting_harness(tmp_path):
+    run_dir = Path(coevo.run(smoke(tmp_path / "s0", "mode=model_only", "rounds=1", "model.lora=true",
+                                   "env=reasoning", "+env.args.datasets=[basic_arithmetic]", "env.args.n_per_dataset=20",
+                                   "~env.args.max_terms", "~env.args.max_operand", "~env.args.partial_credit",
+                                   "~env.args.n_tasks")))
+    per_form = internalisation.evaluate_run(run_dir, 3, ["products"])
+    assert list(per_form)[0] == "start"
+    for weights in per_form.values():
+        for figures in weights.values():
+            assert len(figures["pass"]) == 3 and all("/products/" in tid for tid in figures["pass"])
+    internalisation.main([str(run_dir), "--limit", "2", "--datasets", "products", "--out", str(tmp_path / "out")])
+    assert "--datasets products" in (tmp_path / "out" / "transfer.md").read_text()

@@ -31,7 +31,7 @@ from coevo.envs.base import Env, Task
 from coevo.harness.harness import Harness
 from coevo.rundir.records import InfraFailures
 
-PHASES = {"rollout": 0, "critic": 1, "eval": 2, "test": 3, "extra": 4}
+PHASES = {"rollout": 0, "critic": 1, "eval": 2, "test": 3, "extra": 4, "unscaffolded": 5}
 """Policy sampling streams within a round (see ``phase_seed``)."""
 
 

@@ -51,6 +51,11 @@ class RolloutConfig:
                                     "groups have a reward spread, roll out batch_tasks more train tasks (no round's "
                                     "batch holds them; AEGIS never sees them) and train on them too (None: off)")
     max_extra_tasks: int = opt(24, "dynamic sampling: at most this many extra tasks a round")
+    unscaffolded_attempts: int = opt(0, "episodes per train task per round also run on its harness without the "
+                                     "outermost scaffold layer (the forced tool-call prefill, then the "
+                                     "demonstrations): they join the task's GRPO group, so the weights learn the "
+                                     "behaviour unforced, and AEGIS proposes retiring the layer once they show it "
+                                     "(0: off)")
     max_steps: int = opt(6, "model calls per episode at most; a starting harness whose step budget is lower gets "
                          "it raised to this")
     batch_size: int = opt(32, "model calls per generate() batch")

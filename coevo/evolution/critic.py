@@ -46,7 +46,9 @@ from coevo.evolution.quality_gate import quality_gate
 from coevo.evolution.stat_gate import (
     Pair,
     apparent_regression,
+    StatResult,
     log_likelihood_ratio,
+    noninferiority_gate,
     pair_counts,
     regression_confirmed,
     stat_gate,
@@ -205,7 +207,7 @@ class Critic:
             verdict.gate, verdict.reason = "quality", verdict.quality.reason
             return verdict, candidate
         if self.gate == "stat":
-            self._judge_stat(verdict, parent, candidate, [known[tid] for tid in evaluated])
+            self._judge_stat(verdict, parent, candidate, [known[tid] for tid in evaluated], proposal.removes_only)
             log.info("critic %s %s: %s", "ships" if verdict.ship else "rejects" if not verdict.undecided
                      else "keeps undecided", candidate.id, verdict.reason)
             return verdict, candidate
@@ -213,7 +215,8 @@ class Critic:
         after, infra = judged_outcomes(self._run(candidate, [tasks[tid] for tid in evaluated]))
         verdict.before = {tid: list(before[tid]) for tid in evaluated}
         verdict.after = after
-        seesaw = seesaw_gate(verdict.before, after, scope=[tid for tid in scope if tid in after])
+        seesaw = seesaw_gate(verdict.before, after, scope=[tid for tid in scope if tid in after],
+                             need_gain=not proposal.removes_only)
         verdict.fail_to_pass, verdict.pass_to_fail = seesaw.fail_to_pass, seesaw.pass_to_fail
         performance = self._performance(candidate, before, after, recent) if self.gate != "seesaw" else None
         decision = combine(self.gate, seesaw=seesaw, performance=performance)
@@ -234,9 +237,19 @@ class Critic:
         random.Random(seed).shuffle(others)
         return core + others[: max(0, self.n_tasks - len(core))]
 
-    def _judge_stat(self, verdict: Verdict, parent: Harness, candidate: Harness, tasks: list[Task]) -> None:
+    def _judge_stat(self, verdict: Verdict, parent: Harness, candidate: Harness, tasks: list[Task],
+                    removal: bool = False) -> None:
         """Stages of ``k`` paired attempts per task until ``stat_gate`` decides or the
-        budget is spent; apparent regressions are re-run in between. Fills ``verdict``."""
+        budget is spent; apparent regressions are re-run in between. Fills ``verdict``. A
+        ``removal`` (an edit that only removes processors) is judged by ``noninferiority_gate``,
+        which ships only once this judgement's budget is spent."""
+        def decide(final: bool, exhausted: bool = False) -> StatResult:
+            if removal:
+                return noninferiority_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, final=final,
+                                           exhausted=exhausted)
+            return stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
+                             win_share=self.win_share, exhausted=exhausted)
+
         key = f"{parent.id}>{candidate.id}"
         pooled = self.evidence.setdefault(key, Evidence())
         pooled.judged += 1
@@ -267,14 +280,12 @@ class Critic:
                                       "confirmed": is_confirmed}
                 if is_confirmed:
                     confirmed.append(tid)
-            result = stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
-                                     win_share=self.win_share)
+            result = decide(final=not tasks[: (self.budget - spent) // (2 * self.k)])
             if result.decision != "undecided":
                 break
         pooled.episodes += spent
         if result is None or result.decision == "undecided":
-            result = stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
-                                     win_share=self.win_share, exhausted=pooled.episodes >= self.max_episodes)
+            result = decide(final=True, exhausted=pooled.episodes >= self.max_episodes)
         if result.decision == "ship":  # the parent is replaced: nothing will be compared with it again
             del self.evidence[key]
         counts = {tid: pair_counts(ps) for tid, ps in pooled.pairs.items()}

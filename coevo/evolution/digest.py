@@ -59,8 +59,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coevo.agent.rollouts import tool_use_rate
 from coevo.agent.trace import ToolCallRecord, Trace
-from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Failure
+from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Failure, ScaffoldEvidence
 
 EXCERPT_CHARS = 240
 CHARS_PER_TOKEN = 4
@@ -349,6 +350,7 @@ def digest(
     variant: str,
     references: Mapping[str, Trace] | None = None,
     max_excerpts: int = 3,
+    scaffold: ScaffoldEvidence | None = None,
 ) -> Digest:
     """Compress one round's traces of one harness variant into a ``Digest``.
 
@@ -357,7 +359,8 @@ def digest(
     ``variant``; the digest reports the most common harness id (ties: the smallest id). A task is
     in ``passed_task_ids`` when any of its traces passed, else in ``failed_task_ids``.
     Infrastructure failures are only counted (``n_infra``): they are in no cluster, in neither
-    task list, and outside ``n_failed`` and ``pass_rate``.
+    task list, and outside ``n_failed`` and ``pass_rate``. ``scaffold``: the same tasks' episodes
+    without the harness's scaffolding, summarised (``scaffold_evidence``), shown to the Planner.
     """
     if not traces:
         raise ValueError("digest needs at least one trace")
@@ -393,6 +396,22 @@ def digest(
         passed_task_ids=passed,
         failed_task_ids=failed,
         n_infra=len(traces) - len(judged),
+        scaffold=scaffold,
     )
     result.digest_tokens = estimate_tokens(result.text())
     return result
+
+
+def scaffold_evidence(scaffolded: Sequence[Trace], unscaffolded: Sequence[Trace],
+                      scaffold: Sequence[str]) -> ScaffoldEvidence | None:
+    """Tool use and pass rate of a variant's episodes with its scaffolding (``scaffolded``) and of
+    the same tasks' episodes without it (``unscaffolded``); None when either side has no judged
+    episode. Infrastructure failures say nothing about the model and are left out."""
+    with_ = [t for t in scaffolded if not t.infra_failure]
+    without = [t for t in unscaffolded if not t.infra_failure]
+    if not with_ or not without or not scaffold:
+        return None
+    return ScaffoldEvidence(scaffold=list(scaffold), episodes=len(without), tool_use=tool_use_rate(without),
+                            pass_rate=sum(t.passed for t in without) / len(without),
+                            scaffolded_tool_use=tool_use_rate(with_),
+                            scaffolded_pass_rate=sum(t.passed for t in with_) / len(with_))

@@ -39,13 +39,15 @@ from coevo.config.schema import EvolutionConfig
 from coevo.envs.base import Task
 from coevo.evolution.critic import Critic, RecentBatch
 from coevo.evolution.digest import digest as make_digest
+from coevo.evolution.digest import scaffold_evidence
 from coevo.evolution.meta_agent import Demo, MetaAgent, MetaAgentError, PlanContext, demo_question
 from coevo.evolution.monitors import Monitors
 from coevo.evolution.pool import Patience, SnapshotPool
 from coevo.evolution.reference import reference_demo
-from coevo.evolution.types import Digest, EvolveReport, HarnessEvent, Proposal, Verdict
+from coevo.evolution.types import Digest, EvolveReport, HarnessEvent, Proposal, ScaffoldEvidence, Verdict
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.harness import Harness
+from coevo.harness.scaffold import outer_scaffold
 from coevo.harness.library.context import demo_problem
 
 log = logging.getLogger("coevo.evolution")
@@ -165,7 +167,8 @@ class AEGIS:
         return [self.variants.harnesses[v] for v in variants], variants
 
     # ------------------------------------------------------------------ one round
-    def evolve(self, traces: Sequence[Trace], *, round: int, withheld: Collection[str] = ()) -> EvolveReport:
+    def evolve(self, traces: Sequence[Trace], *, round: int, withheld: Collection[str] = (),
+               unscaffolded: Sequence[Trace] = ()) -> EvolveReport:
         """Digest, propose, judge and ship, per variant, from this round's traces.
 
         ``withheld``: task ids whose references must not become demonstrations this round besides
@@ -173,7 +176,10 @@ class AEGIS:
         validation and test tasks), so no gold answer of a task the run will still train, validate
         or test on enters a harness edit. Infrastructure failures (``Trace.infra_failure``) are
         no evidence about a harness: they are left out of the variant records, the Critic's
-        outcomes, routing lessons and monitors (the digest counts them).
+        outcomes, routing lessons and monitors (the digest counts them). ``unscaffolded``: the
+        round's episodes of the same tasks under each variant's harness without its scaffolding
+        (``coevo.harness.scaffold``); each variant's digest reports them (``Digest.scaffold``), and
+        the Planner may propose retiring the scaffolding from them. They are no variant's traces.
         """
         report = EvolveReport(round=round)
         by_variant: dict[str, list[Trace]] = defaultdict(list)
@@ -191,7 +197,8 @@ class AEGIS:
                 outcomes[t.task_id].append(bool(t.passed))
             self.variants.record(variant, outcomes)
             start = time.perf_counter()
-            dig = make_digest(vtraces, round=round, variant=variant, references=self.references)
+            dig = make_digest(vtraces, round=round, variant=variant, references=self.references,
+                              scaffold=self._scaffold_evidence(variant, vtraces, unscaffolded))
             report.seconds["digest"] = report.seconds.get("digest", 0.0) + time.perf_counter() - start
             report.digests.append(dig)
             if variant == BASE:
@@ -201,7 +208,7 @@ class AEGIS:
             if not judged:  # every episode of the variant hit an infrastructure failure: nothing to learn
                 report.warnings.append(f"variant {variant}: all {len(vtraces)} traces are infrastructure failures")
                 continue
-            if stopped is None and dig.n_failed:
+            if stopped is None and (dig.n_failed or dig.scaffold is not None):
                 self._evolve_variant(variant, dig, dict(outcomes), report, set(withheld))
             self._remember_batch(variant, dict(outcomes))
             shipped = next((v for v in report.verdicts if v.ship and v.variant == variant), None)
@@ -318,6 +325,14 @@ class AEGIS:
         if verdict.undecided:
             waiting.append((parent_id, verdict.proposal))
         self.undecided[variant] = waiting
+
+    def _scaffold_evidence(self, variant: str, traces: Sequence[Trace],
+                           unscaffolded: Sequence[Trace]) -> ScaffoldEvidence | None:
+        """The variant's episodes beside those of its tasks without the outermost scaffold layer,
+        when its harness still holds one."""
+        names = outer_scaffold(self.variants.harnesses[variant])
+        tasks = {t.task_id for t in traces}
+        return scaffold_evidence(traces, [t for t in unscaffolded if t.task_id in tasks], names) if names else None
 
     def _remember_batch(self, variant: str, outcomes: dict[str, list[bool]]) -> None:
         self.recent[variant].append((sorted(outcomes), pass_at_k(outcomes)))

@@ -36,11 +36,14 @@ def seesaw_gate(
     after: Mapping[str, Sequence[bool]],
     *,
     scope: Collection[str],
+    need_gain: bool = True,
 ) -> SeesawResult:
     """Compare per-task pass@k. Evaluated tasks: ``scope`` ∪ tasks that passed before (those
     missing from ``after`` outside ``scope`` cannot be judged and are named in the reason). Ship
     only with no pass→fail flip and at least one fail→pass; one regression vetoes any number of
-    gains (the seesaw constraint is per task, not an aggregate)."""
+    gains (the seesaw constraint is per task, not an aggregate). ``need_gain=False`` (an edit
+    that only removes processors: a leaner harness is worth having at equal pass rate): ship with
+    no pass→fail flip, gains or not."""
     b, a = task_pass_at_k(before), task_pass_at_k(after)
     missing_before = sorted(t for t in scope if t not in b)
     if missing_before:
@@ -53,14 +56,16 @@ def seesaw_gate(
     judged = sorted(t for t in evaluated if t in a)
     f2p = [t for t in judged if not b[t] and a[t]]
     p2f = [t for t in judged if b[t] and not a[t]]
-    ship = not p2f and bool(f2p)
+    ship = not p2f and (bool(f2p) or not need_gain)
     if p2f:
         reason = (
             f"reject: pass→fail on {len(p2f)} task(s) {p2f} "
             f"(with {len(f2p)} fail→pass); no task that passed under pass@k may fail"
         )
-    elif not f2p:
+    elif not f2p and need_gain:
         reason = f"reject: no fail→pass among {len(judged)} evaluated task(s)"
+    elif not f2p:
+        reason = f"ship: no pass→fail among {len(judged)} evaluated task(s) (a removal needs no gain)"
     else:
         reason = f"ship: {len(f2p)} fail→pass {f2p}, no pass→fail among {len(judged)} evaluated task(s)"
     if unjudged:

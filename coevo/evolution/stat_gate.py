@@ -145,3 +145,78 @@ def stat_gate(
         return StatResult("reject", f"reject: no effect found with enough evidence (the pooled cap is spent); "
                           f"{counts}; {stat}", evidence)
     return StatResult("undecided", f"undecided: not enough evidence yet; {counts}; {stat}", evidence)
+
+
+NONINFERIORITY_MARGIN = 0.1
+"""The pass rate an edit that only removes processors may cost at most, with confidence
+1 − alpha, to ship: scaffolding retired at a loss of at most 10 points of pass@1 (the prompt it
+saves is paid on every call)."""
+
+
+def harm_upper_bound(wins: int, losses: int, pairs: int, alpha: float) -> float:
+    """One-sided (1 − alpha) upper bound of the pass rate lost per paired attempt, (losses − wins) /
+    pairs, given the discordant pairs: the exact Clopper–Pearson bound of the share of them that
+    are losses. 0 pairs bound nothing (1.0)."""
+    if pairs <= 0:
+        return 1.0
+    discordant = wins + losses
+    if discordant == 0:
+        return 0.0
+    return discordant * (2 * loss_share_upper(losses, discordant, alpha) - 1) / pairs
+
+
+def loss_share_upper(losses: int, n: int, alpha: float) -> float:
+    """Clopper–Pearson one-sided upper bound of a binomial share: the q at which P(X ≤ losses) =
+    alpha for X ~ Binomial(n, q) (bisection on the exact CDF; 1.0 when every trial is a loss)."""
+    if losses >= n:
+        return 1.0
+
+    def cdf(q: float) -> float:
+        return sum(math.comb(n, i) * q**i * (1 - q) ** (n - i) for i in range(losses + 1))
+
+    low, high = losses / n, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) > alpha else (low, mid)
+    return high
+
+
+def noninferiority_gate(
+    pairs: Mapping[str, Sequence[Pair]],
+    *,
+    regressions: Collection[str] = (),
+    alpha: float = STAT_ALPHA,
+    margin: float = NONINFERIORITY_MARGIN,
+    final: bool = True,
+    exhausted: bool = False,
+) -> StatResult:
+    """The decision for an edit that only removes processors: it needs no gain, only evidence that
+    it costs at most ``margin`` of pass rate. A confirmed regression rejects; so does a loss whose
+    lower bound exceeds ``margin`` (evidence of harm beyond it); with the stage's budget spent
+    (``final``), an upper bound of the loss (``harm_upper_bound``) within ``margin`` ships; else
+    undecided, or rejected once the pooled evidence reached its cap (``exhausted``). Both bounds
+    are one-sided at ``alpha``; the pooled evidence only grows, so an edit judged again is decided
+    on more pairs each time."""
+    c = pair_counts(p for task_pairs in pairs.values() for p in task_pairs)
+    bound = harm_upper_bound(c.wins, c.losses, c.pairs, alpha)
+    harm_lower = -harm_upper_bound(c.losses, c.wins, c.pairs, alpha)  # the bound on the gain, from below
+    evidence: dict[str, Any] = {
+        "tasks": sum(1 for v in pairs.values() if v), "pairs": c.pairs, "wins": c.wins, "losses": c.losses,
+        "both_pass": c.both, "both_fail": c.neither, "harm_bound": bound, "harm_lower": harm_lower, "margin": margin,
+        "alpha": alpha, "regressions": sorted(regressions), "noninferiority": True,
+    }
+    counts = f"{c.wins} wins / {c.losses} losses in {c.pairs} paired attempts on {evidence['tasks']} task(s)"
+    stat = f"pass rate lost ≤ {100 * bound:.1f} points at {100 * (1 - alpha):.0f}% (margin {100 * margin:.0f})"
+    if regressions:
+        return StatResult("reject", f"reject: confirmed regression on {sorted(regressions)} "
+                          f"(re-run, sign test p ≤ {alpha:g}); {counts}", evidence)
+    if harm_lower > margin:
+        return StatResult("reject", f"reject: evidence that it costs more than the margin (at least "
+                          f"{100 * harm_lower:.1f} points at {100 * (1 - alpha):.0f}%); {counts}", evidence)
+    if final and bound <= margin + TOLERANCE:
+        return StatResult("ship", f"ship: a removal within the margin; {counts}; {stat}", evidence)
+    if exhausted:
+        return StatResult("reject", f"reject: the loss is not bounded within the margin with the evidence the cap "
+                          f"allows; {counts}; {stat}", evidence)
+    return StatResult("undecided", f"undecided: the loss is not bounded within the margin yet; {counts}; {stat}",
+                      evidence)

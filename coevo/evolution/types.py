@@ -95,6 +95,25 @@ class Cluster:
 
 
 @dataclass
+class ScaffoldEvidence:
+    """How the model behaves on a variant's tasks with and without the harness's outermost scaffold
+    layer (``coevo.harness.scaffold``), from the same round's episodes of both under the same
+    weights: what a proposal to retire that layer rests on (``coevo.meta.retire``)."""
+
+    scaffold: list[str]  # the layer's processor names (what a retirement removes)
+    episodes: int  # episodes without the layer
+    tool_use: float  # share of them that called a tool
+    pass_rate: float
+    scaffolded_tool_use: float  # the variant's own episodes, with the scaffolding
+    scaffolded_pass_rate: float
+
+    def text(self) -> str:
+        return (f"without its scaffolding {', '.join(self.scaffold)} the model called a tool in "
+                f"{100 * self.tool_use:.0f}% of {self.episodes} episodes and passed {100 * self.pass_rate:.0f}% "
+                f"(with it: {100 * self.scaffolded_tool_use:.0f}% and {100 * self.scaffolded_pass_rate:.0f}%)")
+
+
+@dataclass
 class Digest:
     """A round's traces compressed for the Planner (one per harness variant)."""
 
@@ -110,6 +129,7 @@ class Digest:
     passed_task_ids: list[str] = field(default_factory=list)
     failed_task_ids: list[str] = field(default_factory=list)
     n_infra: int = 0  # infrastructure failures (Trace.infra_failure): counted, in no cluster, not in n_failed
+    scaffold: ScaffoldEvidence | None = None  # set when the round also ran the harness without its scaffolding
 
     @property
     def compression(self) -> float:
@@ -133,6 +153,8 @@ class Digest:
                 f"implicates {c.component.hook}/{c.component.dimension} ({', '.join(c.component.processors)})"
             )
             lines.extend(f"    > {e}" for e in c.excerpts)
+        if self.scaffold is not None:
+            lines.append(f"- {self.scaffold.text()}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +193,12 @@ class Proposal:
             "source": self.source,
             "revision": self.revision,
         }
+
+    @property
+    def removes_only(self) -> bool:
+        """Whether every edit removes a processor: such an edit needs no gain to ship, only no harm
+        (``seesaw_gate(need_gain=False)``, ``noninferiority_gate``), since a leaner harness costs less."""
+        return bool(self.edits) and all(e.op == "remove" for e in self.edits)
 
     def key(self) -> str:
         """Identity of the change itself (edits only), to avoid proposing a rejected edit again."""

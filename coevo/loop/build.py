@@ -251,6 +251,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
         sync_weights=sync, release_rollout=getattr(policy, "release", None),  # a vLLM engine's sleep mode
         tokenizer=tok, critic_traces=critic_traces, sampler_logprobs=cfg.buffer.sampler_logprobs,
         signal_groups=cfg.rollout.signal_groups, max_extra_tasks=cfg.rollout.max_extra_tasks,
+        unscaffolded_attempts=cfg.rollout.unscaffolded_attempts if cfg.mode != "static" else 0,
         evolve_rounds=lambda r: r < e.early_rounds or (e.every > 0 and (r - e.early_rounds + 1) % e.every == 0),
         critic_episodes=(e.stat_budget if e.gate == "stat" else cfg.batch_tasks * e.critic_attempts)
         * e.max_proposals,  # for the time estimate: one variant's proposals, each judged to the gate's budget

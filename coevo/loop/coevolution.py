@@ -42,7 +42,9 @@ from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.types import EvolveReport, HarnessEvent
 from coevo.harness.harness import Harness
+from coevo.harness.scaffold import without_outer_scaffold
 from coevo.loop.round_grpo import (
+    UNSCAFFOLDED,
     buffered_rollouts,
     critic_task_ids,
     critic_traces_to_store,
@@ -118,6 +120,7 @@ class Coevolution:
         signal_groups: int | None = None,
         max_extra_tasks: int = 0,
         critic_episodes: int = 0,
+        unscaffolded_attempts: int = 0,
     ) -> None:
         trains = mode in ("coevolve", "model_only")
         if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
@@ -144,10 +147,12 @@ class Coevolution:
         self.critic_traces = critic_traces  # filled by the Critic's re-runs (RolloutService.critic_rollout(keep=))
         self.evolve_rounds = evolve_rounds or (lambda r: True)
         self.sampler_logprobs = sampler_logprobs  # behaviour log-probs from the sampler (buffer.sampler_logprobs)
+        self.unscaffolded_attempts = unscaffolded_attempts  # rollout.unscaffolded_attempts
         self.state = LoopState()
         self.shape = RunShape(  # what the time estimates price (coevo.report.eta)
-            first=self.first, end=self.end, rollout_episodes=batch_tasks * attempts,
+            first=self.first, end=self.end,
             critic_episodes=critic_episodes if self.evolves else 0, evolves=self.evolve_rounds,
+            rollout_episodes=batch_tasks * (attempts + unscaffolded_attempts),
             grpo_steps=steps_per_round if trains else 0, step_traces=step_traces or batch_tasks * attempts,
             eval_episodes=(len(self.val_tasks) + len(self.test_tasks)) * eval_attempts)
 
@@ -227,14 +232,18 @@ class Coevolution:
         version = self.trainer.version if self.trainer is not None else 0
 
         tick = time.perf_counter()
-        traces = self._buffered(r)
-        if traces is None:
+        buffered = self._buffered(r)
+        if buffered is not None:
+            traces, bare = buffered
+        else:
             traces = self._redacted(self._routed(batch, r, "rollout", self.attempts, f"round {r}: rollouts").traces)
             traces += self._top_up(traces, r)
+            bare = self._redacted(self._unscaffolded(batch, r))
             seconds["rollout"] = time.perf_counter() - tick
             if self.trains:
                 tick = time.perf_counter()
-                self.buffer.add(traces, round=r, model_version=version, logprob_fn=self._logprob_fn(traces))
+                self.buffer.add(traces + bare, round=r, model_version=version,
+                                logprob_fn=self._logprob_fn(traces + bare))
                 seconds["logprobs"] = time.perf_counter() - tick
 
         train_ids = {t.task_id for t in batch}
@@ -244,7 +253,7 @@ class Coevolution:
         if self.evolves and self.evolve_rounds(r):
             self.rollouts.begin_critic(r)  # the Critic's re-runs go on from here
             withheld = self.withheld(r)
-            evolved = self.aegis.evolve(traces, round=r, withheld=withheld)
+            evolved = self.aegis.evolve(traces, round=r, withheld=withheld, unscaffolded=bare)
             if self.trains and self.critic_traces is not None:
                 tick = time.perf_counter()
                 train_ids |= self._buffer_critic_traces(r, version, withheld)
@@ -280,7 +289,8 @@ class Coevolution:
             evolved.warnings += self.aegis.observe_rates(
                 r, train_pass_rate=sum(t.passed for t in judged) / len(judged) if judged else None,
                 val_pass_rate=val.pass_at_1 if val is not None else None)
-        record = round_record(r, self.mode, version, traces, seconds, val=val, test=test, evolved=evolved, grpo=grpo,
+        record = round_record(r, self.mode, version, traces, seconds, unscaffolded=bare, val=val, test=test,
+                              evolved=evolved, grpo=grpo,
                               variants={n: h.id for n, h in self.aegis.current().items()},
                               meta_tokens=self.aegis.meta_tokens(),
                               buffer=BufferStats(len(self.buffer), self.buffer.lag(self.trainer.version))
@@ -319,7 +329,24 @@ class Coevolution:
         ids = {t.task_id for batch in self.batches[r - self.first :] + self.extras[r - self.first :] for t in batch}
         return ids | {t.task_id for t in self.val_tasks} | {t.task_id for t in self.test_tasks}
 
-    def _buffered(self, r: int) -> list[Trace] | None:
+    def _unscaffolded(self, tasks: Sequence[Task], r: int) -> list[Trace]:
+        """``rollout.unscaffolded_attempts`` episodes of each task whose routed harness holds
+        scaffolding, on that harness without its outermost layer (``coevo.harness.scaffold``), on a
+        sampling stream of their own: they join the task's GRPO group beside the scaffolded
+        episodes, and show AEGIS how the model behaves without that layer."""
+        if not self.unscaffolded_attempts:
+            return []
+        harnesses, _ = self.aegis.routed(tasks)
+        pairs = [(t, bare) for t, h in zip(tasks, harnesses, strict=True) if (bare := without_outer_scaffold(h)) is not h]
+        if not pairs:
+            return []
+        done = self.rollouts.run([h for _, h in pairs], [t for t, _ in pairs], attempts=self.unscaffolded_attempts,
+                                 phase="unscaffolded", round=r, variant=UNSCAFFOLDED,
+                                 label=f"round {r}: without the scaffolding",
+                                 trace_id=lambda t, a: f"u{r:04d}-{t.task_id}-{a}")
+        return done.traces
+
+    def _buffered(self, r: int) -> tuple[list[Trace], list[Trace]] | None:
         return None if self.buffer is None else buffered_rollouts(self.buffer, r)
 
     def _buffer_critic_traces(self, r: int, version: int, withheld: set[str]) -> set[str]:

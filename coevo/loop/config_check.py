@@ -99,7 +99,7 @@ def check(cfg: TrainConfig) -> None:
                     "meta_agent.max_retries": cfg.meta_agent.max_retries,
                     "meta_agent.request_retries": cfg.meta_agent.request_retries,
                     "trainer.warmup_steps": t.warmup_steps, "rollout.max_extra_tasks": cfg.rollout.max_extra_tasks,
-                    "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit,
+                    "rollout.unscaffolded_attempts": cfg.rollout.unscaffolded_attempts, "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit,
                     "evolution.early_rounds": e.early_rounds, "evolution.every": e.every}
     for low, values in ((1, positive), (0, non_negative)):
         for key, value in values.items():
@@ -165,13 +165,16 @@ def check(cfg: TrainConfig) -> None:
                          "set trainer.beta=0 or model.lora=true")
     attempts, capacity = cfg.rollout.attempts, cfg.buffer.capacity
     extra = cfg.rollout.max_extra_tasks if cfg.rollout.signal_groups else 0
-    if cfg.mode in ("coevolve", "model_only") and capacity < (cfg.batch_tasks + extra) * attempts:
+    bare = cfg.rollout.unscaffolded_attempts
+    per_round = (cfg.batch_tasks + extra) * attempts + cfg.batch_tasks * bare
+    if cfg.mode in ("coevolve", "model_only") and capacity < per_round:
         # a round's traces must all fit in the buffer, whose capacity then bounds batch_tasks
-        raise UsageError(f"config batch_tasks={cfg.batch_tasks} must be <= {capacity // attempts - extra}: a round "
-                         f"adds (batch_tasks + rollout.max_extra_tasks={extra} with dynamic sampling) x rollout.attempts="
-                         f"{attempts} = {(cfg.batch_tasks + extra) * attempts} traces, which must fit in "
-                         f"buffer.capacity={capacity}; lower batch_tasks or raise buffer.capacity to >= "
-                         f"{(cfg.batch_tasks + extra) * attempts}")
+        raise UsageError(f"config batch_tasks={cfg.batch_tasks} must be <= {(capacity - extra * attempts) // (attempts + bare)}:"
+                         f" a round adds (batch_tasks + rollout.max_extra_tasks={extra} with dynamic sampling) x "
+                         f"rollout.attempts={attempts}"
+                         + (f" + batch_tasks x rollout.unscaffolded_attempts={bare}" if bare else "")
+                         + f" = {per_round} traces, which must fit in buffer.capacity={capacity}; lower batch_tasks "
+                         f"or raise buffer.capacity to >= {per_round}")
 
 
 def check_train_split(cfg: TrainConfig, n_train: int) -> None:

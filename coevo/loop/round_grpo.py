@@ -16,12 +16,19 @@ from coevo.trainers.advantages import group_advantages
 CRITIC = "critic"
 """The buffer variant of the Critic's re-runs (``RolloutService.critic_rollout``)."""
 
+UNSCAFFOLDED = "unscaffolded"
+"""The buffer variant of the episodes run without the harness's scaffolding (``rollout.unscaffolded_attempts``)."""
 
-def buffered_rollouts(buffer: Any, r: int) -> list[Trace] | None:
-    """The rollouts a killed run already committed to ``buffer`` for round ``r`` (reused on resume;
-    the Critic's traces of the round are not rollouts and are left out)."""
+
+def buffered_rollouts(buffer: Any, r: int) -> tuple[list[Trace], list[Trace]] | None:
+    """The rollouts a killed run already committed to ``buffer`` for round ``r`` (reused on resume),
+    and apart from them the round's episodes without the scaffolding; the Critic's traces of the
+    round are not rollouts and are left out. None when the round committed none."""
     entries = [e for e in buffer.query(round=r) if e.variant != CRITIC]
-    return buffer.load(entries) if entries else None
+    if not entries:
+        return None
+    return (buffer.load([e for e in entries if e.variant != UNSCAFFOLDED]),
+            buffer.load([e for e in entries if e.variant == UNSCAFFOLDED]))
 
 
 def critic_traces_to_store(traces: Sequence[Trace], buffer: Any, r: int, withheld: set[str]) -> list[Trace]:

@@ -22,12 +22,21 @@ from coevo.rundir.records import (
 )
 
 
+def train_stats(traces: Sequence[Trace]) -> TrainStats:
+    """Pass rate, mean reward, tool use, tokens and outcomes per task of a round's episodes."""
+    return TrainStats(pass_rate=sum(t.passed for t in traces) / len(traces),
+                      mean_reward=sum(t.reward for t in traces) / len(traces),
+                      n_traces=len(traces), tool_use_rate=tool_use_rate(traces), tokens=trace_tokens(traces),
+                      outcomes=task_outcomes(traces))
+
+
 def round_record(r: int, mode: str, version: int, traces: Sequence[Trace], seconds: dict[str, float], *,
-                 val: Evaluation | None, test: Evaluation | None, evolved: EvolveReport | None,
+                 unscaffolded: Sequence[Trace] = (), val: Evaluation | None, test: Evaluation | None, evolved: EvolveReport | None,
                  grpo: GRPOMetrics | None, variants: dict[str, str], meta_tokens: dict[str, Any],
                  buffer: BufferStats | None) -> RoundRecord:
     """Round ``r``'s record: the train batch's pass rate, reward, tool use, tokens and outcomes per
-    task and per harness variant, its infrastructure failures, and the parts given."""
+    task and per harness variant, its infrastructure failures, the same for the episodes without
+    the scaffolding (``unscaffolded``, when the round ran any), and the parts given."""
     by_variant: dict[str, list[Trace]] = defaultdict(list)
     for t in traces:
         by_variant[t.variant].append(t)
@@ -36,11 +45,7 @@ def round_record(r: int, mode: str, version: int, traces: Sequence[Trace], secon
         mode=mode,
         model_version=version,
         seconds=dict(seconds),
-        train=TrainStats(pass_rate=sum(t.passed for t in traces) / len(traces),
-                         mean_reward=sum(t.reward for t in traces) / len(traces),
-                         n_traces=len(traces), tool_use_rate=tool_use_rate(traces),
-                         tokens=trace_tokens(traces),
-                         outcomes=task_outcomes(traces)),
+        train=train_stats(traces),
         val=val,
         test=test,
         infra_failures=infra_failures(traces),
@@ -51,4 +56,5 @@ def round_record(r: int, mode: str, version: int, traces: Sequence[Trace], secon
         grpo=grpo,
         meta_tokens=meta_tokens,
         buffer=buffer,
+        unscaffolded=train_stats(unscaffolded) if unscaffolded else None,
     )

@@ -103,7 +103,10 @@ def plan_messages(digest: Digest, harness: Harness, context: PlanContext) -> lis
         "processors that assemble its prompt, parse its replies, run its tools and end its episodes. From a digest "
         "of the last round's failures, propose hypotheses, each tested by typed edits to the harness, with its "
         "scope: the failure cluster it addresses, target_tasks and predicted_flips (failed task ids it should fix) "
-        "and at_risk (passed task ids it could break).\n" + EDIT_RULES
+        "and at_risk (passed task ids it could break). When the digest says how the model behaves without the "
+        "harness's scaffolding (a forced tool-call prefill, demonstrations) and it behaves as the scaffolding forces "
+        "it to and passes nearly as often, propose removing the scaffolding (op remove): it costs prompt tokens on "
+        "every call.\n" + EDIT_RULES
     )
     user = (
         f"## Digest\n{digest.text()}\n\n## Task ids\n{_task_ids(digest)}\n\n## Harness\n{harness_summary(harness)}\n\n"

@@ -22,6 +22,7 @@ from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import split_demos
 from coevo.meta.drafts import Draft, Template, applies, flatten
+from coevo.meta.retire import retirement
 from coevo.meta.templates import CATALOGUE, TEMPLATES, template_order
 
 
@@ -160,12 +161,19 @@ class RuleMetaAgent:
         """Round-robin over the ordered clusters: each cluster's first usable template, then each
         one's next, ... until ``context.max_proposals``. An edit already taken for one cluster is
         passed over for the next one of the same cluster (format_error and wrong_answer share
-        templates), so every cluster in a round gets a distinct proposal while any are left."""
+        templates), so every cluster in a round gets a distinct proposal while any are left. When the
+        digest shows the model behaving unforced as the scaffolding forces it, removing the
+        scaffolding is proposed too (``coevo.meta.retire``)."""
         if context.max_proposals < 0:
             raise ValueError(f"max_proposals must be >= 0, got {context.max_proposals}")
         self.ledger.record("plan")
         queues = [self._drafts(c, digest, harness, context, template_order(c, self.catalogue))
                   for c in order_clusters(digest.clusters, context.priorities) if c.cause in self.catalogue]
+        # retiring scaffolding (coevo.meta.retire) comes first; once rejected it goes after every cluster's
+        # first proposal, and is still proposed: the evidence it rests on is measured anew every round
+        retire = retirement(digest, harness, context)
+        if retire is not None:
+            queues.insert(0 if retire.key() not in context.rejected else len(queues), [retire])
         chosen: list[Proposal] = []
         seen: set[str] = set()
         while len(chosen) < context.max_proposals and any(queues):

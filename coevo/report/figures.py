@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from coevo.harness.harness import Harness
+from coevo.harness.scaffold import SCAFFOLD_KINDS, scaffold_names
 from coevo.report.data import TIME_KEYS, Run, lineage_layout, matrix_source, short, task_matrix
 from coevo.report.result import run_result
 from coevo.rundir.records import LINEAGE_HOWS
@@ -21,11 +23,19 @@ from coevo.rundir.records import LINEAGE_HOWS
 FIGURES = ("result.png", "pass_rate.png", "lineage.png", "task_matrix.png", "time_breakdown.png")
 """The figures' file names, in the order ``write_figures`` draws them."""
 
+SCAFFOLD_FIGURE = "scaffold.png"
+"""Drawn besides ``FIGURES`` for a run that ran episodes without the scaffolding (``rollout.unscaffolded_attempts``)."""
+
+
+def figures_for(run: Run) -> tuple[str, ...]:
+    """The file names of the figures ``write_figures`` draws for ``run``."""
+    return FIGURES + ((SCAFFOLD_FIGURE,) if any(r.unscaffolded for r in run.records) else ())
+
 
 def write_figures(run: Run, out: Path) -> None:
-    """Draw ``FIGURES`` into the directory ``out``."""
-    draws = (_draw_result, _draw_pass_rate, _draw_lineage, _draw_task_matrix, _draw_time)
-    for name, draw in zip(FIGURES, draws, strict=True):
+    """Draw ``figures_for(run)`` into the directory ``out``."""
+    draws = (_draw_result, _draw_pass_rate, _draw_lineage, _draw_task_matrix, _draw_time, _draw_scaffold)
+    for name, draw in zip(figures_for(run), draws, strict=False):
         _save(draw(run), out / name)
 
 
@@ -217,4 +227,46 @@ def _draw_time(run: Run) -> Any:
     ax.set_ylabel("seconds")
     ax.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
     ax.set_title("Time per round by phase")
+    return fig
+
+
+def _draw_scaffold(run: Run) -> Any:
+    """Scaffold retirement by round: how many scaffold processors the base harness held after each
+    round (edits that added or removed them marked), beside the tool use and pass rate of the
+    round's episodes with the scaffolding and without its outermost layer."""
+    fig = _figure(12, 4.5)
+    layers, curve = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    rounds = run.rounds
+    held = []
+    for r in run.records:
+        path = run.run_dir / "lineage" / f"{r.variants.get('base', '')}.yaml"
+        held.append(len(scaffold_names(Harness.load(path))) if path.is_file() else math.nan)
+    layers.step(rounds, held, where="mid", color="tab:purple")
+    layers.plot(rounds, held, "o", color="tab:purple")
+    for r, n in zip(run.records, held, strict=True):
+        for v in r.verdicts:
+            if v.ship:
+                layers.annotate(short(v.describe_edits(), 40), (r.round, n), xytext=(4, 8), textcoords="offset points",
+                                fontsize=7)
+    layers.set_ylim(-0.3, len(SCAFFOLD_KINDS) + 0.7)
+    layers.set_yticks(range(len(SCAFFOLD_KINDS) + 1))
+    layers.set_ylabel("scaffold processors in the harness")
+    layers.set_title("scaffolding added, then retired", fontsize=10)
+    round_axis(layers, rounds)
+    layers.grid(alpha=0.3)
+    pts = [(r.round, r.train, r.unscaffolded) for r in run.records]
+    curve.plot(rounds, [100 * t.tool_use_rate for _, t, _ in pts], "-o", color="tab:purple", label="tool use, scaffolded")
+    curve.plot(rounds, [100 * t.pass_rate for _, t, _ in pts], "-o", color="tab:blue", label="pass, scaffolded")
+    bare = [(n, u) for n, _, u in pts if u is not None]
+    if bare:
+        curve.plot([n for n, _ in bare], [100 * u.tool_use_rate for _, u in bare], "--s", color="tab:purple",
+                   label="tool use, without the outer layer")
+        curve.plot([n for n, _ in bare], [100 * u.pass_rate for _, u in bare], "--s", color="tab:blue",
+                   label="pass, without the outer layer")
+    curve.set_ylim(-5, 105)
+    curve.set_ylabel("% of the round's train episodes")
+    round_axis(curve, rounds)
+    curve.grid(alpha=0.3)
+    curve.legend(loc="upper left", fontsize=7)
+    curve.set_title("the model with and without the outermost scaffold layer", fontsize=10)
     return fig

@@ -16,14 +16,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from coevo.report.data import INSIDE_KEYS, TIME_KEYS, Run, load_run, outside_share, short, time_totals
-from coevo.report.figures import FIGURES, write_figures
+from coevo.report.figures import figures_for, write_figures
 from coevo.report.result import result_lines, run_result
 from coevo.rundir.records import RoundRecord
 from coevo.safety.secrets import redact_text
 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Write the four figures and ``summary.md`` into ``out_dir`` (default ``run_dir/report``)."""
+    """Write the figures (``figures_for``) and ``summary.md`` into ``out_dir`` (default ``run_dir/report``)."""
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -158,5 +158,5 @@ def summary_markdown(run: Run) -> str:
         lines.append("")
     lines.append(f"Total meta-agent tokens (cumulative): {ledger.get('total_tokens', 0)}")
     lines += ["", "## Figures", ""]
-    lines += [f"- [{name[:-4].replace('_', ' ')}]({name})" for name in FIGURES]
+    lines += [f"- [{name[:-4].replace('_', ' ')}]({name})" for name in figures_for(run)]
     return "\n".join(lines) + "\n"

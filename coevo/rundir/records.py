@@ -266,6 +266,7 @@ class RoundRecord(Record):
     grpo: GRPOMetrics | None
     meta_tokens: JSONDict  # TokenLedger.as_dict() (cumulative)
     buffer: BufferStats | None
+    unscaffolded: TrainStats | None = None  # the episodes without the scaffolding (rollout.unscaffolded_attempts)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -1,0 +1,51 @@
+"""Retiring scaffolding: the rule meta-agent's proposal to remove what the harness had to force.
+
+A forced tool-call prefill and worked demonstrations (``coevo.harness.scaffold``) are how AEGIS
+first gets a small model to use a tool. Once GRPO has trained the weights on episodes with and
+without them (the loop's ``rollout.unscaffolded_attempts``), the digest says how the model behaves
+unforced (``Digest.scaffold``). When it calls the tool unforced nearly as often and passes nearly
+as often, the scaffolding only costs prompt tokens on every call, so the Planner proposes removing
+it; the Critic judges the removal like any edit, and it ships only if no task regresses beyond
+the gate's bound.
+"""
+
+from __future__ import annotations
+
+from coevo.evolution.meta_agent import PlanContext
+from coevo.evolution.types import Digest, Proposal, ScaffoldEvidence
+from coevo.harness.edit_record import Edit
+from coevo.harness.harness import Harness
+from coevo.harness.hooks import Dimension
+
+RETIRE_TOOL_USE = 0.6
+"""Unforced tool use at which removal is worth judging: below it the Critic would see the episodes
+that answer without the tool fail, and the proposal would spend its budget to be rejected."""
+
+RETIRE_KEEP = 0.8
+"""Unforced pass rate, as a share of the scaffolded one, at which removal is worth judging (the
+Critic's paired gate, not this threshold, decides whether it ships)."""
+
+
+def ready(evidence: ScaffoldEvidence | None, tool_use: float = RETIRE_TOOL_USE, keep: float = RETIRE_KEEP) -> bool:
+    """Whether the episodes without the scaffolding show the behaviour it forces (see the constants)."""
+    return (evidence is not None and evidence.tool_use >= tool_use
+            and evidence.pass_rate >= keep * evidence.scaffolded_pass_rate - 1e-9)  # rates are counts / episodes
+
+
+def retirement(digest: Digest, harness: Harness, context: PlanContext) -> Proposal | None:
+    """The proposal that removes every scaffold processor the evidence was measured without, when
+    ``ready``; None otherwise (or when the harness no longer holds them)."""
+    evidence = digest.scaffold
+    if not ready(evidence):
+        return None
+    names = [n for n in evidence.scaffold if n in harness]
+    if not names:
+        return None
+    return Proposal(
+        hypothesis=f"retire the scaffolding: {evidence.text()}; without it every call's prompt is shorter",
+        edits=[Edit("remove", name) for name in names],
+        dimension=Dimension.TOOLS.value,
+        at_risk=list(digest.passed_task_ids),
+        variant=context.variant,
+        source="rule",
+    )
