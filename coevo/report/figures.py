@@ -251,7 +251,7 @@ def _draw_scaffold(run: Run) -> Any:
     layers.set_ylim(-0.3, len(SCAFFOLD_KINDS) + 0.7)
     layers.set_yticks(range(len(SCAFFOLD_KINDS) + 1))
     layers.set_ylabel("scaffold processors in the harness")
-    layers.set_title("scaffolding added, then retired", fontsize=10)
+    layers.set_title("scaffolding in the harness after each round (shipped edits marked)", fontsize=10)
     round_axis(layers, rounds)
     layers.grid(alpha=0.3)
     pts = [(r.round, r.train, r.unscaffolded) for r in run.records]
