@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 from coevo.buffers import ReplayBuffer
 
@@ -16,10 +15,9 @@ from coevo.agent.trace import Trace
 from coevo.envs.base import Task
 from coevo.envs.load import make_env
 from coevo.evolution.engine import AEGIS
-from coevo.loop.coevolution import Coevolution
 from coevo.loop.round_grpo import dynamic_sample, signal_groups
 from coevo.loop.round_plan import extra_pools, round_batches
-from tests.test_loop import records, smoke, weights
+from tests.test_loop import killed_in_round_1_and_resumed, records, smoke, weights
 
 SMOKE_ENV = {"n_tasks": 30, "max_terms": 3, "max_operand": 3, "partial_credit": True}
 
@@ -123,18 +121,8 @@ def test_extra_tasks_references_are_withheld_from_demonstrations_until_trained(t
 def test_a_round_killed_after_its_rollouts_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
     args = ("mode=model_only", "rollout.signal_groups=100", "rollout.max_extra_tasks=4")
     whole = Path(coevo.run(smoke(tmp_path / "whole", *args)))
-    original = Coevolution._train
-
-    def crash_in_round_1(self, batch, r):
-        if r == 1:
-            raise RuntimeError("killed")
-        return original(self, batch, r)
-
-    monkeypatch.setattr(Coevolution, "_train", crash_in_round_1)
-    with pytest.raises(RuntimeError, match="killed"):
-        coevo.run(smoke(tmp_path / "cut", *args))
-    monkeypatch.setattr(Coevolution, "_train", original)
-    cut = Path(coevo.run(smoke(tmp_path / "cut", *args)))  # round 1's rollouts and extras come from the buffer
+    # round 1's rollouts and extras come from the buffer
+    cut = killed_in_round_1_and_resumed(tmp_path / "cut", monkeypatch, *args)
     a, b = records(whole), records(cut)
     assert [r["grpo"]["extra_tasks"] for r in b] == [4, 4]
     assert [r["train"] for r in a] == [r["train"] for r in b] and a[1]["train"]["n_traces"] == 8

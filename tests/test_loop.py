@@ -33,6 +33,25 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
 
 
+def killed_in_round_1_and_resumed(run_dir: Path, monkeypatch, *overrides: str) -> Path:
+    """A smoke run killed in round 1's GRPO step (its rollouts committed to the buffer), then
+    started again on the same directory: what a resume after a crash mid-round gives."""
+    from coevo.loop.coevolution import Coevolution
+
+    original = Coevolution._train
+
+    def crash_in_round_1(self, batch, r):
+        if r == 1:
+            raise RuntimeError("killed")
+        return original(self, batch, r)
+
+    monkeypatch.setattr(Coevolution, "_train", crash_in_round_1)
+    with pytest.raises(RuntimeError, match="killed"):
+        coevo.run(smoke(run_dir, *overrides))
+    monkeypatch.setattr(Coevolution, "_train", original)
+    return Path(coevo.run(smoke(run_dir, *overrides)))
+
+
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     latest = (run_dir / "checkpoint" / "latest").read_text().strip()
     return load_file(next((run_dir / "checkpoint" / latest / "trainer" / "model").glob("*.safetensors")))

@@ -25,13 +25,12 @@ from coevo.harness.defaults import base_harness
 from coevo.harness.harness import Harness
 from coevo.harness.library import ToolChoice
 from coevo.harness.scaffold import outer_scaffold, scaffold_names, without_outer_scaffold, without_scaffold
-from coevo.loop.coevolution import Coevolution
 from coevo.loop.round_plan import round_batches
 from coevo.meta.retire import ready
 from coevo.meta.rule import RuleMetaAgent
 from tests.aegis_helpers import critic_rollout, service
 from tests.evolution.test_engine import solve
-from tests.test_loop import records, smoke, weights
+from tests.test_loop import killed_in_round_1_and_resumed, records, smoke, weights
 from tests.test_config import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,18 +174,8 @@ def test_a_training_run_puts_episodes_without_the_scaffolding_in_their_tasks_gro
 def test_a_round_killed_after_its_rollouts_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
     args = ("mode=model_only", f"harness.start={SCAFFOLDED}", "rollout.unscaffolded_attempts=2")
     whole = Path(coevo.run(smoke(tmp_path / "whole", *args)))
-    original = Coevolution._train
-
-    def crash_in_round_1(self, batch, r):
-        if r == 1:
-            raise RuntimeError("killed")
-        return original(self, batch, r)
-
-    monkeypatch.setattr(Coevolution, "_train", crash_in_round_1)
-    with pytest.raises(RuntimeError, match="killed"):
-        coevo.run(smoke(tmp_path / "cut", *args))
-    monkeypatch.setattr(Coevolution, "_train", original)
-    cut = Path(coevo.run(smoke(tmp_path / "cut", *args)))  # round 1's episodes, with and without, from the buffer
+    # round 1's episodes, with and without, from the buffer
+    cut = killed_in_round_1_and_resumed(tmp_path / "cut", monkeypatch, *args)
     a, b = records(whole), records(cut)
     assert [r["unscaffolded"] for r in a] == [r["unscaffolded"] for r in b] and b[1]["unscaffolded"]["n_traces"] == 8
     assert [r["grpo"]["loss"] for r in a] == [r["grpo"]["loss"] for r in b]

@@ -45,8 +45,8 @@ from coevo.evolution.outcome_gates import PerformanceResult, combine, performanc
 from coevo.evolution.quality_gate import quality_gate
 from coevo.evolution.stat_gate import (
     Pair,
-    apparent_regression,
     StatResult,
+    apparent_regression,
     log_likelihood_ratio,
     noninferiority_gate,
     pair_counts,

@@ -44,11 +44,11 @@ from coevo.evolution.meta_agent import Demo, MetaAgent, MetaAgentError, PlanCont
 from coevo.evolution.monitors import Monitors
 from coevo.evolution.pool import Patience, SnapshotPool
 from coevo.evolution.reference import reference_demo
-from coevo.evolution.types import Digest, EvolveReport, HarnessEvent, Proposal, ScaffoldEvidence, Verdict
+from coevo.evolution.types import Digest, EvolveReport, HarnessEvent, Proposal, Verdict
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.harness import Harness
-from coevo.harness.scaffold import outer_scaffold
 from coevo.harness.library.context import demo_problem
+from coevo.harness.scaffold import outer_scaffold
 
 log = logging.getLogger("coevo.evolution")
 
@@ -197,8 +197,10 @@ class AEGIS:
                 outcomes[t.task_id].append(bool(t.passed))
             self.variants.record(variant, outcomes)
             start = time.perf_counter()
-            dig = make_digest(vtraces, round=round, variant=variant, references=self.references,
-                              scaffold=self._scaffold_evidence(variant, vtraces, unscaffolded))
+            tasks = {t.task_id for t in vtraces}  # the same tasks' episodes without the outer scaffold layer
+            evidence = scaffold_evidence(vtraces, [t for t in unscaffolded if t.task_id in tasks],
+                                         outer_scaffold(self.variants.harnesses[variant]))
+            dig = make_digest(vtraces, round=round, variant=variant, references=self.references, scaffold=evidence)
             report.seconds["digest"] = report.seconds.get("digest", 0.0) + time.perf_counter() - start
             report.digests.append(dig)
             if variant == BASE:
@@ -325,14 +327,6 @@ class AEGIS:
         if verdict.undecided:
             waiting.append((parent_id, verdict.proposal))
         self.undecided[variant] = waiting
-
-    def _scaffold_evidence(self, variant: str, traces: Sequence[Trace],
-                           unscaffolded: Sequence[Trace]) -> ScaffoldEvidence | None:
-        """The variant's episodes beside those of its tasks without the outermost scaffold layer,
-        when its harness still holds one."""
-        names = outer_scaffold(self.variants.harnesses[variant])
-        tasks = {t.task_id for t in traces}
-        return scaffold_evidence(traces, [t for t in unscaffolded if t.task_id in tasks], names) if names else None
 
     def _remember_batch(self, variant: str, outcomes: dict[str, list[bool]]) -> None:
         self.recent[variant].append((sorted(outcomes), pass_at_k(outcomes)))
