@@ -14,7 +14,8 @@ which would poison the whole step's gradient; the written-out slope is exactly 0
 ``VARIANTS`` selects the pieces (as verl's ``core_algos.py`` does: plain functions over tensors, a
 plain dict from name to function):
 
-- "clip" (r = exp(logp − old_logp), A the advantage): "ppo" max(−r·A, −clip(r, 1−ε_low, 1+ε_high)·A)
+- "clip" (r = exp(logp − old_logp), A the advantage; an old_logp of nan marks a token the harness
+  forced rather than any policy sampled, rated against the current policy: r = 1, gradient −A·∇logp): "ppo" max(−r·A, −clip(r, 1−ε_low, 1+ε_high)·A)
   (ε_high > ε_low is DAPO's clip-higher); "dual" also caps it at −c·A for A < 0 (dual-clip PPO, chosen
   by ``LossParams.dual_clip = c``). Where a clip is active the token has no gradient.
 - "kl", an estimate of KL(π ‖ π_ref) per token from the log-ratio x = logp − ref_logp (Schulman's
@@ -188,7 +189,8 @@ def token_loss(
 ) -> TokenTerms:
     """ℓ = surrogate of the selected clip + beta · the selected KL estimate, and dℓ/dlogp, in logp's dtype."""
     adv = advantages.to(logp.dtype)  # [n]
-    ratio = torch.exp(logp - old_logp.to(logp.dtype))  # [n]
+    old = old_logp.to(logp.dtype)  # [n]; nan: a token no policy sampled, rated against the current one
+    ratio = torch.exp(logp - torch.where(torch.isnan(old), logp.detach(), old))  # [n]
     loss, slope, clipped = VARIANTS["clip"][params.clip](ratio, adv, params)  # [n] each
     kl = None
     if ref_logp is not None:

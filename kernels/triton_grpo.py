@@ -97,7 +97,8 @@ if TRITON_AVAILABLE:
 
         logp = tl.load(row_ptr + tl.load(targets_ptr + row) * col_stride).to(tl.float32) - lse
         adv = tl.load(advantages_ptr + row).to(tl.float32)
-        ratio = tl.exp(logp - tl.load(old_logp_ptr + row).to(tl.float32))
+        old = tl.load(old_logp_ptr + row).to(tl.float32)
+        ratio = tl.exp(logp - tl.where(old != old, logp, old))  # nan: forced, rated against the current policy
         pg = -ratio * adv  # unclipped surrogate, and its slope in logp
         loss = tl.maximum(pg, -tl.minimum(tl.maximum(ratio, ratio_low), ratio_high) * adv)
         clipped = ((adv > 0) & (ratio > ratio_high)) | ((adv < 0) & (ratio < ratio_low))

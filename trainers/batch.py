@@ -16,6 +16,7 @@ them as before.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -37,11 +38,15 @@ class TrainSequence:
 
 
 def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
-                       default_temperature: float = 1.0) -> list[TrainSequence]:
+                       default_temperature: float = 1.0, credit_prefill: bool = False) -> list[TrainSequence]:
     """Flatten the trainable, non-empty model calls of trainable traces into sequences.
 
     ``default_temperature`` is the run's rollout temperature, for calls recorded before model
-    calls kept their sampling parameters."""
+    calls kept their sampling parameters.
+
+    ``credit_prefill``: a call whose reply the harness prefilled (a forced tool call) and whose
+    trace has a positive advantage is trained with the prefix as actions, under the prompt without
+    it (``credit_forced``): the decision the harness forced, credited where it led to success."""
     out: list[TrainSequence] = []
     for i, (trace, adv) in enumerate(zip(traces, advantages.tolist(), strict=True)):
         if not trace.trainable:
@@ -60,10 +65,38 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
                 raise ValueError(f"trace {trace.trace_id} call {k}: {len(sampler)} sampler log-probs for "
                                  f"{len(call.completion_ids)} tokens")
             temperature = call.logprob_temperature()
-            out.append(TrainSequence(i, call.prompt_ids, call.completion_ids, old, sampler,
-                                     float(adv), call.loss_weight,
-                                     default_temperature if temperature is None else temperature))
+            seq = TrainSequence(i, call.prompt_ids, call.completion_ids, old, sampler, float(adv), call.loss_weight,
+                                default_temperature if temperature is None else temperature)
+            out.append(credit_forced(seq, call.prefix_tokens) if credit_prefill and adv > 0 else seq)
     return out
+
+
+FORCED = float("nan")
+"""The behaviour log-prob of a token no policy sampled (the harness wrote it): the loss rates it
+against the current policy (ratio 1), so its gradient is the advantage times ∇log π."""
+
+
+def credit_forced(seq: TrainSequence, prefix_tokens: int) -> TrainSequence:
+    """``seq`` with the last ``prefix_tokens`` of its prompt (the reply the harness prefilled) moved
+    to the front of its completion, their behaviour and sampler log-probs ``FORCED``.
+
+    Under a forced prefill the model never decides to call the tool: the call's opening is prompt,
+    so no gradient reaches the decision, and an episode without the prefill that happens to call it
+    is rare and mostly fails. Credited this way, a scaffolded success teaches the model to open the
+    call itself, under exactly the prompt the harness without its prefill shows. The behaviour
+    policy gave these tokens probability 1, so an importance ratio against it would be π itself
+    (tiny where the decision is unlearned, and the PPO clip would hold it near the insertion-time
+    value); rated against the current policy they get an advantage-weighted likelihood gradient,
+    as off-policy guidance does for demonstrations."""
+    if prefix_tokens <= 0:
+        return seq
+    if prefix_tokens >= len(seq.prompt_ids):
+        raise ValueError(f"a prefix of {prefix_tokens} tokens in a prompt of {len(seq.prompt_ids)}")
+    forced = [FORCED] * prefix_tokens
+    return dataclasses.replace(
+        seq, prompt_ids=seq.prompt_ids[:-prefix_tokens],
+        completion_ids=seq.prompt_ids[-prefix_tokens:] + seq.completion_ids, old_logp=forced + list(seq.old_logp),
+        sampler_logp=None if seq.sampler_logp is None else forced + list(seq.sampler_logp))
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,7 @@ class GRPOTrainer:
         self.ref_model, self.pad_id, self.config, self.max_grad_norm = ref_model, pad_id, config, c.max_grad_norm
         self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, c.micro_batch_tokens
         self.loss_params, self.kernel = loss_params, c.kernel
-        self.beta, self.tis_cap, self.temperature = c.beta, c.tis_cap, temperature
+        self.beta, self.tis_cap, self.temperature, self.credit_prefill = c.beta, c.tis_cap, temperature, c.credit_prefill
         self.loss_horizon = loss_horizon
         self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, c.scale_by_std, c.drop_zero_variance
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
@@ -204,7 +204,8 @@ class GRPOTrainer:
         adv, signal, stats = group_advantages([t.task_id for t in traces], [t.reward for t in traces],
                                               scale_by_std=self.scale_by_std, members=members)
         keep = [i for i in range(len(traces)) if members[i] and (signal[i] or not self.drop_zero_variance)]
-        seqs = training_sequences([traces[i] for i in keep], adv[keep], default_temperature=self.temperature)
+        seqs = training_sequences([traces[i] for i in keep], adv[keep], default_temperature=self.temperature,
+                                  credit_prefill=self.credit_prefill)
         staleness = dict(Counter(self.version - v for v in versions)) if versions is not None else {}
         excluded = (stats.excluded_traces, sum(t.infra_failure for t in traces))
         rewards = torch.tensor([t.reward for t, m in zip(traces, members) if m], dtype=torch.float64)
@@ -247,7 +248,9 @@ class GRPOTrainer:
             return {}
         old = torch.tensor([v for s in pairs for v in s.old_logp], dtype=torch.float64)
         sampler = torch.tensor([v for s in pairs for v in s.sampler_logp or ()], dtype=torch.float64)
-        delta = old - sampler
+        delta = (old - sampler)[~torch.isnan(old)]  # forced tokens (credit_forced) were not sampled
+        if not delta.numel():
+            return {}
         truncated = None if self.tis_cap is None else float((delta.exp() > self.tis_cap).double().mean())
         return {"sampler_mismatch_mean": float(delta.abs().mean()), "sampler_mismatch_max": float(delta.abs().max()),
                 "sampler_tokens": int(delta.numel()), "tis_truncated_fraction": truncated}
@@ -300,7 +303,8 @@ class GRPOTrainer:
                                 horizon=self.loss_horizon)
         weights = weights.to(hidden.device) * batch.loss_weights  # [N]
         if self.tis_cap is not None and batch.sampler_logp is not None:
-            weights = weights * torch.exp(batch.old_logp - batch.sampler_logp).clamp(max=self.tis_cap)
+            tis = torch.exp(batch.old_logp - batch.sampler_logp).clamp(max=self.tis_cap)  # [N]
+            weights = weights * torch.nan_to_num(tis, nan=1.0)  # a forced token was not sampled: no correction
         return grpo_loss(hidden, weight, batch.targets, batch.old_logp, batch.advantages, weights, ref_logp=ref,
                          temperature=temperature, params=self.loss_params, impl=self.kernel)
 

@@ -169,6 +169,7 @@ class EpisodeRun:
                 top_p=float(sampling.top_p),
                 max_new_tokens=int(sampling.max_new_tokens),
                 reply_prefix=prefix,
+                prefix_tokens=generation.prefix_tokens,
                 agent=self.agent,
             )
             self.trace.model_calls.append(call)

@@ -38,6 +38,7 @@ class Generation:
     completion_ids: list[int]
     logprobs: list[float] | None  # sampler log-prob of each completion token, after temperature
     finish_reason: str = "stop"  # "stop" (EOS or stop string) | "length"
+    prefix_tokens: int = 0  # how many of prompt_ids (its last ones) are the request's reply_prefix
 
 
 @runtime_checkable
@@ -118,4 +119,4 @@ class ScriptedPolicy:
             text = bytes(ids).decode("utf-8", errors="ignore")
             finish = "length"
         prompt = byte_ids(render_plain(request.messages) + prefix)
-        return Generation(text, prompt, ids, [0.0] * len(ids), finish)
+        return Generation(text, prompt, ids, [0.0] * len(ids), finish, prefix_tokens=len(byte_ids(prefix)))

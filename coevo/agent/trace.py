@@ -20,9 +20,9 @@ class ModelCall:
     schedule), so the trainer scores each token under the distribution it was drawn from.
 
     ``reply_prefix`` is the text the harness prefilled the assistant turn with (``tool_choice``):
-    its tokens end ``prompt_ids``, and ``text`` / ``completion_ids`` are only what the model
-    generated after it, so only generated tokens are trained on. The reply the harness parsed and
-    the history holds is ``reply`` (prefix + text).
+    its ``prefix_tokens`` tokens end ``prompt_ids``, and ``text`` / ``completion_ids`` are only
+    what the model generated after it, so only generated tokens are sampled actions. The reply the
+    harness parsed and the history holds is ``reply`` (prefix + text).
     """
 
     step: int
@@ -38,6 +38,7 @@ class ModelCall:
     top_p: float | None = None
     max_new_tokens: int | None = None
     reply_prefix: str = ""  # "": nothing prefilled (and every call recorded before prefixes existed)
+    prefix_tokens: int = 0  # the last prefix_tokens of prompt_ids are reply_prefix's (0: unknown or none)
     agent: str = ""  # "": the lead agent; else the specialist whose delegated sub-episode made the call
 
     @property

@@ -171,6 +171,9 @@ class TrainerConfig:
     kl_estimator: str = opt("k3", "KL estimate per token, x = log pi/pi_ref: k3 (exp(-x) + x - 1) | k2 (x^2/2, "
                             "the reverse KL's gradient) | k1 (x; zero mean gradient on-policy)")
     tis_cap: float | None = opt(None, "truncated importance weight cap for sampler/trainer mismatch (None: off)")
+    credit_prefill: bool = opt(False, "train the tokens a harness prefilled (a forced tool call) as actions of the "
+                               "episodes with a positive advantage, under the prompt without them, so the weights "
+                               "learn the decision the scaffold forces")
     aggregation: str = opt("token_mean", "token weights of the step loss: token_mean (DAPO's token-level mean over "
                            "the step) | sequence_mean (GRPO's mean of sequence means) | dr_grpo (Dr. GRPO: token "
                            "sums / (sequences x rollout.max_new_tokens))")

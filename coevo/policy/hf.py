@@ -29,7 +29,7 @@ import torch
 
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.config.schema import RolloutConfig
-from coevo.harness.events import Message, SamplingParams
+from coevo.harness.events import HARNESS, Message, SamplingParams, is_harness_note
 from coevo.policy.decode import RaceSampling, decode
 from coevo.policy.prefix_cache import PrefixCache, common_prefix_len
 
@@ -40,11 +40,14 @@ SHARED_PREFIX_MIN = 32
 
 def to_template_messages(messages: Sequence[Message], tool_role: bool) -> list[dict[str, str]]:
     """Messages a chat template accepts. Small chat models never saw a ``tool`` role, so by
-    default tool results are shown as user turns that say which tool answered."""
+    default tool results are shown as user turns that say which tool answered; the harness's own
+    notes (``harness_note``) are user turns marked ``[harness]``, apart from the user's."""
     out = []
     for m in messages:
         if m["role"] == "tool" and not tool_role:
             out.append({"role": "user", "content": f"[{m.get('name', 'tool')} result]\n{m['content']}"})
+        elif is_harness_note(m):
+            out.append({"role": "user", "content": f"[{HARNESS}] {m['content']}"})
         else:
             out.append({"role": m["role"], "content": m["content"]})
     return out
@@ -57,9 +60,12 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tool_role: bool, 
     rendered = to_template_messages(messages, tool_role)
     ids = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    if reply_prefix:
-        ids += list(tokenizer.encode(reply_prefix, add_special_tokens=False))
-    return ids
+    return ids + prefix_ids(tokenizer, reply_prefix)
+
+
+def prefix_ids(tokenizer: Any, reply_prefix: str) -> list[int]:
+    """The ids ``render_prompt`` appends for ``reply_prefix`` (none for "")."""
+    return list(tokenizer.encode(reply_prefix, add_special_tokens=False)) if reply_prefix else []
 
 
 class TransformersPolicy:
@@ -140,6 +146,7 @@ class TransformersPolicy:
                 generator = torch.Generator(device=self.device).manual_seed(self.seed + self._calls)
                 self._calls += 1
                 for i, gen in zip(chunk, run(prompts, requests[chunk[0]].sampling, generator), strict=True):
+                    gen.prefix_tokens = len(prefix_ids(self.tokenizer, requests[i].reply_prefix))
                     results[i] = gen
         self.seconds += time.perf_counter() - began
         return [r for r in results if r is not None]

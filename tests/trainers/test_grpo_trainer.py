@@ -183,7 +183,7 @@ def test_a_prefilled_reply_trains_only_on_generated_tokens(tok, tmp_path):
         t.reward = float(k % 2)  # a group with a signal (the random model passes nothing)
         first = t.model_calls[0]
         assert t.error is None and first.reply_prefix == prefix
-        assert first.prompt_ids[-len(prefix_ids):] == prefix_ids
+        assert first.prompt_ids[-len(prefix_ids):] == prefix_ids and first.prefix_tokens == len(prefix_ids)
         assert tok.decode(first.completion_ids, skip_special_tokens=True) == first.text
         assert t.messages[[m["role"] for m in t.messages].index("assistant")]["content"] == prefix + first.text
     with ReplayBuffer(tmp_path / "buffer", capacity=8) as buf:
@@ -273,3 +273,46 @@ def test_a_micro_batch_mixing_temperatures_is_on_policy_token_by_token(tok):
     m = trainer.step(traces)
     assert m.sequences == 8
     assert m.ratio_min == pytest.approx(1.0, abs=1e-4) and m.ratio_max == pytest.approx(1.0, abs=1e-4)
+
+
+def test_credit_prefill_teaches_the_forced_opening_under_the_prompt_without_it(tok):
+    """``trainer.credit_prefill``: a success whose first reply the harness prefilled trains the
+    prefix as actions under the prompt without it. One step (SGD, the same model and traces) raises
+    the log-prob of the whole prefix after that prompt by far more than the plain step does, whose
+    gradient reaches the prefix only through shared weights; its figures stay finite."""
+    import copy
+
+    from coevo.trainers.batch import training_sequences
+    from coevo.trainers.logprobs import logprob_fn
+
+    prefix = [7, 11, 13, 17, 19]
+    base = tiny_model(tok, seed=0)
+    traces = synthetic_traces(base, tok, n_tasks=2, per_task=4, calls=1)
+    for t in traces:
+        call = t.model_calls[0]
+        call.prompt_ids, call.prefix_tokens, call.reply_prefix = call.prompt_ids + prefix, len(prefix), "<forced>"
+    fn = logprob_fn(base, tok.pad_token_id, temperature=1.0, batch_size=8)
+    for t, row in zip(traces, fn([(t.model_calls[0].prompt_ids, t.model_calls[0].completion_ids) for t in traces])):
+        t.behaviour_logprobs = [row]
+    winners = [t for t in traces if t.reward > 0]
+
+    def prefix_logp(model) -> float:  # Σ log P(prefix | prompt without it) over the successes
+        score = logprob_fn(model, tok.pad_token_id, temperature=1.0, batch_size=8)
+        return sum(sum(r) for r in score([(t.model_calls[0].prompt_ids[:-len(prefix)], prefix) for t in winners]))
+
+    before, gains = prefix_logp(base), {}
+    for credit in (False, True):
+        model = copy.deepcopy(base)
+        m = make_trainer(model, tok, optimizer="sgd", lr=0.5, weight_decay=0.0, credit_prefill=credit).step(traces)
+        assert m.loss == m.loss and m.ratio_max == pytest.approx(1.0, abs=1e-4)
+        gains[credit] = prefix_logp(model) - before
+    assert gains[True] > 0.5 and gains[True] > 5 * abs(gains[False])
+
+    adv = torch.tensor([1.0 if t.reward > 0 else -1.0 for t in traces])
+    seqs = training_sequences(traces, adv, credit_prefill=True)
+    for t, a, s in zip(traces, adv, seqs):
+        call = t.model_calls[0]
+        moved = a > 0  # only successes credit the forced opening
+        assert (s.completion_ids[:len(prefix)] == prefix) == bool(moved)
+        assert s.prompt_ids + s.completion_ids == call.prompt_ids + call.completion_ids
+        assert sum(v != v for v in s.old_logp) == (len(prefix) if moved else 0)
