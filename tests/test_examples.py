@@ -18,7 +18,8 @@ from coevo.evolution.reference import gold_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTDOWN = "examples.countdown_env:CountdownEnv"
-GUIDES = {"environments.md": ("examples/helpdesk_env.py", "examples/text_sim_env.py", "examples/countdown_env.py"),
+GUIDES = {"environments.md": ("examples/helpdesk_env.py", "examples/text_sim_env.py", "examples/countdown_env.py",
+                               "examples/function_calling_env.py"),
           "processors.md": ("examples/my_processor.py",), "meta-agents.md": ("examples/openai_meta_agent.py",),
           "gpu-cluster.md": ("examples/gpu_cluster.py",)}
 

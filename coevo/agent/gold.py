@@ -12,6 +12,8 @@ A conversation with several user turns (``EnvSession.respond``) gives its gold c
 ``task.metadata["turn_calls"]`` (how many gold calls belong to each user turn, in order): the
 policy makes a turn's calls, then answers that turn with ``reply(task, turn)`` (default
 ``task.metadata["gold_replies"][turn]``, else ``done``), and the last turn's answer is the final one.
+Replies are written as ``<answer>...</answer>``, or as plain text when the task says its turns end
+with plain text (``task.metadata["plain_replies"]``, a function-calling conversation).
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class GoldPolicy(ScriptedPolicy):
             replies = task.metadata.get("gold_replies") or []
             final = (self.answer(task) if self.answer is not None else "done") if turn == len(turn_calls) - 1 else (
                 replies[turn] if turn < len(replies) else "done")
-            return f"<answer>{final}</answer>"
+            return final if task.metadata.get("plain_replies") else f"<answer>{final}</answer>"
         plan = ([(None, [c]) for c in task.gold_actions] if self.owner is None
                 else segments(task.gold_actions, self.owner))
         if made < len(plan):

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from coevo.cli.harness import evolved_on, harness_app, load_harness
 from coevo.config.schema import RolloutConfig
+from coevo.envs import ENVS
 from coevo.errors import USAGE_EXIT, debugging, one_line, reported_as_one_line
 from coevo.harness import Harness
 from coevo.harness.defaults import with_step_cap
@@ -26,7 +27,7 @@ app.add_typer(harness_app, name="harness")
 config_app = typer.Typer(help="Show the composed configuration with every field's help.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 console = Console()
-ENV_HELP = ("environment: reasoning | textworld_express | arithmetic, or the import path package.module:ClassName "
+ENV_HELP = (f"environment: {' | '.join(ENVS)}, or the import path package.module:ClassName "
             "of your own (docs/environments.md)")
 
 

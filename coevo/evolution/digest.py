@@ -16,8 +16,10 @@ Root cause without a reference trajectory: the first rule that matches wins.
 1. ``env_error``: the episode crashed in a harness processor (``trace.error`` with
    ``error_source == "processor"``) or a tool call timed out: the harness's own machinery failed
    (a broken processor, a tool budget too short), not the model.
-2. ``context_overflow``: the last model call hit the completion budget (``finish_reason ==
-   "length"``), so the reply that should have ended the episode was cut.
+2. ``truncated`` / ``context_overflow``: the last model call was cut by length (``finish_reason ==
+   "length"``), so the reply that should have ended the episode was cut: ``truncated`` when it
+   holds its ``max_new_tokens`` (the completion budget ended it: raise the budget),
+   ``context_overflow`` when it holds fewer (the context window ended it: shorten the history).
 3. ``loop``: the loop detector stopped the episode (``stop_reason == "loop"``).
 4. ``missing_tool`` / ``wrong_tool``: a call named a tool that is unknown or not allowed;
    ``missing_tool`` when the task needs that very tool (the reference used it, or it is in
@@ -35,7 +37,7 @@ With a reference trajectory (a passing, genuine solution of the same task), the 
 first divergence from it: the first step whose action differs (the tool calls with their normalised
 arguments and whether they succeeded, or an answer and its normalised text, or no action). What the
 trace did at that step decides, in the same order: a crash in that final step or a timeout →
-``env_error``; a truncated completion → ``context_overflow``; an unknown tool → ``missing_tool``
+``env_error``; a completion cut by length → ``truncated`` or ``context_overflow``; an unknown tool → ``missing_tool``
 when the reference called it successfully, else ``wrong_tool``; another tool error →
 ``tool_misuse``; no action → ``format_error``; an answer before the tools the reference had used by
 then → ``premature_answer``; any other answer → ``wrong_answer``. A divergent but working tool
@@ -60,7 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coevo.agent.rollouts import tool_use_rate
-from coevo.agent.trace import ToolCallRecord, Trace
+from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Failure, ScaffoldEvidence
 
 EXCERPT_CHARS = 240
@@ -81,6 +83,7 @@ class Step:
     records: tuple[ToolCallRecord, ...]  # what happened to them (fewer if the episode crashed)
     answer: str | None
     parse_error: str | None
+    cut: str | None = None  # a completion ended by length: "budget" (its max_new_tokens) or "context" (the window)
 
     def action(self) -> tuple[Any, ...]:
         """A comparable summary: ("tools", ((name, normalised args, succeeded), ...)),
@@ -150,8 +153,28 @@ def trace_steps(trace: Trace) -> list[Step]:
             is_last = k == len(lead) - 1
             answer = trace.final_answer if is_last and not recs else None
             parse_error = None
-        steps.append(Step(call.step, call.reply, call.finish_reason, names, recs, answer, parse_error))
+        steps.append(Step(call.step, call.reply, call.finish_reason, names, recs, answer, parse_error, _cut(call)))
     return steps
+
+
+def _cut(call: ModelCall) -> str | None:
+    """What ended a completion cut by length, from its token counts: its own budget when it holds
+    ``max_new_tokens`` tokens (or the budget is unknown), else the context window (the engine stopped
+    it earlier: prompt plus completion reached the model's length)."""
+    if call.finish_reason != "length":
+        return None
+    if call.max_new_tokens is None or len(call.completion_ids) >= call.max_new_tokens:
+        return "budget"
+    return "context"
+
+
+def _length_cause(step: Step, calls: Sequence[ModelCall]) -> tuple[str, str]:
+    """(cause, detail) of a step whose completion was cut by length."""
+    call = next((c for c in calls if c.step == step.index and not c.agent), None)
+    counts = "" if call is None else f" ({len(call.prompt_ids)} prompt + {len(call.completion_ids)} completion tokens)"
+    if step.cut == "context":
+        return "context_overflow", "the context window ended the completion" + counts
+    return "truncated", "the completion hit its token budget" + counts
 
 
 def first_divergence(trace: Trace, reference: Trace) -> int | None:
@@ -193,8 +216,9 @@ def _trace_cause(trace: Trace, steps: list[Step], required: set[str]) -> tuple[s
     timeout = next((r for r in records if _is_timeout(r.error)), None)
     if timeout is not None:
         return "env_error", timeout.step, f"{timeout.name}: {timeout.error}"
-    if steps and steps[-1].finish_reason == "length":
-        return "context_overflow", last, "the last completion hit the token budget"
+    if steps and steps[-1].cut is not None:
+        cause, detail = _length_cause(steps[-1], trace.model_calls)
+        return cause, last, detail
     if trace.stop_reason == "loop":
         return "loop", last, "the loop detector stopped the episode"
     unknown = next((r for r in records if _is_unknown_tool(r.error)), None)
@@ -229,8 +253,8 @@ def _step_cause(trace: Trace, steps: list[Step], s: int, ref_steps: list[Step]) 
     for rec in st.records:
         if _is_timeout(rec.error):
             return "env_error", f"{rec.name}: {rec.error}"
-    if st.finish_reason == "length":
-        return "context_overflow", "the completion hit the token budget"
+    if st.cut is not None:
+        return _length_cause(st, trace.model_calls)
     ref_used = _used_tools(ref_steps[: s + 1])
     for rec in st.records:
         if _is_unknown_tool(rec.error):

@@ -30,7 +30,8 @@ CAUSES = (
     "premature_answer",  # answered before using the tools the task needs
     "wrong_answer",  # answered in the right format, verifier said no
     "env_error",  # the harness's machinery failed: a processor crashed, a tool timed out
-    "context_overflow",  # completions cut at the token budget / context too long
+    "truncated",  # a completion cut at its own token budget
+    "context_overflow",  # a completion cut by the context window (the history is too long)
 )
 """Root causes a failed trace is assigned to (first match in ``coevo.evolution.digest``)."""
 
@@ -55,7 +56,8 @@ IMPLICATED: dict[str, Component] = {
                                                                        "system_prompt")),
     "wrong_answer": Component("task_start", "context_assembly", ("few_shot", "self_verification", "python_executor")),
     "env_error": Component("before_tool", "execution_environment", ("tool_timeout", "infra_error_filter")),
-    "context_overflow": Component("before_model", "memory", ("sampling", "sliding_window", "summary_memory")),
+    "truncated": Component("before_model", "sampling", ("sampling",)),
+    "context_overflow": Component("before_model", "memory", ("sliding_window", "summary_memory")),
 }
 assert set(IMPLICATED) == set(CAUSES)
 

@@ -1,5 +1,6 @@
 """Built-in harnesses: the base harness every run starts from, ``lenient`` (also reads the last
-number as an answer) and ``conversational`` (a system prompt for multi-turn tasks with a user)."""
+number as an answer), ``conversational`` (a system prompt for multi-turn tasks with a user) and
+``function_calling`` (a conversation where plain text ends the turn)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,25 @@ def conversational_harness() -> Harness:
     return Harness(h.processors, name="conversational")
 
 
-BUILTIN_HARNESSES = {"base": base_harness, "lenient": lenient_harness, "conversational": conversational_harness}
+FUNCTION_CALLING_SYSTEM_PROMPT = (
+    "You are a helpful assistant talking with a user. Call the tools when they help; when you have "
+    "no tool to call, reply to the user in plain text: a reply without a tool call ends your turn, "
+    "and the user speaks next."
+)
+
+
+def function_calling_harness() -> Harness:
+    """The conversation harness of function-calling benchmarks (BFCL's multi-turn categories): a
+    reply without a tool call is the turn's reply as written (``answer_extraction.plain_text``),
+    not a format error to retry, so no reminder interrupts the user's conversation; tool calls
+    and answer tags read as in ``base``."""
+    h = (base_harness().set_param("system_prompt", "template", FUNCTION_CALLING_SYSTEM_PROMPT)
+         .set_param("answer_extraction", "plain_text", True))
+    return Harness(h.processors, name="function_calling")
+
+
+BUILTIN_HARNESSES = {"base": base_harness, "lenient": lenient_harness, "conversational": conversational_harness,
+                     "function_calling": function_calling_harness}
 
 
 def with_step_cap(harness: Harness, max_steps: int) -> Harness:

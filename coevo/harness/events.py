@@ -20,6 +20,20 @@ from coevo.harness.hooks import Hook
 Message = dict[str, Any]
 """A chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": str, ...}``."""
 
+HARNESS = "harness"
+"""The ``name`` of a user-role message the harness wrote (a reminder, a warning, a check), not the
+task's user: a conversation's user turns and the harness's nudges stay apart in the history, and
+the model sees the nudge marked (``[harness]``, ``coevo.policy.hf.to_template_messages``)."""
+
+
+def harness_note(content: str) -> Message:
+    """A user-role message the harness, not the user, says."""
+    return {"role": "user", "name": HARNESS, "content": content}
+
+
+def is_harness_note(message: Message) -> bool:
+    return message.get("role") == "user" and message.get("name") == HARNESS
+
 
 @dataclass
 class SamplingParams:
@@ -36,13 +50,16 @@ class ToolSpec:
     """A tool the agent may call: its name, what it does, and its JSON-schema parameters.
 
     ``provider`` says who executes it: ``"env"`` for tools of the environment session, or the
-    name of the harness processor that implements it.
+    name of the harness processor that implements it. ``returns`` is the JSON schema of its
+    result when the benchmark gives one (BFCL's ``response``): the tool hint shows it, so the
+    model knows what the result will hold before it calls.
     """
 
     name: str
     description: str
     parameters: dict[str, Any] = field(default_factory=dict)  # JSON schema of the arguments
     provider: str = "env"
+    returns: dict[str, Any] | None = None  # JSON schema of the result; None: not given
 
 
 @dataclass

@@ -366,7 +366,8 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
     "loop": ("loop_warn", "temperature_schedule"),
     "step_budget": ("step_budget_up",),
     "premature_answer": ("tool_choice", "tool_demos", "self_verification", "format_system_prompt"),
-    "context_overflow": ("max_new_tokens_up", "summary_memory", "sliding_window"),
+    "truncated": ("max_new_tokens_up",),
+    "context_overflow": ("summary_memory", "sliding_window"),
     "env_error": ("tool_timeout_up", "python_timeout_up"),
 }
 """cause → template names, most promising first."""

@@ -98,12 +98,12 @@ MODES = ["solve", "solve", "garbage", "wrong_tool", "loop", "wrong", "wrong", "p
 # cause and step of each mode, without and with a reference (diverged steps for the latter)
 EXPECTED_PLAIN = {
     "garbage": ("format_error", 0), "wrong_tool": ("wrong_tool", 0), "loop": ("loop", 2), "wrong": ("wrong_answer", 1),
-    "premature": ("wrong_answer", 0), "overflow": ("context_overflow", 1), "bad_args": ("tool_misuse", 0),
+    "premature": ("wrong_answer", 0), "overflow": ("truncated", 1), "bad_args": ("tool_misuse", 0),
     "step_budget": ("step_budget", 5), "crash": ("env_error", 0), "hang": ("env_error", 0),
 }
 EXPECTED_REF = {
     "garbage": ("format_error", 0), "wrong_tool": ("wrong_tool", 0), "loop": ("loop", 1), "wrong": ("wrong_answer", 1),
-    "premature": ("premature_answer", 0), "overflow": ("context_overflow", 0), "bad_args": ("tool_misuse", 0),
+    "premature": ("premature_answer", 0), "overflow": ("truncated", 0), "bad_args": ("tool_misuse", 0),
     "step_budget": ("step_budget", 0), "crash": ("env_error", 0), "hang": ("env_error", 0),
 }
 
@@ -182,6 +182,7 @@ def test_excerpts_quote_the_completion_and_the_tool_result(round_: Round) -> Non
     hang = classify(round_.of("hang")[0])
     assert "timed out" in hang.excerpt and hang.detail == "calculator: tool timed out after 0.25 s"
     trace = round_.of("overflow")[0]
+    assert classify(trace).detail.startswith("the completion hit its token budget (")
     assert classify(trace).excerpt == "step 1: " + " ".join(trace.model_calls[1].text.split())
     longer = Trace.from_dict(trace.to_dict())
     longer.model_calls[1].text = "word " * 500
@@ -246,10 +247,10 @@ def test_digest_clusters_counts_and_severities(round_: Round) -> None:
     assert d.pass_rate == 2 / 12
     assert d.harness_id == round_.traces[0].harness_id
     counts = {"wrong_answer": 2, "env_error": 1, "format_error": 1, "wrong_tool": 1, "loop": 1,
-              "premature_answer": 1, "context_overflow": 1, "tool_misuse": 1, "step_budget": 1}
+              "premature_answer": 1, "truncated": 1, "tool_misuse": 1, "step_budget": 1}
     assert [(c.cause, c.count) for c in d.clusters] == [
-        ("wrong_answer", 2), ("context_overflow", 1), ("env_error", 1), ("format_error", 1), ("loop", 1),
-        ("premature_answer", 1), ("step_budget", 1), ("tool_misuse", 1), ("wrong_tool", 1)]
+        ("wrong_answer", 2), ("env_error", 1), ("format_error", 1), ("loop", 1),
+        ("premature_answer", 1), ("step_budget", 1), ("tool_misuse", 1), ("truncated", 1), ("wrong_tool", 1)]
     assert sum(counts.values()) == len(failed) == 10
     assert crashed.trace_id not in {tid for c in d.clusters for tid in c.trace_ids}
     assert crashed.task_id not in d.failed_task_ids + d.passed_task_ids
@@ -358,3 +359,21 @@ def test_an_env_that_fails_to_reset_is_an_env_error_with_no_step() -> None:
     assert failure.excerpt == "no model call: env reset: ConnectionError: env down"
     d = digest([trace], round=0, variant="base")  # an infrastructure failure: counted, never clustered
     assert json.loads(json.dumps(d.to_dict()))["clusters"] == [] and (d.n_infra, d.n_failed) == (1, 0)
+
+
+def test_a_length_cut_is_the_budget_or_the_context_window_by_its_token_counts(round_: Round) -> None:
+    """A completion holding its max_new_tokens was cut by the budget (``truncated``: raise it),
+    however long the prompt; one the engine stopped short of its budget was cut by the context
+    window (``context_overflow``: shorten the history). A multi-turn conversation whose replies
+    ran to the budget at 2.6k of 8k tokens is not a context overflow."""
+    trace = Trace.from_dict(round_.of("overflow")[0].to_dict())
+    last = trace.model_calls[-1]
+    last.prompt_ids, last.completion_ids, last.max_new_tokens = [1] * 2600, [2] * 256, 256
+    got = classify(trace)
+    assert (got.cause, got.detail) == ("truncated", "the completion hit its token budget (2600 prompt + 256 completion tokens)")
+    last.prompt_ids, last.completion_ids = [1] * 8100, [2] * 92  # the window (8192) stopped it
+    got = classify(trace)
+    assert (got.cause, got.detail) == ("context_overflow",
+                                       "the context window ended the completion (8100 prompt + 92 completion tokens)")
+    assert IMPLICATED["truncated"].processors == ("sampling",)
+    assert "sampling" not in IMPLICATED["context_overflow"].processors

@@ -300,8 +300,8 @@ def test_revise_walks_the_catalogue_then_gives_up():
         p = agent.revise(p, "edit 0 does not apply: [ordering] ...", d, h, context())
         if p is not None:
             seen.append(template_of(p, h))
-    assert seen == ["max_new_tokens_up", "summary_memory", "sliding_window"]
-    assert agent.ledger.stages["plan"].calls == 1 and agent.ledger.stages["revise"].calls == 3
+    assert seen == ["summary_memory", "sliding_window"]  # a longer completion budget would overflow sooner
+    assert agent.ledger.stages["plan"].calls == 1 and agent.ledger.stages["revise"].calls == 2
     assert agent.ledger.total() == 0
 
 

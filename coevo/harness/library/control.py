@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from coevo.harness.errors import ParamError
-from coevo.harness.events import ParsedOutputEvent, StepEndEvent, ToolCallEvent, ToolResult
+from coevo.harness.events import ParsedOutputEvent, StepEndEvent, ToolCallEvent, ToolResult, harness_note
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor
 
@@ -40,7 +40,8 @@ class LoopDetection(Processor):
     description = (
         "Detects the same step repeated N times in a row (the same actions with the same tool results); "
         "stops the episode or warns the model. A repeated call whose result changed (polling, waiting "
-        "in a simulator) is progress, not a loop."
+        "in a simulator) is progress, not a loop, and each new user turn starts a fresh count (the same "
+        "short reply to different user messages is a conversation)."
     )
     hook = Hook.STEP_END
     dimension = Dimension.CONTROL
@@ -50,6 +51,7 @@ class LoopDetection(Processor):
         Param("action", "str", "stop", "what to do on a loop", choices=("stop", "warn")),
     )
     HISTORY = "loop_detection_history"
+    TURN = "loop_detection_turn"  # the user turn the history belongs to (replies given so far)
 
     @staticmethod
     def step_results(messages: list) -> list[str]:
@@ -60,16 +62,17 @@ class LoopDetection(Processor):
         return [str(m.get("content", "")) for m in messages[last + 1:] if m.get("role") == "tool"]
 
     def process(self, event: StepEndEvent) -> StepEndEvent:
-        history = event.state.memory.setdefault(self.HISTORY, [])
+        memory, turn = event.state.memory, len(event.state.replies)
+        if memory.get(self.TURN) != turn:  # a new user turn: the same reply to another message is no loop
+            memory[self.TURN], memory[self.HISTORY] = turn, []
+        history = memory[self.HISTORY]
         history.append(json.dumps([event.actions, self.step_results(event.state.messages)], sort_keys=True))
         window = self.config["window"]
         if len(history) >= window and len(set(history[-window:])) == 1 and event.actions:
             if self.config["action"] == "stop":
                 event.state.stop("loop")
             else:
-                event.state.messages.append(
-                    {"role": "user", "content": "You are repeating the same action. Try something different."}
-                )
+                event.state.messages.append(harness_note("You are repeating the same action. Try something different."))
         return event
 
 
@@ -103,7 +106,7 @@ class ParseRetry(Processor):
         memory[CONSECUTIVE_PARSE_FAILURES] = failures
         if failures <= self.config["max_retries"]:
             reason = f" ({event.parse_error})" if event.parse_error else ""
-            event.followup.append({"role": "user", "content": self.config["message"] + reason})
+            event.followup.append(harness_note(self.config["message"] + reason))
         return event
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import re
 
-from coevo.harness.events import ParsedOutputEvent
+from coevo.harness.events import ParsedOutputEvent, harness_note
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor
 
 DEFAULT_PATTERNS = [
     r"<answer>\s*([\s\S]*?)\s*</answer>",  # may span lines (grids, lists)
     r"\\boxed\{([^{}]*)\}",
-    r"(?i)final answer\s*(?:is)?\s*[:：]?\s*(.+)",  # to the end of the line
-    r"(?i)^\s*answer\s*[:：]\s*(.+)",
+    r"(?i)final answer\s*(?:is\s*[:：]?|[:：])\s*(.*\w.*)",  # "is" or a colon, then a word, to the end of the line
+    r"(?i)^\s*answer\s*[:：]\s*(.*\w.*)",
 ]
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -21,7 +21,8 @@ class AnswerExtraction(Processor):
     kind = "answer_extraction"
     description = (
         "Finds the final answer in a completion that calls no tool: the first matching pattern wins "
-        "(answer tags, \\boxed{}, 'Final answer:'); optionally the last number as a fallback."
+        "(answer tags, \\boxed{}, 'Final answer:'); optionally the last number as a fallback, or the "
+        "whole text (plain text ends the turn, as function-calling APIs have it)."
     )
     hook = Hook.AFTER_MODEL
     dimension = Dimension.EVALUATION
@@ -30,6 +31,8 @@ class AnswerExtraction(Processor):
     params = (
         Param("patterns", "str_list", DEFAULT_PATTERNS, "regexes with one group, tried in order (^ and $ match at lines)"),
         Param("last_number_fallback", "bool", False, "use the last number when no pattern matches"),
+        Param("plain_text", "bool", False, "a reply with no tool call, no tool-call block and no pattern "
+                                           "match is the answer as written (the reply that ends the turn)"),
     )
 
     def __init__(self, name: str | None = None, **params):
@@ -53,6 +56,8 @@ class AnswerExtraction(Processor):
             numbers = NUMBER_RE.findall(event.text)
             if numbers:
                 event.answer = numbers[-1]
+        if self.config["plain_text"] and event.answer is None and event.parse_error is None and event.text.strip():
+            event.answer = event.text.strip()  # a broken tool-call block stays a format error for parse_retry
         return event
 
 
@@ -92,5 +97,5 @@ class SelfVerification(Processor):
             return event
         event.state.memory[self.ASKED] = True
         event.hold_answer = True
-        event.followup.append({"role": "user", "content": self.config["prompt"].replace("{answer}", event.answer)})
+        event.followup.append(harness_note(self.config["prompt"].replace("{answer}", event.answer)))
         return event

@@ -6,7 +6,7 @@ the trace. The task prefix (system prompt, demonstrations, the task) is never dr
 
 from __future__ import annotations
 
-from coevo.harness.events import Message, ModelRequestEvent
+from coevo.harness.events import Message, ModelRequestEvent, harness_note
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor
 
@@ -58,6 +58,6 @@ class SummaryMemory(Processor):
             text = " ".join(str(m.get("content", "")).split())
             who = m.get("name") or m.get("role", "?")
             lines.append(f"- {who}: {text[:width]}{'…' if len(text) > width else ''}")
-        summary = {"role": "user", "content": "Summary of earlier steps:\n" + "\n".join(lines)}
+        summary = harness_note("Summary of earlier steps:\n" + "\n".join(lines))
         event.messages = prefix + [summary] + recent
         return event

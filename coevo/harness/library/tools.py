@@ -16,6 +16,7 @@ from coevo.harness.events import (
     ToolCallEvent,
     ToolResult,
     ToolSpec,
+    harness_note,
 )
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor
@@ -81,14 +82,15 @@ class ToolRegistry(Processor):
 
 
 def tool_hint_line(spec: ToolSpec) -> str:
-    """One tool in the hint: name, description, the arguments' schemas, and the arguments the
-    schema does not require (``; optional: a, b``). Arguments are required unless listed as
-    optional, so a tool whose arguments are all required reads as it always did."""
+    """One tool in the hint: name, description, the arguments' schemas, the arguments the schema
+    does not require (``; optional: a, b``) and the result's schema when the tool has one
+    (``. Returns: {...}``). Arguments are required unless listed as optional."""
     properties = (spec.parameters or {}).get("properties", {}) or {}
     required = set((spec.parameters or {}).get("required") or ())
     optional = [k for k in properties if k not in required]
     line = f"- {spec.name}: {spec.description} Arguments: {json.dumps(properties)}"
-    return line + (f"; optional: {', '.join(optional)}" if optional else "")
+    line += f"; optional: {', '.join(optional)}" if optional else ""
+    return line + (f". Returns: {json.dumps(spec.returns)}" if spec.returns else "")
 
 
 def compact_hint_line(spec: ToolSpec) -> str:
@@ -178,12 +180,9 @@ class JsonToolCallParser(Processor):
             names = ", ".join(c.name for c in dropped)
             note = (f"dropped {len(dropped)} tool call(s) beyond max_calls={limit}: {names}")
             error = f"{error}; {note}" if error else note
-            followup.append({
-                "role": "user",
-                "content": f"Only the first {limit} of your {len(calls)} tool calls were run; the other "
-                           f"{len(dropped)} ({names}) were not. Call them again in your next reply if you "
-                           f"still need them.",
-            })
+            followup.append(harness_note(
+                f"Only the first {limit} of your {len(calls)} tool calls were run; the other "
+                f"{len(dropped)} ({names}) were not. Call them again in your next reply if you still need them."))
             calls = calls[:limit]
         for k, c in enumerate(calls):
             c.call_id = f"s{event.state.step}c{k}"
