@@ -98,9 +98,9 @@ class ForcedOnly(ScriptedPolicy):
         return "<answer>7</answer>"
 
 
-def _aegis(env, policy) -> AEGIS:
+def _aegis(env, policy, gate: str = "seesaw") -> AEGIS:
     train = env.tasks("train")
-    critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate="seesaw")
+    critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate=gate)
     return AEGIS(base_harness().insert(ToolChoice(tool="calculator")), RuleMetaAgent(), critic,
                  tasks={t.task_id: t for t in train}, references={t.task_id: gold_reference(env, t) for t in train[-4:]},
                  tools=["calculator"])
@@ -130,6 +130,20 @@ def test_aegis_retires_the_prefill_once_the_model_calls_the_tool_unforced(learne
         assert "tool_choice" not in {p.kind for p in aegis.harness("base").processors}
     else:  # nothing failed and nothing is ready: no proposal at all
         assert report.verdicts == [] and "tool_choice" in {p.kind for p in aegis.harness("base").processors}
+
+
+def test_a_removal_judged_by_the_statistical_gate_is_recorded_with_its_noninferiority_evidence():
+    """The stat gate judges a removal on the pass rate it may lose (no log LR): the round record
+    holds that evidence, as every verdict's."""
+    from coevo.rundir.records import EvolveRecord
+
+    env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
+    report = _round(_aegis(env, ScriptedPolicy(solve), gate="stat"), ScriptedPolicy(solve), env, env.tasks("train")[:6])
+    (verdict,) = EvolveRecord.from_dict(report.to_dict()).verdicts
+    assert [e["op"] for e in verdict.proposal["edits"]] == ["remove"]
+    evidence = verdict.evidence
+    assert evidence.noninferiority and evidence.log_lr is None and evidence.losses == 0
+    assert evidence.margin == pytest.approx(0.1) and 0 <= evidence.harm_bound <= 1
 
 
 def _buffer(run_dir: Path):

@@ -137,7 +137,7 @@ class Evidence(Record):
     wins: Int
     losses: Int
     episodes: Int
-    log_lr: Float
+    log_lr: Float | None = None  # the sequential test's; None for a removal (judged for non-inferiority)
     tasks: Int = 0
     both_pass: Int = 0
     both_fail: Int = 0
@@ -156,6 +156,10 @@ class Evidence(Record):
     max_episodes: Int | None = None
     judged: Int | None = None
     infra_left_out: Int = 0
+    noninferiority: Bool = False  # a removal: judged on the pass rate it may lose, not on a gain
+    harm_bound: Float | None = None  # upper bound of the pass rate lost (a share), at 1 − alpha
+    harm_lower: Float | None = None  # lower bound of it
+    margin: Float | None = None  # the loss a removal may cost
 
 
 @dataclass
