@@ -57,6 +57,18 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(next((run_dir / "checkpoint" / latest / "trainer" / "model").glob("*.safetensors")))
 
 
+def test_a_phase_timed_twice_adds_up_and_the_phases_sum_to_the_total(monkeypatch):
+    from coevo.loop import round_record
+
+    now = iter([0.0, 1.0, 3.0, 3.5, 4.0, 4.5, 5.0, 10.0])  # began; eval 1→3; grpo 3.5→4; eval 4.5→5; close at 10
+    monkeypatch.setattr(round_record.time, "perf_counter", lambda: next(now))
+    clock = round_record.PhaseClock()
+    for phase in ("eval", "grpo", "eval"):
+        with clock(phase):
+            pass
+    assert clock.close() == {"eval": 2.5, "grpo": 0.5, "total": 10.0, "other": 7.0}
+
+
 def test_round_batches_walk_epochs_of_the_shuffled_split():
     tasks = [type("T", (), {"task_id": str(i)})() for i in range(10)]
     out = round_batches(tasks, 4, seed=1, rounds=5)
@@ -88,6 +100,10 @@ def test_smoke_coevolution_run_writes_records_checkpoint_and_report(tmp_path, mo
     assert saved.records[-1].train == loop.state.records[-1].train  # its timings were taken after the commit
     recs = records(run_dir)
     assert [r["round"] for r in recs] == [0, 1]
+    phases = {"rollout", "logprobs", "digest", "plan", "critic", "grpo", "checkpoint"}
+    assert [set(r["seconds"]) for r in recs] == [phases | {"total", "other"}, phases | {"eval", "total", "other"}]
+    for r in recs:  # the phases and the time in none of them make up the round
+        assert sum(v for k, v in r["seconds"].items() if k != "total") == pytest.approx(r["seconds"]["total"])
     with ReplayBuffer(run_dir / "buffer", capacity=64) as buf:  # 8 rollouts a round, and the Critic's re-runs
         critic = [sum(e.round == r and e.variant == "critic" for e in buf.entries()) for r in (0, 1)]
     assert all(r["grpo"]["sequences"] >= 8 and r["evolve"] is not None for r in recs)

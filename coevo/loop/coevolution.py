@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ from coevo.loop.round_grpo import (
     training_batch,
 )
 from coevo.loop.round_plan import batches_per_epoch, extra_pools, round_batches
-from coevo.loop.round_record import round_record
+from coevo.loop.round_record import PhaseClock, round_record
 from coevo.report.eta import RunShape, start_line, time_left_line
 from coevo.report.tracking import edit_rows
 from coevo.rundir import checkpoint
@@ -221,77 +220,34 @@ class Coevolution:
         return self.state.records
 
     def run_round(self, r: int) -> RoundRecord | None:
-        """One round. Under several processes rank 0 rolls out, evolves, evaluates and writes;
-        every rank takes part in the GRPO step on the traces rank 0 shares."""
+        """One round: roll out (or reuse the rollouts a killed round buffered) → buffer → evolve →
+        train → evaluate → commit. Under several processes rank 0 rolls out, evolves, evaluates and
+        writes; every rank takes part in the GRPO step on the traces rank 0 shares."""
         if not self.is_main:
             return self._follow_round(r)
-        seconds: dict[str, float] = defaultdict(float)
-        began = time.perf_counter()
-        generating = getattr(self.policy, "seconds", 0.0)  # policies that time their generate()
-        batch = self.batches[r - self.first]
-        version = self.trainer.version if self.trainer is not None else 0
-
-        tick = time.perf_counter()
-        buffered = self._buffered(r)
-        if buffered is not None:
-            traces, bare = buffered
-        else:
-            traces = self._redacted(self._routed(batch, r, "rollout", self.attempts, f"round {r}: rollouts").traces)
-            traces += self._top_up(traces, r)
-            bare = self._redacted(self._unscaffolded(batch, r))
-            seconds["rollout"] = time.perf_counter() - tick
-            if self.trains:
-                tick = time.perf_counter()
-                self.buffer.add(traces + bare, round=r, model_version=version,
-                                logprob_fn=self._logprob_fn(traces + bare))
-                seconds["logprobs"] = time.perf_counter() - tick
-
+        clock, generating = PhaseClock(), getattr(self.policy, "seconds", 0.0)
+        batch, version = self.batches[r - self.first], self.trainer.version if self.trainer is not None else 0
+        traces, bare = self._roll_out(batch, r, version, clock)
         train_ids = {t.task_id for t in batch}
         extra_ids = {t.task_id for t in traces} - train_ids  # dynamic sampling's: they train, AEGIS never sees them
         traces, train_ids = [t for t in traces if t.task_id in train_ids], train_ids | extra_ids
-        evolved: EvolveReport | None = None
+        evolved = None
         if self.evolves and self.evolve_rounds(r):
-            self.rollouts.begin_critic(r)  # the Critic's re-runs go on from here
-            withheld = self.withheld(r)
-            evolved = self.aegis.evolve(traces, round=r, withheld=withheld, unscaffolded=bare)
-            if self.trains and self.critic_traces is not None:
-                tick = time.perf_counter()
-                train_ids |= self._buffer_critic_traces(r, version, withheld)
-                seconds["logprobs"] += time.perf_counter() - tick
-            for key in ("digest", "plan", "critic"):
-                seconds[key] = evolved.seconds.get(key, 0.0)
-            self._lineage(evolved.events)
-            if self.val_tasks and (r - self.first + 1) % self.per_epoch == 0:  # epoch end: best snapshot on validation
-                tick = time.perf_counter()
-                self._lineage(self.aegis.select(lambda h: self._harness_pass_rate(h, self.val_tasks, r), round=r))
-                seconds["eval"] += time.perf_counter() - tick
-
+            evolved, critic_ids = self._evolve(traces, bare, r, version, clock)
+            train_ids |= critic_ids
         grpo = None
         if self.trains:
-            tick = time.perf_counter()
-            grpo = self._train(self.share(training_batch(self.buffer, train_ids)), r)
+            with clock("grpo"):
+                grpo = self._train(self.share(training_batch(self.buffer, train_ids)), r)
             grpo.extra_tasks = len(extra_ids) if self.signal_groups else None
-            seconds["grpo"] = time.perf_counter() - tick
-
-        val = None
-        if self.val_tasks and ((self.val_every and (r + 1) % self.val_every == 0) or r == self.end - 1):
-            tick = time.perf_counter()
-            val = self.evaluate(self.val_tasks, r, "eval")
-            seconds["eval"] = time.perf_counter() - tick
-        test = None
-        if self.test_tasks and r == self.end - 1:
-            tick = time.perf_counter()
-            test = self.evaluate(self.test_tasks, r, "test")
-            seconds["eval"] += time.perf_counter() - tick
-
+        val, test = self._evaluate_round(r, clock)
         if evolved is not None:  # the trend monitor: train pass rate up while validation goes down
             judged = [t for t in traces if not t.infra_failure]
             evolved.warnings += self.aegis.observe_rates(
                 r, train_pass_rate=sum(t.passed for t in judged) / len(judged) if judged else None,
                 val_pass_rate=val.pass_at_1 if val is not None else None)
-        record = round_record(r, self.mode, version, traces, seconds, unscaffolded=bare, val=val, test=test,
-                              evolved=evolved, grpo=grpo,
-                              variants={n: h.id for n, h in self.aegis.current().items()},
+        record = round_record(r, self.mode, version, traces, clock.seconds, unscaffolded=bare, val=val, test=test,
+                              evolved=evolved, grpo=grpo, variants={n: h.id for n, h in self.aegis.current().items()},
                               meta_tokens=self.aegis.meta_tokens(),
                               buffer=BufferStats(len(self.buffer), self.buffer.lag(self.trainer.version))
                               if self.trains else None)
@@ -299,19 +255,62 @@ class Coevolution:
         record.generation_seconds = getattr(self.policy, "seconds", 0.0) - generating
         self.state.records.append(record)
         self.state.next_round = r + 1
-        tick = time.perf_counter()
-        self._commit()
-        record.seconds["checkpoint"] = time.perf_counter() - tick
-        total = time.perf_counter() - began
-        record.seconds["total"] = total
-        record.seconds["other"] = max(0.0, total - sum(v for k, v in record.seconds.items()
-                                                       if k not in ("total", "other")))
+        with clock("checkpoint"):
+            self._commit()
+        record.seconds = clock.close()
         self._write_logs()  # the timing fields of the last record are known only now
         self.tracker.log_round(record)
         if evolved is not None and evolved.verdicts:
             self.tracker.log_edits(edit_rows(record))
         self.progress.round_done(record)
         return record
+
+    def _roll_out(self, batch: Sequence[Task], r: int, version: int, clock: PhaseClock
+                  ) -> tuple[list[Trace], list[Trace]]:
+        """The round's episodes (with dynamic sampling's extra tasks) and those without the
+        scaffolding, stored in the buffer with their behaviour log-probs; a killed round's from the
+        buffer instead."""
+        buffered = self._buffered(r)
+        if buffered is not None:
+            return buffered
+        with clock("rollout"):
+            traces = self._redacted(self._routed(batch, r, "rollout", self.attempts, f"round {r}: rollouts").traces)
+            traces += self._top_up(traces, r)
+            bare = self._redacted(self._unscaffolded(batch, r))
+        if self.trains:
+            with clock("logprobs"):
+                self.buffer.add(traces + bare, round=r, model_version=version, logprob_fn=self._logprob_fn(traces + bare))
+        return traces, bare
+
+    def _evolve(self, traces: list[Trace], bare: list[Trace], r: int, version: int, clock: PhaseClock
+                ) -> tuple[EvolveReport, set[str]]:
+        """AEGIS on the round's traces; the tasks whose groups the Critic's re-runs joined (when they
+        train); at an epoch's end, the best snapshot on validation."""
+        self.rollouts.begin_critic(r)  # the Critic's re-runs go on from here
+        withheld = self.withheld(r)
+        evolved = self.aegis.evolve(traces, round=r, withheld=withheld, unscaffolded=bare)
+        critic_ids: set[str] = set()
+        if self.trains and self.critic_traces is not None:
+            with clock("logprobs"):
+                critic_ids = self._buffer_critic_traces(r, version, withheld)
+        for key in ("digest", "plan", "critic"):
+            clock.seconds[key] += evolved.seconds.get(key, 0.0)
+        self._lineage(evolved.events)
+        if self.val_tasks and (r - self.first + 1) % self.per_epoch == 0:  # epoch end: best snapshot on validation
+            with clock("eval"):
+                self._lineage(self.aegis.select(lambda h: self._harness_pass_rate(h, self.val_tasks, r), round=r))
+        return evolved, critic_ids
+
+    def _evaluate_round(self, r: int, clock: PhaseClock) -> tuple[Evaluation | None, Evaluation | None]:
+        """Validation every ``val_every`` rounds and in the last; the sealed test split in the last only."""
+        val = test = None
+        if self.val_tasks and ((self.val_every and (r + 1) % self.val_every == 0) or r == self.end - 1):
+            with clock("eval"):
+                val = self.evaluate(self.val_tasks, r, "eval")
+        if self.test_tasks and r == self.end - 1:
+            with clock("eval"):
+                test = self.evaluate(self.test_tasks, r, "test")
+        return val, test
 
     def evaluate_start(self) -> StartRecord:
         """The starting harness (routed variants) and model on validation, and on test when the run

@@ -3,8 +3,10 @@ traces, the evaluations, AEGIS's report and the GRPO update (``coevo.loop.coevol
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from coevo.agent.outcomes import task_outcomes
@@ -20,6 +22,29 @@ from coevo.rundir.records import (
     TrainStats,
     VariantStats,
 )
+
+
+class PhaseClock:
+    """Wall seconds per phase of one round: ``with clock("grpo"):`` adds the block's time to its
+    phase (a phase timed twice, e.g. snapshot selection then validation under "eval", sums), and
+    ``close`` adds "total" and "other" (the time in no phase), so the phases sum to the total."""
+
+    def __init__(self) -> None:
+        self.began = time.perf_counter()
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        tick = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - tick
+
+    def close(self) -> dict[str, float]:
+        """The phases with "total" and "other" added."""
+        total = time.perf_counter() - self.began
+        return {**self.seconds, "total": total, "other": max(0.0, total - sum(self.seconds.values()))}
 
 
 def train_stats(traces: Sequence[Trace]) -> TrainStats:
