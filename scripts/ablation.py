@@ -18,7 +18,7 @@ differences are resampled together (tasks drawn with replacement, the same draw 
 which removes the between-task variance that unpaired intervals would carry. The figure shows the
 learning curves (train pass rate and tool-use rate per round) and the test pass rates.
 
-Presets: ``efficacy`` (issues 12 and 23: 100 sealed test tasks, 3 seeds, groups of 8, four rounds
+Presets: ``efficacy`` (100 sealed test tasks, 3 seeds, groups of 8, four rounds
 that evolve in rounds 0 and 1 and train in each, 4 GRPO passes a round; run with ``--jobs 2``), ``protocol`` (the original one-round check, ~45 min), ``tiny``
 (the tiny random model on the arithmetic env; the test suite runs it in about a minute).
 ``--against DIR`` reports each arm against the same arm and seeds in another ablation directory
@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=None, help="default: runs/ablation-<preset>")
     ap.add_argument("--jobs", type=int, default=1,
                     help="runs side by side, each with cores/jobs intra-op threads and its console in "
-                         "<out>/<mode>-s<seed>.log (issue 12's 3-round efficacy preset took 52.7 min with --jobs 2 on 2 cores; "
+                         "<out>/<mode>-s<seed>.log (the efficacy preset at 3 rounds took 52.7 min with --jobs 2 on 2 cores; "
                          "docs/PERF.md)")
     ap.add_argument("--against", type=Path, default=None,
                     help="another ablation directory: each arm against the same arm and seeds there (paired)")

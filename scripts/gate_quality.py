@@ -63,7 +63,8 @@ NEUTRAL_PROMPT = (
 )
 EDITS = ("helpful", "harmful", "neutral")
 TARGETS = {"helpful": (">=", 0.80), "harmful": ("<=", 0.05), "neutral": ("<=", 0.20)}
-"""Shipped share each planted edit should reach (issue 12)."""
+"""Shipped share each planted edit should reach for the gate to be worth having: it ships a helpful
+edit in most runs, a harmful one almost never and a neutral one seldom."""
 POOL = 8
 """Train tasks split off as the reference pool the demonstrations come from (never judged on)."""
 

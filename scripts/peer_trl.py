@@ -1,6 +1,6 @@
 """coevo's GRPO next to TRL's GRPOTrainer on the same model, prompts, reward and budget.
 
-Issue 12 item 4 ("the peer"): coevo should learn at least as fast per step and per second as TRL's
+The peer comparison: coevo should learn at least as fast per step and per second as TRL's
 GRPOTrainer, the implementation most users would reach for instead. Both arms start from the same
 SmolLM2-135M-Instruct + LoRA weights, see the same single-turn reasoning prompts in the same order
 (P prompts x G completions per step) and are scored by coevo's runtime (lenient answer extraction,

@@ -1,8 +1,8 @@
-"""Bad values stop a run before its first rollout (issue 13, "Bad values"): each error names the field,
-the value and what is allowed. Before, these were accepted and wrong (a negative learning rate, a
-validation set one task short) or failed mid-round after the round's work was done. Configs are
-composed as train.py composes them; nothing here loads a model (a run that got that far would fail
-on ``model.name=/no/such/model`` with a different message)."""
+"""Bad values stop a run before its first rollout (docs/RELIABILITY.md, "Bad values"): each error
+names the field, the value and what is allowed. Unchecked, these would be accepted and wrong (a
+negative learning rate, a validation set one task short) or fail mid-round after the round's work
+is done. Configs are composed as train.py composes them; nothing here loads a model (a run that
+got that far would fail on ``model.name=/no/such/model`` with a different message)."""
 
 from __future__ import annotations
 

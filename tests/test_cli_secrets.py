@@ -1,4 +1,4 @@
-"""Every CLI command's outputs go through the run directory's redaction (issue 26): keys planted in
+"""Every CLI command's outputs go through the run directory's redaction: keys planted in
 the environment and quoted by every task text never reach a byte of what ``coevo eval``, ``coevo
 stream`` and ``coevo evolve`` write, token ids included. The run directory itself is covered by
 ``tests/test_secrets.py``; these commands write files of their own beside (or instead of) it."""

@@ -1,7 +1,7 @@
-"""Cross-harness groups from the gate's evidence (issue 23, item 2) and the evolution schedule
-(item 3): the Critic's paired parent/candidate re-runs enter the buffer with exact behaviour
-log-probs and join their task's GRPO group; only tasks whose gold answer no demonstration of the
-round can show are kept; rounds without evolution still train."""
+"""Cross-harness groups from the gate's evidence and the evolution schedule: the Critic's paired
+parent/candidate re-runs enter the buffer with exact behaviour log-probs and join their task's
+GRPO group; only tasks whose gold answer no demonstration of the round can show are kept; rounds
+without evolution still train."""
 
 from __future__ import annotations
 

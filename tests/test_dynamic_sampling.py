@@ -1,4 +1,4 @@
-"""Dynamic sampling (``rollout.signal_groups``, issue 23): a training round whose groups carry too
+"""Dynamic sampling (``rollout.signal_groups``): a training round whose groups carry too
 little reward spread rolls out further train tasks from a reserve fixed in advance, trains on them
 and never shows them to AEGIS; the rest of the round samples as it would without them; their
 references are withheld like a batch's; a killed round resumes to the uninterrupted result."""

@@ -1,4 +1,4 @@
-"""Errors a user meets carry the fix (issue 8, item 5): a missing optional dependency names how to
+"""Errors a user meets carry the fix: a missing optional dependency names how to
 install it, a bad config value names the field and the allowed values, an unreachable endpoint names
 the URL and the timeout. A missing package is simulated with ``sys.modules[name] = None``."""
 

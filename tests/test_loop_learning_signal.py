@@ -18,6 +18,7 @@ from coevo.evolution.reference import ReferenceStore, build_references, split_re
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
 from coevo.loop.coevolution import Coevolution
+from coevo.loop.schedule import Schedule, Splits
 from coevo.meta.rule import RuleMetaAgent
 from coevo.report.progress import NullProgress
 from coevo.report.tracking import NullTracker
@@ -85,9 +86,10 @@ def loop(tmp_path: Path, env: CodeWords, policy, *, train: list[Task], pool: lis
     critic = Critic(critic_rollout(policy, env, max_steps=3), k=1)
     aegis = AEGIS(base_harness(), RuleMetaAgent(), critic, tasks={t.task_id: t for t in train}, references=references,
                   tools=["lookup"], max_proposals=2)
+    schedule = Schedule(rounds=rounds, batch_tasks=2, attempts=1, seed=0, steps_per_round=1, val_every=0,
+                        eval_attempts=1)
     return Coevolution(mode="harness_only", rollouts=service(policy, env, max_steps=3), aegis=aegis, run_dir=tmp_path,
-                       train_tasks=train, val_tasks=env.tasks("val"), test_tasks=env.tasks("test"), rounds=rounds,
-                       batch_tasks=2, attempts=1, seed=0, steps_per_round=1, val_every=0, eval_attempts=1,
+                       splits=Splits(train, env.tasks("val"), env.tasks("test")), schedule=schedule,
                        tracker=NullTracker(), progress=NullProgress())
 
 

@@ -1,4 +1,4 @@
-"""A run that fails after its env is built closes the env (issue 26): a TextWorld env's JVMs, or any
+"""A run that fails after its env is built closes the env: a TextWorld env's JVMs, or any
 process an env holds, must not outlive a failing start. The env here holds a child process, as a
 TextWorld env holds its JVMs, and the test counts this process's children before and after."""
 

@@ -1,4 +1,4 @@
-"""Files and runs (issue 13): a run directory is locked before anything is written, in every mode;
+"""Files and runs: a run directory is locked before anything is written, in every mode;
 traces a checkpoint counts must be in the buffer; damaged checkpoint and harness files give errors
 that name the file."""
 

@@ -1,6 +1,6 @@
-"""A SIGTERM during a run closes the env (issue 26): Python's default SIGTERM action skips every
-``finally``, so ``coevo.loop.build.run`` closing its env never ran and an env's child process (a
-TextWorld JVM, a simulator) outlived the killed trainer. ``coevo.loop.termination.sigterm_raises``
+"""A SIGTERM during a run closes the env: Python's default SIGTERM action skips every ``finally``,
+so ``coevo.loop.build.run`` closing its env would never run and an env's child process (a
+TextWorld JVM, a simulator) would outlive the killed trainer. ``coevo.loop.termination.sigterm_raises``
 turns SIGTERM into ``SystemExit`` for the length of the run."""
 
 from __future__ import annotations

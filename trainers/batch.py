@@ -1,6 +1,7 @@
 """From traces to training sequences: one sequence per trainable model call, packed per trace.
 
-Every model call of a trace is trained with that trace's advantage (DESIGN §6). A sequence keeps
+Every model call of a trace is trained with that trace's advantage: the reward scores the whole
+episode, so every call that led to it shares its credit. A sequence keeps
 the exact prompt and completion ids the policy saw and produced, the behaviour log-probs cached
 by the replay buffer, the sampler's log-probs when the policy gave them, and the temperature its
 tokens were drawn at: the harness may sample calls at different temperatures (a temperature

@@ -30,6 +30,8 @@ from coevo.config.schema import RolloutConfig
 from coevo.envs.base import Env, Task
 from coevo.harness.harness import Harness
 from coevo.rundir.records import InfraFailures
+from coevo.safety.secrets import secret_env_values
+from coevo.safety.traces import redact_trace
 
 PHASES = {"rollout": 0, "critic": 1, "eval": 2, "test": 3, "extra": 4, "unscaffolded": 5}
 """Policy sampling streams within a round (see ``phase_seed``)."""
@@ -96,14 +98,22 @@ class RolloutService:
     """Runs episodes with one policy on one env. ``batch_size``/``max_steps``/``workers`` and the
     timeouts: as in ``coevo.agent.runtime.run_episodes`` (``rollout.*`` of the config); ``seed``:
     the run seed the phases derive from; ``progress``: anything with ``task(description, total)``
-    returning a context that yields an ``advance()`` (``coevo.report.progress``), None for no display."""
+    returning a context that yields an ``advance()`` (``coevo.report.progress``), None for no display.
+
+    Every trace it returns is cleared of the secret values in the environment
+    (``coevo.safety.traces.redact_trace``): strings, and token ids with ``tokenizer`` (default: the
+    policy's; without one, a model call that showed a secret keeps no token ids), so nothing downstream (the
+    buffer, AEGIS, records, the tracker) holds a secret it did not write itself."""
 
     def __init__(self, policy: Policy, env: Env, *, batch_size: int, max_steps: int, workers: int, seed: int,
                  progress: Any | None = None, reset_timeout_s: float = RolloutConfig.reset_timeout_s,
-                 tool_timeout_s: float = RolloutConfig.tool_timeout_s) -> None:
+                 tool_timeout_s: float = RolloutConfig.tool_timeout_s, tokenizer: Any | None = None) -> None:
         self.policy, self.env, self.seed, self.progress = policy, env, seed, progress
         self.batch_size, self.max_steps, self.workers = batch_size, max_steps, workers
         self.timeouts = {"reset_timeout_s": reset_timeout_s, "tool_timeout_s": tool_timeout_s}
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
+        self._critic_round, self._critic_calls = 0, 0
+        self._critic_traces: list[Trace] = []  # the re-runs since the last begin_critic
 
     def reseed(self, round: int, phase: str) -> None:
         reseed = getattr(self.policy, "reseed", None)  # scripted policies are deterministic anyway
@@ -131,30 +141,37 @@ class RolloutService:
             groups = run_attempts(tasks, harness, self.policy, self.env, attempts=attempts, variant=variant,
                                   trace_id=trace_id, batch_size=self.batch_size, workers=self.workers,
                                   max_steps=self.max_steps, on_trace=finished, **self.timeouts)
-        return Rollout([t for group in groups for t in group], [t.task_id for t in tasks], attempts)
+        secrets = secret_env_values()
+        traces = [t for group in groups for t in group]
+        if secrets:
+            traces = [redact_trace(t, self.tokenizer, secrets) for t in traces]
+        return Rollout(traces, [t.task_id for t in tasks], attempts)
 
     def begin_critic(self, round: int) -> None:
-        """Seed round ``round``'s critic phase (once: its re-runs go on from there) and restart the
-        numbering of its traces (``critic<round>-<call>-<task>-<attempt>``, unique within the run)."""
+        """Seed round ``round``'s critic phase (once: its re-runs go on from there), restart the
+        numbering of its traces (``critic<round>-<call>-<task>-<attempt>``, unique within the run) and
+        forget the previous round's re-runs."""
         self.reseed(round, "critic")
-        self._critic_round, self._critic_calls = round, 0
+        self._critic_round, self._critic_calls, self._critic_traces = round, 0, []
 
-    def critic_rollout(self, keep: list[Trace] | None = None
-                       ) -> Callable[[Harness, Sequence[Task], int], dict[str, list[bool | None]]]:
+    def critic_traces(self) -> list[Trace]:
+        """Every re-run's traces since ``begin_critic`` (parent and candidate, shipped or rejected):
+        the loop turns the gate's evidence into GRPO groups."""
+        return list(self._critic_traces)
+
+    def critic_rollout(self) -> Callable[[Harness, Sequence[Task], int], dict[str, list[bool | None]]]:
         """The Critic's re-run (``coevo.evolution.critic.Rollout``): ``k`` episodes per task on one
         harness → task id → outcomes, None for an episode that ended in an infrastructure failure
         (no evidence about the harness). No reseeding: the loop seeds the round's critic phase once
-        (``begin_critic``). With ``keep``, every re-run's traces (parent and candidate, shipped or
-        rejected) are appended to it: the loop turns the gate's evidence into GRPO groups."""
+        (``begin_critic``); the traces stay here until the next one (``critic_traces``)."""
 
         def rerun(harness: Harness, tasks: Sequence[Task], k: int) -> dict[str, list[bool | None]]:
-            r, call = getattr(self, "_critic_round", 0), getattr(self, "_critic_calls", 0)
+            r, call = self._critic_round, self._critic_calls
             self._critic_calls = call + 1
             done = self.run(harness, tasks, attempts=k, phase=None, variant="critic",
                             label=f"critic: re-run {harness.id[:8]}",
                             trace_id=lambda t, a: f"critic{r:04d}-{call:03d}-{t.task_id}-{a}")
-            if keep is not None:
-                keep.extend(done.traces)
+            self._critic_traces.extend(done.traces)
             return done.outcomes(infra="none")
 
         return rerun

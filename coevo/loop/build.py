@@ -27,6 +27,7 @@ from coevo.loop.config_check import (
     check_train_split,
     device_of,
 )
+from coevo.loop.schedule import Processes, Schedule, Splits, Training
 from coevo.loop.termination import sigterm_raises
 
 log = logging.getLogger("coevo")
@@ -224,11 +225,11 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
 
     rollouts = RolloutService(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
                               workers=cfg.rollout.workers, seed=cfg.seed, progress=progress,
-                              reset_timeout_s=cfg.rollout.reset_timeout_s, tool_timeout_s=cfg.rollout.tool_timeout_s)
+                              reset_timeout_s=cfg.rollout.reset_timeout_s, tool_timeout_s=cfg.rollout.tool_timeout_s,
+                              tokenizer=tok)
     e = cfg.evolution
     meta = build_meta(cfg, run_dir)
-    critic_traces: list | None = [] if trains and cfg.buffer.critic_traces else None  # the gate's evidence trains
-    critic = make_critic(e, rollouts.critic_rollout(keep=critic_traces))
+    critic = make_critic(e, rollouts.critic_rollout())
     aegis = AEGIS(start, meta, critic, tasks=tasks, critic_pool=tasks, references=references,
                   tools=env_tools, max_variants=e.max_variants, max_proposals=e.max_proposals,
                   max_revisions=e.max_revisions,
@@ -236,26 +237,28 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
                   router=meta.route if e.router else None, router_threshold=e.router_threshold)
     tracker = make_tracker(cfg.logger.kind, **tracker_kwargs(cfg, run_dir)) if is_main else NullTracker()
     buffer = ReplayBuffer(run_dir / "buffer", capacity=cfg.buffer.capacity) if trains and is_main else None
-    loop = Coevolution(
-        mode=cfg.mode, rollouts=rollouts, aegis=aegis, run_dir=run_dir, train_tasks=train,
-        val_tasks=env.tasks("val")[: cfg.val_limit], test_tasks=env.tasks("test")[: cfg.test_limit] if cfg.test else (),
+    schedule = Schedule(
         rounds=cfg.rounds, batch_tasks=cfg.batch_tasks, attempts=cfg.rollout.attempts, seed=cfg.seed,
-        trainer=trainer, buffer=buffer,
-        logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=temperature,
-                              batch_size=cfg.buffer.logprob_batch_size,
-                              share_prefix=cfg.trainer.share_prefix) if trains else None,
-        steps_per_round=cfg.trainer.steps_per_round,
-        step_traces=cfg.trainer.step_traces, val_every=cfg.val_every, eval_attempts=cfg.eval_attempts,
-        tracker=tracker, progress=progress, is_main=is_main,
-        share=(lambda obj: broadcast_object_list([obj], from_process=0)[0]) if accelerator.num_processes > 1 else None,
-        sync_weights=sync, release_rollout=getattr(policy, "release", None),  # a vLLM engine's sleep mode
-        tokenizer=tok, critic_traces=critic_traces, sampler_logprobs=cfg.buffer.sampler_logprobs,
-        signal_groups=cfg.rollout.signal_groups, max_extra_tasks=cfg.rollout.max_extra_tasks,
+        steps_per_round=cfg.trainer.steps_per_round, val_every=cfg.val_every, eval_attempts=cfg.eval_attempts,
+        step_traces=cfg.trainer.step_traces, signal_groups=cfg.rollout.signal_groups,
+        max_extra_tasks=cfg.rollout.max_extra_tasks,
         unscaffolded_attempts=cfg.rollout.unscaffolded_attempts if cfg.mode != "static" else 0,
         evolve_rounds=lambda r: r < e.early_rounds or (e.every > 0 and (r - e.early_rounds + 1) % e.every == 0),
         critic_episodes=(e.stat_budget if e.gate == "stat" else cfg.batch_tasks * e.critic_attempts)
         * e.max_proposals,  # for the time estimate: one variant's proposals, each judged to the gate's budget
     )
+    training = Training(
+        trainer, buffer, sampler_logprobs=cfg.buffer.sampler_logprobs, critic_traces=cfg.buffer.critic_traces,
+        logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=temperature, batch_size=cfg.buffer.logprob_batch_size,
+                              share_prefix=cfg.trainer.share_prefix)) if trains else None
+    several = accelerator.num_processes > 1
+    given = {"sync_weights": sync, "release_rollout": getattr(policy, "release", None),  # a vLLM engine's sleep mode
+             "share": (lambda obj: broadcast_object_list([obj], from_process=0)[0]) if several else None}
+    processes = Processes(is_main=is_main, **{k: v for k, v in given.items() if v is not None})
+    loop = Coevolution(
+        mode=cfg.mode, rollouts=rollouts, aegis=aegis, run_dir=run_dir, schedule=schedule, training=training,
+        processes=processes, tracker=tracker, progress=progress,
+        splits=Splits(train, env.tasks("val")[: cfg.val_limit], env.tasks("test")[: cfg.test_limit] if cfg.test else ()))
     try:
         loop.run()
     finally:

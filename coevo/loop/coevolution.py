@@ -20,10 +20,10 @@ the same run directory, the loop restores the last complete round; if the killed
 already committed its traces to the buffer, they are reused, otherwise they are sampled again —
 identically, because every phase of a round reseeds the policy from (seed, round, phase).
 
-Secrets: the round's traces are cleared of secret values (``coevo.safety.traces.redact_trace``, token ids
-included, with the policy's ``tokenizer``) as soon as the rollout returns, before the replay buffer,
-AEGIS, records or the tracker see them; ``rounds.jsonl``, ``lineage.jsonl`` and the checkpoint state
-are redacted again where they are written, and harness YAML by ``Harness.to_yaml``.
+Secrets: every episode's trace is cleared of secret values by the rollout service
+(``coevo.agent.rollouts``, token ids included) before the replay buffer, AEGIS, records or the
+tracker see it; ``rounds.jsonl``, ``lineage.jsonl`` and the checkpoint state are redacted again where
+they are written, and harness YAML by ``Harness.to_yaml``.
 """
 
 from __future__ import annotations
@@ -54,106 +54,55 @@ from coevo.loop.round_grpo import (
 )
 from coevo.loop.round_plan import batches_per_epoch, extra_pools, round_batches
 from coevo.loop.round_record import PhaseClock, round_record
+from coevo.loop.schedule import Processes, Schedule, Splits, Training
 from coevo.report.eta import RunShape, start_line, time_left_line
 from coevo.report.tracking import edit_rows
 from coevo.rundir import checkpoint
 from coevo.rundir.check import buffer_next_seq, verify_run
 from coevo.rundir.records import BufferStats, Evaluation, GRPOMetrics, RoundRecord, StartRecord
 from coevo.rundir.state import LoopState
-from coevo.safety.secrets import contains_secret, secret_env_values
-from coevo.safety.traces import redact_trace
+from coevo.safety.secrets import contains_secret
 
 log = logging.getLogger("coevo.loop.coevolution")
 
 class Coevolution:
-    """Runs rounds. Flat collaborators: ``rollouts`` (the ``RolloutService`` every episode of the
-    run goes through: its policy, env, batching and seed), ``aegis`` (always present: static and
-    model-only runs simply never call ``evolve``), ``trainer`` and ``buffer`` (None unless the mode
-    trains), ``tracker`` (a ``coevo.report.tracking.Tracker``), ``progress`` (``coevo.report.progress``).
-    ``tokenizer``: the policy's, to redact secrets from token ids (``coevo.safety.traces.redact_trace``);
-    without it a model call that showed a secret keeps no token ids.
+    """Runs rounds. Collaborators: ``rollouts`` (the ``RolloutService`` every episode of the run goes
+    through: its policy, env, batching, seed and the redaction of secrets), ``aegis`` (always
+    present: static and model-only runs never call ``evolve``), ``tracker``
+    (``coevo.report.tracking``) and ``progress`` (``coevo.report.progress``); plain values:
+    ``splits`` (the tasks), ``schedule`` (what each round does), ``training`` (the weights' half;
+    None in modes that do not train) and ``processes`` (one, or several sharing the loop)."""
 
-    The settings that mirror config fields have no default here, so the config (``coevo.config.schema``, via
-    ``coevo.loop.build``) is their only source: ``rounds``, ``batch_tasks``, ``seed``, ``attempts``,
-    ``steps_per_round`` (``trainer.steps_per_round``), ``val_every`` and ``eval_attempts``.
-    ``first_round``: the number of the first round, for a loop that continues an engine's history
-    (a stream's next stage: AEGIS's monitors need round numbers that only grow). ``critic_traces``:
-    the list the Critic's re-runs append their traces to, when those train too (cross-harness
-    groups: the gate's parent and candidate episodes join their task's group). ``evolve_rounds(r)``:
-    whether round ``r`` evolves the harness (a schedule that leaves rounds to the weights; default
-    every round). ``sampler_logprobs``: store the policy's own sampling log-probs as behaviour
-    log-probs (``buffers.logprobs.sampler_first``) instead of recomputing them."""
-
-    def __init__(
-        self,
-        *,
-        mode: str,
-        rollouts: RolloutService,
-        aegis: AEGIS,
-        run_dir: Path,
-        train_tasks: Sequence[Task],
-        val_tasks: Sequence[Task],
-        test_tasks: Sequence[Task] = (),
-        rounds: int,
-        batch_tasks: int,
-        attempts: int,
-        seed: int,
-        trainer: Any | None = None,
-        buffer: Any | None = None,
-        logprob_fn: Callable | None = None,
-        steps_per_round: int,
-        step_traces: int | None = None,
-        val_every: int,
-        eval_attempts: int,
-        tracker: Any,
-        progress: Any,
-        is_main: bool = True,
-        share: Callable[[Any], Any] | None = None,
-        sync_weights: Callable[[], None] | None = None,
-        release_rollout: Callable[[], None] | None = None,
-        tokenizer: Any | None = None,
-        first_round: int = 0,
-        critic_traces: list[Trace] | None = None,
-        evolve_rounds: Callable[[int], bool] | None = None,
-        sampler_logprobs: bool = False,
-        signal_groups: int | None = None,
-        max_extra_tasks: int = 0,
-        critic_episodes: int = 0,
-        unscaffolded_attempts: int = 0,
-    ) -> None:
+    def __init__(self, *, mode: str, rollouts: RolloutService, aegis: AEGIS, run_dir: Path, splits: Splits,
+                 schedule: Schedule, tracker: Any, progress: Any, training: Training | None = None,
+                 processes: Processes = Processes()) -> None:
         trains = mode in ("coevolve", "model_only")
-        if trains and (trainer is None or (is_main and (buffer is None or logprob_fn is None))):
+        if trains and (training is None or (processes.is_main and (training.buffer is None
+                                                                   or training.logprob_fn is None))):
             raise ValueError(f"mode {mode!r} trains the model: it needs a trainer, and on rank 0 a buffer and a "
                              "logprob_fn")
+        s, self.schedule, self.processes = schedule, schedule, processes
         self.mode, self.rollouts, self.aegis, self.run_dir = mode, rollouts, aegis, run_dir
+        self.tracker, self.progress, self.is_main = tracker, progress, processes.is_main
         self.policy = rollouts.policy
         self.env_name = str(getattr(rollouts.env, "name", "env"))  # noted in every harness file the run writes
         self.evolves, self.trains = mode in ("coevolve", "harness_only"), trains
-        self.batches = round_batches(train_tasks, batch_tasks, seed, rounds)
-        self.per_epoch = batches_per_epoch(len(train_tasks), batch_tasks)
-        self.signal_groups = signal_groups if trains else None  # dynamic sampling: only a training run draws more
-        self.extras = extra_pools(train_tasks, self.batches, max_extra_tasks if self.signal_groups else 0, seed)
-        self.val_tasks, self.test_tasks = list(val_tasks), list(test_tasks)
-        self.rounds, self.attempts, self.seed, self.batch_tasks = rounds, attempts, seed, batch_tasks
-        self.first, self.end = first_round, first_round + rounds  # round numbers [first, end)
-        self.trainer, self.buffer, self.logprob_fn, self.steps_per_round = trainer, buffer, logprob_fn, steps_per_round
-        self.step_traces, self.val_every, self.eval_attempts = step_traces, val_every, eval_attempts
-        self.tracker, self.progress, self.is_main = tracker, progress, is_main
-        self.share = share or (lambda obj: obj)  # rank 0's object on every rank (identity on one process)
-        self.sync_weights = sync_weights or (lambda: None)
-        self.release_rollout = release_rollout or (lambda: None)  # vLLM sleep mode: its GPU memory to the trainer
-        self.tokenizer = tokenizer
-        self.critic_traces = critic_traces  # filled by the Critic's re-runs (RolloutService.critic_rollout(keep=))
-        self.evolve_rounds = evolve_rounds or (lambda r: True)
-        self.sampler_logprobs = sampler_logprobs  # behaviour log-probs from the sampler (buffer.sampler_logprobs)
-        self.unscaffolded_attempts = unscaffolded_attempts  # rollout.unscaffolded_attempts
+        self.training = training if trains else None
+        self.trainer = training.trainer if trains else None
+        self.buffer = training.buffer if trains else None
+        self.batches = round_batches(splits.train, s.batch_tasks, s.seed, s.rounds)
+        self.per_epoch = batches_per_epoch(len(splits.train), s.batch_tasks)
+        self.signal_groups = s.signal_groups if trains else None  # dynamic sampling: only a training run draws more
+        self.extras = extra_pools(splits.train, self.batches, s.max_extra_tasks if self.signal_groups else 0, s.seed)
+        self.val_tasks, self.test_tasks = list(splits.val), list(splits.test)
+        self.first, self.end = s.first_round, s.first_round + s.rounds  # round numbers [first, end)
         self.state = LoopState()
         self.shape = RunShape(  # what the time estimates price (coevo.report.eta)
             first=self.first, end=self.end,
-            critic_episodes=critic_episodes if self.evolves else 0, evolves=self.evolve_rounds,
-            rollout_episodes=batch_tasks * (attempts + unscaffolded_attempts),
-            grpo_steps=steps_per_round if trains else 0, step_traces=step_traces or batch_tasks * attempts,
-            eval_episodes=(len(self.val_tasks) + len(self.test_tasks)) * eval_attempts)
+            critic_episodes=s.critic_episodes if self.evolves else 0, evolves=s.evolve_rounds,
+            rollout_episodes=s.batch_tasks * (s.attempts + s.unscaffolded_attempts),
+            grpo_steps=s.steps_per_round if trains else 0, step_traces=s.step_traces or s.batch_tasks * s.attempts,
+            eval_episodes=(len(self.val_tasks) + len(self.test_tasks)) * s.eval_attempts)
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
@@ -169,7 +118,7 @@ class Coevolution:
         if self.trainer is not None:
             checkpoint.load_trainer(self.trainer, directory / "trainer")
             self.policy.model_version = str(self.trainer.version)
-            self.sync_weights()
+            self.processes.sync_weights()
         where = directory / "state.json"
         try:
             self.aegis.load_state_dict(state["aegis"])
@@ -232,13 +181,13 @@ class Coevolution:
         extra_ids = {t.task_id for t in traces} - train_ids  # dynamic sampling's: they train, AEGIS never sees them
         traces, train_ids = [t for t in traces if t.task_id in train_ids], train_ids | extra_ids
         evolved = None
-        if self.evolves and self.evolve_rounds(r):
+        if self.evolves and self.schedule.evolve_rounds(r):
             evolved, critic_ids = self._evolve(traces, bare, r, version, clock)
             train_ids |= critic_ids
         grpo = None
         if self.trains:
             with clock("grpo"):
-                grpo = self._train(self.share(training_batch(self.buffer, train_ids)), r)
+                grpo = self._train(self.processes.share(training_batch(self.buffer, train_ids)), r)
             grpo.extra_tasks = len(extra_ids) if self.signal_groups else None
         val, test = self._evaluate_round(r, clock)
         if evolved is not None:  # the trend monitor: train pass rate up while validation goes down
@@ -274,9 +223,9 @@ class Coevolution:
         if buffered is not None:
             return buffered
         with clock("rollout"):
-            traces = self._redacted(self._routed(batch, r, "rollout", self.attempts, f"round {r}: rollouts").traces)
+            traces = self._routed(batch, r, "rollout", self.schedule.attempts, f"round {r}: rollouts").traces
             traces += self._top_up(traces, r)
-            bare = self._redacted(self._unscaffolded(batch, r))
+            bare = self._unscaffolded(batch, r)
         if self.trains:
             with clock("logprobs"):
                 self.buffer.add(traces + bare, round=r, model_version=version, logprob_fn=self._logprob_fn(traces + bare))
@@ -290,7 +239,7 @@ class Coevolution:
         withheld = self.withheld(r)
         evolved = self.aegis.evolve(traces, round=r, withheld=withheld, unscaffolded=bare)
         critic_ids: set[str] = set()
-        if self.trains and self.critic_traces is not None:
+        if self.training is not None and self.training.critic_traces:
             with clock("logprobs"):
                 critic_ids = self._buffer_critic_traces(r, version, withheld)
         for key in ("digest", "plan", "critic"):
@@ -304,7 +253,7 @@ class Coevolution:
     def _evaluate_round(self, r: int, clock: PhaseClock) -> tuple[Evaluation | None, Evaluation | None]:
         """Validation every ``val_every`` rounds and in the last; the sealed test split in the last only."""
         val = test = None
-        if self.val_tasks and ((self.val_every and (r + 1) % self.val_every == 0) or r == self.end - 1):
+        if self.val_tasks and ((self.schedule.val_every and (r + 1) % self.schedule.val_every == 0) or r == self.end - 1):
             with clock("eval"):
                 val = self.evaluate(self.val_tasks, r, "eval")
         if self.test_tasks and r == self.end - 1:
@@ -333,13 +282,13 @@ class Coevolution:
         scaffolding, on that harness without its outermost layer (``coevo.harness.scaffold``), on a
         sampling stream of their own: they join the task's GRPO group beside the scaffolded
         episodes, and show AEGIS how the model behaves without that layer."""
-        if not self.unscaffolded_attempts:
+        if not self.schedule.unscaffolded_attempts:
             return []
         harnesses, _ = self.aegis.routed(tasks)
         pairs = [(t, bare) for t, h in zip(tasks, harnesses, strict=True) if (bare := without_outer_scaffold(h)) is not h]
         if not pairs:
             return []
-        done = self.rollouts.run([h for _, h in pairs], [t for t, _ in pairs], attempts=self.unscaffolded_attempts,
+        done = self.rollouts.run([h for _, h in pairs], [t for t, _ in pairs], attempts=self.schedule.unscaffolded_attempts,
                                  phase="unscaffolded", round=r, variant=UNSCAFFOLDED,
                                  label=f"round {r}: without the scaffolding",
                                  trace_id=lambda t, a: f"u{r:04d}-{t.task_id}-{a}")
@@ -352,8 +301,7 @@ class Coevolution:
         """Store the round's Critic re-runs with their behaviour log-probs (the model has not changed
         since they ran: exact; ``round_grpo.critic_traces_to_store`` says which) and return the tasks
         whose groups they joined."""
-        kept = self._redacted(critic_traces_to_store(self.critic_traces, self.buffer, r, withheld))
-        self.critic_traces.clear()
+        kept = critic_traces_to_store(self.rollouts.critic_traces(), self.buffer, r, withheld)
         if kept:
             self.buffer.add(kept, round=r, model_version=version, logprob_fn=self._logprob_fn(kept))
         return critic_task_ids(self.buffer, r)
@@ -362,10 +310,10 @@ class Coevolution:
         """Round ``r``'s extra tasks from its reserve (``rollout.signal_groups``: dynamic sampling), on
         a stream of their own seeded once ("extra"), so the rest of the round samples as without them."""
         def run(tasks: list[Task], first: bool) -> list[Trace]:
-            done = self._routed(tasks, r, "extra", self.attempts, f"round {r}: extra tasks", reseed=first)
-            return self._redacted(done.traces)
+            done = self._routed(tasks, r, "extra", self.schedule.attempts, f"round {r}: extra tasks", reseed=first)
+            return done.traces
 
-        return dynamic_sample(traces, self.extras[r - self.first], self.batch_tasks, self.signal_groups or 0, run)
+        return dynamic_sample(traces, self.extras[r - self.first], self.schedule.batch_tasks, self.signal_groups or 0, run)
 
     def _routed(self, tasks: Sequence[Task], r: int, phase: str, attempts: int, label: str, reseed: bool = True
                 ) -> Rollout:
@@ -377,49 +325,44 @@ class Coevolution:
                                  variant=variants, label=label,
                                  trace_id=lambda t, a: f"{prefix}{r:04d}-{t.task_id}-{a}")
 
-    def _redacted(self, traces: list[Trace]) -> list[Trace]:
-        """The traces with no secret value in their strings or token ids (the same objects when they
-        hold none): what the buffer stores, AEGIS digests and the records count."""
-        secrets = secret_env_values()
-        return [redact_trace(t, self.tokenizer, secrets) for t in traces] if secrets else traces
-
     def _follow_round(self, r: int) -> None:
         """A non-main rank's round: the GRPO step on rank 0's batch, then the checkpoint barrier
         (no record: rank 0 keeps them)."""
         if self.trains:
-            self._train(self.share(None), r)
+            self._train(self.processes.share(None), r)
         self.state.next_round = r + 1
         self._commit()
 
     def _logprob_fn(self, traces: Sequence[Trace]) -> Callable:
         """The buffer's LogprobFn for ``traces``: the sampler's own log-probs where the run trusts them
         (``buffer.sampler_logprobs``), else a forward pass of the current model."""
-        return sampler_first(traces, self.logprob_fn) if self.sampler_logprobs else self.logprob_fn
+        t = self.training
+        return sampler_first(traces, t.logprob_fn) if t.sampler_logprobs else t.logprob_fn
 
     def _train(self, batch: tuple[list[Trace], list[int]], r: int) -> GRPOMetrics:
         """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each): passes
         over the same buffered groups (the ratio is clipped), or minibatches of them (``step_traces``)."""
         traces, versions = batch
         steps: list[dict] = []
-        self.release_rollout()
-        with self.progress.task("GRPO", self.steps_per_round) as advance:
-            for part, part_versions in step_batches(traces, versions, self.steps_per_round, self.step_traces,
-                                                    seed=f"{self.seed}-{r}"):
+        self.processes.release_rollout()
+        with self.progress.task("GRPO", self.schedule.steps_per_round) as advance:
+            for part, part_versions in step_batches(traces, versions, self.schedule.steps_per_round, self.schedule.step_traces,
+                                                    seed=f"{self.schedule.seed}-{r}"):
                 steps.append(self.trainer.step(part, versions=part_versions).as_dict())
                 advance()
         self.policy.model_version = str(self.trainer.version)
-        self.sync_weights()
+        self.processes.sync_weights()
         return grpo_record(steps, traces)
 
     def evaluate(self, tasks: Sequence[Task], r: int, phase: str) -> Evaluation:
         """pass@1 and pass@k of the routed variants (k = eval_attempts)."""
         label = f"{f'round {r}' if r >= 0 else 'start'}: {'validation' if phase == 'eval' else 'test'}"
-        done = self._routed(tasks, r, phase, self.eval_attempts, label)
-        return Evaluation(done.pass_at_1, done.pass_at_k, self.eval_attempts, done.outcomes(), done.tool_use_rate)
+        done = self._routed(tasks, r, phase, self.schedule.eval_attempts, label)
+        return Evaluation(done.pass_at_1, done.pass_at_k, self.schedule.eval_attempts, done.outcomes(), done.tool_use_rate)
 
     def _harness_pass_rate(self, harness: Harness, tasks: Sequence[Task], r: int) -> float:
         """pass@1 of one harness on ``tasks`` (epoch-end snapshot selection)."""
-        done = self.rollouts.run(harness, tasks, attempts=self.eval_attempts, phase="eval", round=r, variant="select",
+        done = self.rollouts.run(harness, tasks, attempts=self.schedule.eval_attempts, phase="eval", round=r, variant="select",
                                  label=f"round {r}: snapshot {harness.id[:8]} on validation",
                                  trace_id=lambda t, a: f"select{r:04d}-{harness.id}-{t.task_id}-{a}")
         return sum(t.passed for t in done.traces) / len(done.traces)  # every task has eval_attempts of them

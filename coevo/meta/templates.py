@@ -4,7 +4,7 @@ from the built-in processor library.
 
 The order encodes what is known to move a small model: on SmolLM2-135M one worked demonstration
 of the answer format lifted 2-term arithmetic from 0/24 to 7/24 where instructions alone did
-nothing (DESIGN §5), so context and answer-format edits come first and heavier machinery
+nothing, so context and answer-format edits come first and heavier machinery
 (verification passes, extra tools) last. The one piece of evidence the order reads is the
 cluster's excerpts: when they show answers stated in prose, reading the last number comes first
 (``template_order``).
@@ -115,7 +115,7 @@ def _tool_demos(cluster: Cluster, harness: Harness, context: PlanContext) -> Dra
     The evidence: the traces answered without a tool that genuine solutions use
     (``premature_answer``: the reference or the task's capabilities name it), and references show
     the tool path. On the reasoning env SmolLM2 passed 12 of 15 episodes where it called the
-    calculator and ~5% where it guessed (issue 12), so showing the call is the edit that can move
+    calculator and ~5% where it guessed, so showing the call is the edit that can move
     the most tasks; an instruction to verify (the catalogue's next entry) cannot supply arithmetic
     the model lacks."""
     with_tools = tool_path_demos(context)

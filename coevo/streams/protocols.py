@@ -33,6 +33,7 @@ from coevo.evolution.engine import AEGIS
 from coevo.evolution.meta_agent import MetaAgent
 from coevo.harness.harness import Harness
 from coevo.loop.coevolution import Coevolution
+from coevo.loop.schedule import Schedule, Splits
 from coevo.report.progress import NullProgress
 from coevo.report.tracking import NullTracker
 from coevo.streams.axes import AxisHarness, exposed_tools
@@ -135,11 +136,11 @@ def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, roll
         reruns = critic.reruns
         batch = list(stream.adapt[s])
         if batch and rounds_per_stage:
-            loop = Coevolution(mode="harness_only", rollouts=rollouts, aegis=aegis,
-                               run_dir=Path(run_dir) / f"stage-{s}", train_tasks=batch, val_tasks=(),
-                               rounds=rounds_per_stage, batch_tasks=len(batch), attempts=attempts, seed=seed,
-                               steps_per_round=0, val_every=0, eval_attempts=attempts, tracker=NullTracker(),
-                               progress=progress, first_round=next_round)
+            schedule = Schedule(rounds=rounds_per_stage, batch_tasks=len(batch), attempts=attempts, seed=seed,
+                                steps_per_round=0, val_every=0, eval_attempts=attempts, first_round=next_round)
+            loop = Coevolution(mode="harness_only", rollouts=rollouts, aegis=aegis, splits=Splits(batch),
+                               run_dir=Path(run_dir) / f"stage-{s}", schedule=schedule, tracker=NullTracker(),
+                               progress=progress)
             next_round += rounds_per_stage
             for record in loop.run():
                 result.adapt_tokens[s] += record.train.tokens

@@ -517,7 +517,7 @@ def test_run_attempts_shares_one_harness_and_checks_its_arguments():
 
 
 def test_an_empty_answer_ends_the_episode_and_is_scored():
-    """``<answer></answer>`` is the model's empty reply (issue 26): the episode ends on it, the verifier
+    """``<answer></answer>`` is the model's empty reply: the episode ends on it, the verifier
     scores it, and ``parse_retry`` does not ask the model again as if nothing had been answered."""
     env = FakeEnv()
     trace = run_episode(env.tasks("test")[0], base_harness(), ScriptedPolicy(lambda messages: "<answer></answer>"), env)

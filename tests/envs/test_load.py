@@ -50,7 +50,7 @@ def test_scripted_solvers_come_from_the_table_or_the_env_class():
 
 def test_an_env_module_whose_dependency_is_missing_names_the_path_and_the_package(tmp_path, monkeypatch):
     """A module that exists but imports an uninstalled package is told apart from a module that
-    does not exist: the error names the import path and the package to install (issue 26)."""
+    does not exist: the error names the import path and the package to install."""
     (tmp_path / "env_needing_a_dep.py").write_text("import coevo_no_such_dependency\n\n\nclass Env:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     path = "env_needing_a_dep:Env"

@@ -1,9 +1,10 @@
-"""Timeouts that end the work they bound (issue 26): ``rollout.reset_timeout_s`` and
+"""Timeouts that end the work they bound: ``rollout.reset_timeout_s`` and
 ``rollout.tool_timeout_s``. An env whose session talks to a line-protocol simulator
 (``coevo.envs.line_process.LineProcess``) has the simulator killed at the deadline, and the next
 call gets a fresh process and its own reply, never the stale reply of the call that timed out.
 In-process work cannot be stopped: it is abandoned, and a session a late reset returns is closed.
-Before, reset had no timeout and a timed-out tool's thread kept reading the simulator's pipe."""
+Without them a reset could hang for good, and a timed-out tool's thread would keep reading the
+simulator's pipe."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""A proposal may not import code (issue 13): building a ``package.module:Class`` kind imports its
-module, so a meta-agent naming ``this:X`` used to run the ``this`` module (it printed its text)
-before the edit was refused. Kinds of modules already loaded (the user's own processors) stay
-proposable."""
+"""A proposal may not import code: building a ``package.module:Class`` kind imports its module,
+so a meta-agent naming ``this:X`` would run the ``this`` module (it prints its text) before the
+edit could be refused; such a kind is refused without importing it. Kinds of modules already
+loaded (the user's own processors) stay proposable."""
 
 from __future__ import annotations
 

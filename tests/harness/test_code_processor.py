@@ -145,8 +145,8 @@ class CallsPython(AnswerExtraction):
 
 
 def test_an_edit_that_makes_the_agent_run_code_runs_it_in_the_jail(tmp_path, monkeypatch):
-    """Issue 13: python_executor plus a code subclass that appends a python call ran arbitrary code
-    on the host. A call an edit injects is the same python tool the model uses, so what contains
+    """An edit can make the agent run code: python_executor plus a code subclass that appends a
+    python call. A call an edit injects is the same python tool the model uses, so what contains
     it is the tool's jail: no host file is read or written and the trainer's key is not visible."""
     from coevo.harness.library import PythonExecutor
     from coevo.safety.sandbox.python_tool import isolation

@@ -1,4 +1,4 @@
-"""A bad endpoint never ends a run (issue 13): a meta-agent call that fails in a round (HTTP 500s,
+"""A bad endpoint never ends a run: a meta-agent call that fails in a round (HTTP 500s,
 a body that is no chat completion, a hung endpoint, a backend of one's own that raises) leaves the
 round without that call's proposals, records why in ``evolve.warnings`` of ``rounds.jsonl`` and in
 the round table, and the run goes on. Transient failures are first retried by the openai SDK.
@@ -24,6 +24,7 @@ from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
 from coevo.loop.coevolution import Coevolution
+from coevo.loop.schedule import Schedule, Splits
 from coevo.meta import LLMMetaAgent, MetaAgentError, OpenAIClient, TokenLedger
 from coevo.report.data import load_run
 from coevo.report.progress import NullProgress
@@ -50,9 +51,9 @@ def one_round(run_dir: Path, meta) -> dict:
     train = env.tasks("train")
     aegis = AEGIS(base_harness(), meta, Critic(critic_rollout(policy, env, max_steps=2), k=1, gate="seesaw"),
                   tasks={t.task_id: t for t in train}, max_proposals=1)
+    schedule = Schedule(rounds=1, batch_tasks=2, attempts=1, seed=0, steps_per_round=1, val_every=0, eval_attempts=1)
     loop = Coevolution(mode="harness_only", rollouts=service(policy, env, max_steps=2), aegis=aegis, run_dir=run_dir,
-                       train_tasks=train, val_tasks=[], rounds=1, batch_tasks=2, attempts=1, seed=0, steps_per_round=1,
-                       val_every=0, eval_attempts=1, tracker=NullTracker(), progress=NullProgress())
+                       splits=Splits(train), schedule=schedule, tracker=NullTracker(), progress=NullProgress())
     return loop.run_round(0).to_dict()
 
 
@@ -199,7 +200,7 @@ def test_a_backend_module_whose_dependency_is_missing_is_refused_naming_the_path
     assert not isinstance(result.exception, ModuleNotFoundError)
 
 
-# -------------------------------------------------------------------------------- config fields (issue 26)
+# -------------------------------------------------------------------------------- config fields
 def openai_cfg(url: str, *overrides: str):
     from tests.test_config import compose_cfg
 

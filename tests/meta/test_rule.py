@@ -88,7 +88,8 @@ def test_catalogue_covers_every_cause_with_builtin_kinds():
     for name, template in TEMPLATES.items():
         assert template.name == name
         assert template.kinds and all(k in PROCESSORS and k != "code" for k in template.kinds)
-    # format_error and wrong_answer start with context/format edits, in the order DESIGN §5 motivates
+    # format_error and wrong_answer start with context/format edits: on SmolLM2 a worked demonstration of
+    # the answer format moved arithmetic where instructions alone did nothing (coevo/meta/templates.py)
     head = ("few_shot_demos", "format_system_prompt", "last_number_fallback", "parse_retry_up", "lenient_parser")
     assert CATALOGUE["format_error"] == head
     assert CATALOGUE["wrong_answer"][:5] == head

@@ -1,4 +1,4 @@
-"""Text sent to a meta-agent endpoint holds no secret value (issue 26): a key quoted by a digest's
+"""Text sent to a meta-agent endpoint holds no secret value: a key quoted by a digest's
 excerpts, a demonstration or a routed task reaches the endpoint as ``<redacted>``, and the prompt
 says that a value was withheld. Checked against a local OpenAI-compatible server that records every
 request body."""

@@ -1,4 +1,4 @@
-"""The python tool's escape battery (issues 13 and 27): model-written code tries to leave the jail
+"""The python tool's escape battery: model-written code tries to leave the jail
 (nested chroot, ``/proc/1/root``, remounting its read-only binds, mounting its own tmpfs, new
 namespaces, ptrace), reach the host (files, writes, TCP and unix sockets, the trainer's command
 line, environment and process list), outlive its cell, and exhaust resources. Run as root, as CI

@@ -123,7 +123,7 @@ def _describe(ns: dict[str, Any], class_name: str, name: str, init_params: dict[
 MAX_TIME_LIMIT_S = 5.0
 MAX_MEMORY_MB = 512
 """Caps on a code processor's own limits: the source and its limits come from the same proposal,
-so a proposal must not be able to give itself an hour of CPU (issue 13)."""
+so a proposal must not be able to give itself an hour of CPU."""
 MAX_GROWTH_BYTES = 64 << 10
 """How much larger (pickled) one call's returned event may be than the event it was given: what
 crosses the sandbox goes into traces and the replay buffer, so a call cannot inflate them."""
