@@ -11,15 +11,16 @@ stopped: finished runs are read back, a killed one resumes from its last round. 
 loop, so a partial ablation already compares every arm.
 
 The report (``<out>/ablation.md``, ``<out>/ablation.json``, ``<out>/ablation.png``) gives each
-arm's test pass@1 and pass@k with a 95% bootstrap interval, and for each difference the issue
-asks about (harness_only - static, model_only - static, coevolve - harness_only, coevolve - static)
-a *paired* bootstrap: the arms ran on the same test tasks with the same seeds, so task-level
+arm's test pass@1 and pass@k with a 95% bootstrap interval, and for each difference that says what
+a half adds (harness_only - static, model_only - static, coevolve - harness_only, coevolve - static)
+a *paired* bootstrap (``coevo.report.stats``): the arms ran on the same test tasks with the same seeds, so task-level
 differences are resampled together (tasks drawn with replacement, the same draw for every seed),
 which removes the between-task variance that unpaired intervals would carry. The figure shows the
 learning curves (train pass rate and tool-use rate per round) and the test pass rates.
 
-Presets: ``efficacy`` (100 sealed test tasks, 3 seeds, groups of 8, four rounds
-that evolve in rounds 0 and 1 and train in each, 4 GRPO passes a round; run with ``--jobs 2``), ``protocol`` (the original one-round check, ~45 min), ``tiny``
+Presets: ``efficacy`` (100 sealed test tasks, 3 seeds, groups of 8, four rounds that evolve in
+rounds 0 and 1 and train in each, 4 GRPO passes a round; run with ``--jobs 2``), ``protocol`` (a
+one-round check of the protocol, ~45 min), ``tiny``
 (the tiny random model on the arithmetic env; the test suite runs it in about a minute).
 ``--against DIR`` reports each arm against the same arm and seeds in another ablation directory
 (a run with one override changed), paired, with each side's GRPO signal per round.
@@ -41,7 +42,7 @@ import numpy as np
 
 from coevo.report.data import load_run
 from coevo.report.figures import round_axis
-from coevo.report.stats import bootstrap
+from coevo.report.stats import interval, points
 from coevo.rundir.records import RoundRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +115,7 @@ def summarise(results: dict[str, list[list[RoundRecord]]], seed: int = 0) -> dic
             tasks, m = task_matrix(runs, metric)
             matrices[(mode, metric)] = m
             arms[mode]["tasks"] = len(tasks)
-            arms[mode][metric] = [100 * v for v in bootstrap(m, rng)]
+            arms[mode][metric] = points(m, rng)
         arms[mode]["test_tool_use"] = 100 * float(np.mean([rec[-1].test.tool_use_rate for rec in runs]))
         arms[mode]["curves"] = {key: [100 * float(np.mean([getattr(rec[r].train, key) for rec in runs]))
                                       for r in range(len(runs[0]))]
@@ -124,7 +125,7 @@ def summarise(results: dict[str, list[list[RoundRecord]]], seed: int = 0) -> dic
         if a in results and b in results:
             n = min(len(results[a]), len(results[b]))  # seeds both arms finished
             diffs[f"{a} - {b}"] = {
-                "seeds": n, **{metric: [100 * v for v in bootstrap(matrices[(a, metric)][:n] - matrices[(b, metric)][:n], rng)]
+                "seeds": n, **{metric: points(matrices[(a, metric)][:n] - matrices[(b, metric)][:n], rng)
                                for metric in ("pass_at_1", "pass_at_k")}}
     return {"arms": arms, "differences": diffs}
 
@@ -151,21 +152,13 @@ def against(results: dict[str, list[list[RoundRecord]]], seeds: Sequence[int], o
             zero = [[r.grpo.zero_variance_fraction if r.grpo else None for r in rec] for rec in recs]
             return {"zero_variance_by_round": [None if None in col else float(np.mean(col)) for col in zip(*zero)],
                     "grpo_minutes": float(np.mean([sum(r.seconds.get("grpo", 0.0) for r in rec) / 60 for rec in recs])),
-                    "pass_at_1": [100 * v for v in bootstrap(scores, rng)]}
+                    "pass_at_1": points(scores, rng)}
         out[mode] = {"seeds": len(seeds), "this": signal(runs, mine_m), "other": signal(theirs, theirs_m),
-                     "difference": [100 * v for v in bootstrap(mine_m - theirs_m, rng)]}
+                     "difference": points(mine_m - theirs_m, rng)}
     return out
 
 
 # ------------------------------------------------------------------------------------ report
-def _ci(v: Sequence[float]) -> str:
-    return f"{v[0]:+.1f} [{v[1]:+.1f}, {v[2]:+.1f}]"
-
-
-def _rate(v: Sequence[float]) -> str:
-    return f"{v[0]:.1f} [{v[1]:.1f}, {v[2]:.1f}]"
-
-
 def report_text(summary: dict, command: str, wall_minutes: float) -> str:
     arms, diffs = summary["arms"], summary["differences"]
     k = next(iter(arms.values()))["k"]
@@ -182,12 +175,13 @@ def report_text(summary: dict, command: str, wall_minutes: float) -> str:
     for mode, a in arms.items():
         curve = " → ".join(f"{v:.0f}" for v in a["curves"]["pass_rate"])
         tools = " → ".join(f"{v:.0f}" for v in a["curves"]["tool_use_rate"])
-        rate_k = cells(_rate(a["pass_at_k"])) if at_k else ""
-        lines.append(f"| {mode} |" + cells(str(a["seeds"]), str(a["tasks"]), _rate(a["pass_at_1"])) + rate_k
+        rate_k = cells(interval(a["pass_at_k"])) if at_k else ""
+        lines.append(f"| {mode} |" + cells(str(a["seeds"]), str(a["tasks"]), interval(a["pass_at_1"])) + rate_k
                      + cells(f"{a['test_tool_use']:.1f}", curve, tools, f"{a['minutes']:.1f}"))
     lines += ["", "| difference (points, paired bootstrap 95% CI) | seeds | pass@1 |" + (cells(f"pass@{k}") if at_k else ""),
               "|---|---|---|" + ("---|" if at_k else "")]
-    lines += [f"| {name} |" + cells(str(d["seeds"]), _ci(d["pass_at_1"])) + (cells(_ci(d["pass_at_k"])) if at_k else "")
+    lines += [f"| {name} |" + cells(str(d["seeds"]), interval(d["pass_at_1"], signed=True))
+              + (cells(interval(d["pass_at_k"], signed=True)) if at_k else "")
               for name, d in diffs.items()]
     if summary.get("against"):
         zero = lambda v: ", ".join("-" if x is None else f"{x:.2f}" for x in v)  # noqa: E731
@@ -196,8 +190,8 @@ def report_text(summary: dict, command: str, wall_minutes: float) -> str:
                   "groups by round, here | there | GRPO minutes here | there |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for mode, a in summary["against"].items():
-            lines.append(f"| {mode} |" + cells(str(a["seeds"]), _rate(a["this"]["pass_at_1"]),
-                                                _rate(a["other"]["pass_at_1"]), _ci(a["difference"]),
+            lines.append(f"| {mode} |" + cells(str(a["seeds"]), interval(a["this"]["pass_at_1"]),
+                                                interval(a["other"]["pass_at_1"]), interval(a["difference"], signed=True),
                                                 zero(a["this"]["zero_variance_by_round"]),
                                                 zero(a["other"]["zero_variance_by_round"]),
                                                 f"{a['this']['grpo_minutes']:.1f}",

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from coevo.report.stats import interval, points
+
 KEYS = {"lr": float, "beta": float, "lora_r": int, "group": int}
 """Setting key → its type; what a setting may change."""
 
@@ -71,7 +73,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from coevo.loop.build import build_policy, start_harness, to_config
     from coevo.loop.round_grpo import CRITIC, step_batches
     from coevo.policy.load import load_model
-    from coevo.report.stats import bootstrap
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path)
@@ -148,8 +149,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for name, r in results.items():
         p = np.asarray([[r["pass"][t] for t in ids]])
         last = r["steps"][-1] if r["steps"] else {}
-        rows[name] = {"values": r["values"], "pass": [100 * v for v in bootstrap(p, rng)],
-                      "vs_untrained": [100 * v for v in bootstrap(p - base, rng)],
+        rows[name] = {"values": r["values"], "pass": points(p, rng),
+                      "vs_untrained": points(p - base, rng),
                       **{k: last.get(k) for k in ("approx_kl", "clip_fraction", "grad_norm", "entropy",
                                                   "zero_variance_fraction", "kl")},
                       "seconds": r["seconds"]}
@@ -164,7 +165,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def report_text(summary: dict, command: str) -> str:
-    ci = lambda v, sign="": f"{v[0]:{sign}.1f} [{v[1]:{sign}.1f}, {v[2]:{sign}.1f}]"  # noqa: E731
     num = lambda v: "" if v is None else f"{v:.3g}"  # noqa: E731
     lines = [f"# GRPO settings on round {summary['round']}'s {summary['traces']} buffered traces "
              f"({summary['tasks']} validation tasks)", "", "```bash", command, "```", "",
@@ -172,7 +172,7 @@ def report_text(summary: dict, command: str) -> str:
              "entropy | KL to reference | s training |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in summary["rows"].items():
         changed = ", ".join(f"{k}={v}" for k, v in row["values"].items()) or "the run's"
-        lines.append(f"| {name} | {changed} | {ci(row['pass'])} | {ci(row['vs_untrained'], '+')} | "
+        lines.append(f"| {name} | {changed} | {interval(row['pass'])} | {interval(row['vs_untrained'], signed=True)} | "
                      f"{num(row['approx_kl'])} | {num(row['clip_fraction'])} | {num(row['grad_norm'])} | "
                      f"{num(row['entropy'])} | {num(row['kl'])} | {row['seconds']:.0f} |")
     return "\n".join(lines) + "\n\nIntervals: paired task bootstrap, 95%. Step figures: each setting's last step.\n"

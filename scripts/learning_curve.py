@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from coevo.report.data import load_run
-from coevo.report.stats import bootstrap
+from coevo.report.stats import interval, points
 from coevo.rundir.records import Evaluation, StartRecord
 
 STEP_FIGURES = ("reward_mean", "reward_std", "zero_variance_fraction", "ratio_mean", "clip_fraction", "approx_kl",
@@ -67,9 +67,9 @@ def summarise(data: dict, seed: int = 0) -> dict:
     curves = {key: [float(np.mean([s[i][key] for s in data["steps"]])) for i in range(n_steps)] for key in STEP_FIGURES}
     return {
         "seeds": len(before), "tasks": len(data["tasks"]),
-        "before": [100 * v for v in bootstrap(before, rng)],
-        "after": [100 * v for v in bootstrap(after, rng)],
-        "difference": [100 * v for v in bootstrap(after - before, rng)],
+        "before": points(before, rng),
+        "after": points(after, rng),
+        "difference": points(after - before, rng),
         "tool_use": [[100 * b, 100 * a] for b, a in data["tool_use"]],
         "steps": n_steps, "curves": curves,
         "train_pass_by_round": [[100 * p for p in seed_rates] for seed_rates in data["train"]],
@@ -77,11 +77,10 @@ def summarise(data: dict, seed: int = 0) -> dict:
 
 
 def report_text(summary: dict, command: str) -> str:
-    ci = lambda v, sign="": f"{v[0]:{sign}.1f} [{v[1]:{sign}.1f}, {v[2]:{sign}.1f}]"  # noqa: E731
     lines = [f"# GRPO learning curve ({summary['seeds']} seeds, {summary['tasks']} sealed test tasks)", "",
              "```bash", command, "```", "",
              "| test pass@1 (%) | before | after | after - before (paired bootstrap 95% CI) |", "|---|---|---|---|",
-             f"| mean over seeds | {ci(summary['before'])} | {ci(summary['after'])} | {ci(summary['difference'], '+')} |",
+             f"| mean over seeds | {interval(summary['before'])} | {interval(summary['after'])} | {interval(summary['difference'], signed=True)} |",
              "", "Test tool use (%) before → after, per seed: "
              + ", ".join(f"{b:.0f} → {a:.0f}" for b, a in summary["tool_use"]),
              "", "Train pass rate (%) by round, per seed: "

@@ -70,8 +70,6 @@ def test_tiny_preset_runs_every_arm_and_writes_the_report(tmp_path):
     assert list(summary["arms"]) == list(ablation.MODES)
     for arm in summary["arms"].values():
         assert arm["tasks"] == 6 and arm["seeds"] == 1 and len(arm["curves"]["pass_rate"]) == 2
-        lo, mid, hi = arm["pass_at_1"][1], arm["pass_at_1"][0], arm["pass_at_1"][2]
-        assert lo <= mid <= hi
     assert set(summary["differences"]) == {f"{a} - {b}" for a, b in ablation.DIFFERENCES}
     report = (tmp_path / "ablation.md").read_text()
     assert "paired bootstrap" in report and "--preset tiny" in report

@@ -8,6 +8,8 @@ variance that unpaired intervals would carry (scripts/ablation.py, scripts/learn
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 RESAMPLES = 10_000
@@ -22,3 +24,15 @@ def bootstrap(scores: np.ndarray, rng: np.random.Generator, resamples: int = RES
     means = scores[:, idx].mean(axis=(0, 2))  # [seeds, resamples, tasks] -> [resamples]
     lo, hi = np.percentile(means, [2.5, 97.5])
     return float(scores.mean()), float(lo), float(hi)
+
+
+def points(scores: np.ndarray, rng: np.random.Generator) -> list[float]:
+    """``bootstrap`` of 0/1 (or share) scores in percentage points: [mean, 2.5th, 97.5th] × 100."""
+    return [100 * v for v in bootstrap(scores, rng)]
+
+
+def interval(v: Sequence[float], signed: bool = False) -> str:
+    """An estimate with its interval as the experiment reports print it: ``12.0 [4.0, 20.0]``, or
+    for a difference (``signed``) ``+12.0 [+4.0, +20.0]``."""
+    sign = "+" if signed else ""
+    return f"{v[0]:{sign}.1f} [{v[1]:{sign}.1f}, {v[2]:{sign}.1f}]"
