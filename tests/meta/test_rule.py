@@ -88,11 +88,25 @@ def test_catalogue_covers_every_cause_with_builtin_kinds():
     for name, template in TEMPLATES.items():
         assert template.name == name
         assert template.kinds and all(k in PROCESSORS and k != "code" for k in template.kinds)
-    # format_error and wrong_answer start with context/format edits: on SmolLM2 a worked demonstration of
-    # the answer format moved arithmetic where instructions alone did nothing (coevo/meta/templates.py)
-    head = ("few_shot_demos", "format_system_prompt", "last_number_fallback", "parse_retry_up", "lenient_parser")
-    assert CATALOGUE["format_error"] == head
-    assert CATALOGUE["wrong_answer"][:5] == head
+
+
+@pytest.mark.parametrize("cause", ["format_error", "wrong_answer"])
+def test_a_format_failure_first_gets_a_worked_demonstration(cause):
+    """On SmolLM2 a worked demonstration of the answer format moved arithmetic where instructions
+    alone did nothing (coevo/meta/templates.py): the first thing the rule agent proposes for
+    format or wrong-answer failures on the base harness is demonstrations, not machinery."""
+    (first,) = RuleMetaAgent().propose(digest(cluster(cause)), base_harness(), context(max_proposals=1))
+    assert [(e.op, e.spec["kind"]) for e in first.edits] == [("insert", "few_shot")]
+
+
+def test_answers_stated_in_prose_first_get_the_last_number_read():
+    """When the failures' excerpts state the answer in prose ("The answer is 10."), reading the last
+    number is the edit that can turn them into passes, so it comes before demonstrations."""
+    failures = cluster("wrong_answer")
+    failures.excerpts = ["step 0: 6 + 4 = 10. The answer is 10.", "step 0: So the total is 12."]
+    (first,) = RuleMetaAgent().propose(digest(failures), base_harness(), context(max_proposals=1))
+    assert [(e.op, e.processor, e.param, e.value) for e in first.edits] == [
+        ("set_param", "answer_extraction", "last_number_fallback", True)]
 
 
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
