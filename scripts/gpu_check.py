@@ -11,9 +11,16 @@ Checks, each printed as one JSON line (and collected into DIR/gpu_check.json whe
    after perturbing the trainer's weights, releasing the engine and calling sync_weights, vLLM's
    log-probs follow the new weights. Throughput.
 3. GRPO loss kernels on CUDA: Triton and chunked paths against the float64 reference (loss and
-   gradients w.r.t. hidden and weight, odd shape, vocab 151936, fp32 and bf16), then forward +
-   backward median time and peak memory above the inputs at B=4, T=256, H=896 and B=8, T=1024,
-   H=896, for reference (full logits), chunked torch, Triton and Liger (when installed).
+   gradients w.r.t. hidden and weight, odd shape, vocab 151936, fp32 and bf16; and with a third of
+   the tokens forced by the harness: behaviour log-prob nan, ``trainer.credit_prefill``), then
+   forward + backward median time and peak memory above the inputs at B=4, T=256, H=896 and
+   B=8, T=1024, H=896, for reference (full logits), chunked torch, Triton and Liger (when installed).
+4. GRPO trainer steps on CUDA with the model + LoRA: the Triton and chunked kernels give the same
+   loss on the same batch, every adapter parameter moves, and the seconds a step takes.
+
+``--model DIR`` may hold only a config and a tokenizer (no weights): the model is then built with
+random weights from that config (the contract, kernel and step checks hold for any weights; a
+machine that cannot take the 500 MB of SmolLM2's weights runs them on its shapes).
 A check whose dependency is missing is reported as skipped with the reason, never as passed.
 With ``--device cpu`` checks 1 and 2 run on the CPU (vLLM's CPU build; the throughput figures are the
 CPU's); sleep mode, which vLLM's CPU backend lacks, and the CUDA kernels (3; the suite runs them
@@ -37,6 +44,7 @@ from coevo.agent.policy import ChatRequest
 from coevo.harness.events import SamplingParams
 
 RESULTS: list[dict] = []
+DEVICE = "cuda"  # the kernel and trainer checks' device (a CPU dry run of the script sets "cpu")
 
 
 def report(check: str, **fields) -> None:
@@ -76,6 +84,27 @@ def throughput(policy, reqs) -> float:
     gens = policy.generate(reqs)
     synchronize()
     return sum(len(g.completion_ids) for g in gens) / (time.perf_counter() - start)
+
+
+def with_weights(model_name: str) -> str:
+    """``model_name``, or for a directory that holds a config and a tokenizer but no weights, a copy
+    with random weights from that config (seed 0)."""
+    path = Path(model_name)
+    if not path.is_dir() or any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        return model_name
+    import shutil
+    import tempfile
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    out = Path(tempfile.mkdtemp(prefix="random-weights-"))
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).save_pretrained(out)
+    for f in path.iterdir():
+        if f.is_file() and f.name != "config.json":
+            shutil.copy(f, out / f.name)
+    report("model", path=str(path), weights="random, from its config")
+    return str(out)
 
 
 def check_transformers(model_name: str, device: str):
@@ -147,14 +176,16 @@ def check_vllm(model_name: str, hf_model, tok) -> None:
     report("vllm_tokens_per_s", batch16=throughput(policy, requests(16, 0.0)), batch64=throughput(policy, requests(64, 0.0)))
 
 
-def _kernel_inputs(n: int, h: int, v: int, dtype: torch.dtype, seed: int = 0) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    hidden = (torch.randn(n, h, device="cuda", generator=g) * 0.5).to(dtype).requires_grad_()
-    weight = (torch.randn(v, h, device="cuda", generator=g) / h**0.5).to(dtype).requires_grad_()
-    targets = torch.randint(0, v, (n,), device="cuda", generator=g)
-    old = -torch.rand(n, device="cuda", generator=g) * 12 - 1
-    adv = torch.randn(n, device="cuda", generator=g)
-    tw = torch.full((n,), 1.0 / n, device="cuda")
+def _kernel_inputs(n: int, h: int, v: int, dtype: torch.dtype, seed: int = 0, forced: bool = False) -> dict:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    hidden = (torch.randn(n, h, device=DEVICE, generator=g) * 0.5).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, device=DEVICE, generator=g) / h**0.5).to(dtype).requires_grad_()
+    targets = torch.randint(0, v, (n,), device=DEVICE, generator=g)
+    old = -torch.rand(n, device=DEVICE, generator=g) * 12 - 1
+    if forced:  # every third token forced by the harness (credit_forced): rated against the current policy
+        old[::3] = float("nan")
+    adv = torch.randn(n, device=DEVICE, generator=g)
+    tw = torch.full((n,), 1.0 / n, device=DEVICE)
     return {"hidden": hidden, "weight": weight, "targets": targets, "old_logp": old, "advantages": adv, "token_weights": tw}
 
 
@@ -175,15 +206,15 @@ def check_kernels() -> None:
     impls = ["chunked"] + (["triton"] if TRITON_AVAILABLE else [])
     if not TRITON_AVAILABLE:
         report("triton", skipped="triton not importable")
-    for dtype, tol in ((torch.float32, 2e-4), (torch.bfloat16, 3e-2)):
-        x = _kernel_inputs(509, 896, 151936, dtype)
+    for dtype, tol, forced in ((torch.float32, 2e-4, False), (torch.bfloat16, 3e-2, False), (torch.float32, 2e-4, True)):
+        x = _kernel_inputs(509, 896, 151936, dtype, forced=forced)
         ref = _loss_and_grads("reference", {k: (v.double() if v.is_floating_point() else v) for k, v in x.items()})
         for impl in impls:
             loss, gh, gw = _loss_and_grads(impl, x)
             errs = {"loss": abs(loss - ref[0]) / max(abs(ref[0]), 1e-6),
                     "grad_hidden": float((gh - ref[1]).norm() / ref[1].norm()),
                     "grad_weight": float((gw - ref[2]).norm() / ref[2].norm())}
-            report("kernel_vs_float64", impl=impl, dtype=str(dtype), relative_errors=errs,
+            report("kernel_vs_float64", impl=impl, dtype=str(dtype), forced_tokens=forced, relative_errors=errs,
                    passed=bool(max(errs.values()) < tol))
     methods = {"reference": "reference", "chunked": "chunked", "triton": "triton"}
     for name, (b, t, h) in {"B4_T256_H896": (4, 256, 896), "B8_T1024_H896": (8, 1024, 896)}.items():
@@ -227,6 +258,50 @@ def check_kernels() -> None:
             report("kernel_timing", shape=name, dtype=str(dtype), results=row)
 
 
+def check_trainer_step(model_name: str) -> None:
+    """GRPO steps on CUDA, the model + LoRA: Triton and chunked kernels on the same batch give the
+    same first loss; two steps move every adapter parameter; seconds of the second step."""
+    import copy
+
+    from coevo.config.schema import TrainerConfig
+    from coevo.kernels import TRITON_AVAILABLE
+    from coevo.policy.load import load_model
+    from coevo.trainers.grpo import GRPOTrainer, apply_lora
+    from tests.trainers.helpers import synthetic_traces
+
+    base, tok = load_model(model_name, device=DEVICE, dtype="float32")
+    base = apply_lora(base)
+    traces = synthetic_traces(base, tok, n_tasks=4, per_task=8, calls=2, system=200)
+    losses = {}
+    for kernel in ["chunked"] + (["triton"] if TRITON_AVAILABLE else []):
+        model = copy.deepcopy(base)
+        before = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+        trainer = GRPOTrainer(model, TrainerConfig(kernel=kernel, lr=1e-3), pad_id=tok.pad_token_id, total_steps=10,
+                              temperature=1.0, loss_horizon=None)
+        first = trainer.step(traces)  # LoRA's B starts at 0: A moves from the second step on
+        synchronize()
+        start = time.perf_counter()
+        m = trainer.step(traces)
+        synchronize()
+        seconds = time.perf_counter() - start
+        moved = sum(not torch.equal(before[k], v) for k, v in model.named_parameters() if v.requires_grad)
+        losses[kernel] = first.loss
+        report("trainer_step", kernel=kernel, first_loss=first.loss, second_step_seconds=seconds,
+               sequences=m.sequences, tokens=m.tokens, moved=moved, trainable=len(before),
+               passed=bool(moved == len(before)))
+    if len(losses) == 2:
+        report("trainer_step_kernels_agree", losses=losses,
+               passed=bool(abs(losses["chunked"] - losses["triton"]) <= 1e-4 * max(1.0, abs(losses["chunked"]))))
+
+
+def guarded(check, *args) -> None:
+    """Run one check; an exception is that check's failure, reported, and the others still run."""
+    try:
+        check(*args)
+    except Exception as err:  # noqa: BLE001 - a device run reports every check it can
+        report(check.__name__, error=f"{type(err).__name__}: {err}", passed=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -239,12 +314,17 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     report("device", name=name, torch=torch.__version__)
-    hf_model, tok = check_transformers(args.model, args.device)
-    check_vllm(args.model, hf_model, tok)
-    del hf_model
+    model_name = with_weights(args.model)
+
+    def check_policies() -> None:
+        hf_model, tok = check_transformers(model_name, args.device)
+        check_vllm(model_name, hf_model, tok)
+
+    guarded(check_policies)
     if args.device == "cuda":
         torch.cuda.empty_cache()
-        check_kernels()
+        guarded(check_kernels)
+        guarded(check_trainer_step, model_name)
     else:
         report("kernels", skipped="CUDA kernels; tests/kernels runs them on CPU under TRITON_INTERPRET=1")
     if args.out:
