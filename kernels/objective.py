@@ -163,20 +163,12 @@ VARIANTS: dict[str, dict[str, Callable[..., Any]]] = {
 AGGREGATIONS = tuple(VARIANTS["aggregation"])
 KL_ESTIMATORS = tuple(VARIANTS["kl"])
 
-# Names that were accepted once, with what to use instead.
-REMOVED_AGGREGATIONS = {
-    "dapo": "'dapo' was token_mean under another name: DAPO's token-level loss weighs every token of the step "
-            "1/(tokens in the step), which token_mean already does over all micro-batches and processes; use "
-            "token_mean (or dr_grpo for Dr. GRPO's constant normaliser)",
-}
-
 
 def pick(kind: str, name: str) -> Callable[..., Any]:
-    """VARIANTS[kind][name], or a ValueError naming the choices (and the replacement of a removed name)."""
+    """VARIANTS[kind][name], or a ValueError naming the choices."""
     table = VARIANTS[kind]
     if name not in table:
-        removed = REMOVED_AGGREGATIONS.get(name) if kind == "aggregation" else None
-        raise ValueError(f"{kind} must be one of {list(table)}, got {name!r}" + (f": {removed}" if removed else ""))
+        raise ValueError(f"{kind} must be one of {list(table)}, got {name!r}")
     return table[name]
 
 

@@ -216,12 +216,14 @@ def _run_grpo_step(args: argparse.Namespace) -> str:
     traces = []
     for i in range(args.step_traces):
         call = ModelCall(0, [], [rng.randrange(3, vocab) for _ in range(args.step_prompt)],
-                         [rng.randrange(3, vocab) for _ in range(args.step_completion)], None, "", "stop")
+                         [rng.randrange(3, vocab) for _ in range(args.step_completion)], None, "", "stop",
+                         temperature=1.0)
         traces.append(Trace(f"t{i}", f"task-{i % 2}", "bench", "train", "h", "base", "0",
                             model_calls=[call], reward=float(i % 4 < 2), passed=i % 4 < 2))
     fn = logprob_fn(model, tok.pad_token_id, temperature=1.0, batch_size=args.step_traces)
-    config = TrainerConfig(lr=1e-7, micro_batch_size=args.step_traces, drop_zero_variance=False)
-    trainer = GRPOTrainer(model, config, pad_id=tok.pad_token_id, total_steps=1000, temperature=1.0, loss_horizon=None)
+    config = TrainerConfig(lr=1e-7, micro_batch_size=args.step_traces)
+    trainer = GRPOTrainer(model, config, pad_id=tok.pad_token_id, total_steps=1000, loss_horizon=None,
+                          drop_zero_variance=False)
     times: dict[str, list[float]] = {"cached": [], "recompute": [], "forward": []}
 
     def attach() -> float:

@@ -71,9 +71,9 @@ def main() -> None:
     figures: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, (pack, share) in variants.items():
-            cfg = TrainerConfig(lr=0.0, micro_batch_size=args.micro_batch_size, pack_calls=pack, share_prefix=share)
-            trainer = GRPOTrainer(model, cfg, pad_id=tok.pad_token_id, total_steps=10, temperature=0.7,
-                                  loss_horizon=None)
+            cfg = TrainerConfig(lr=0.0, micro_batch_size=args.micro_batch_size)
+            trainer = GRPOTrainer(model, cfg, pad_id=tok.pad_token_id, total_steps=10, loss_horizon=None,
+                                  pack_calls=pack, share_prefix=share)
             start = time.perf_counter()
             trainer.step(chosen)
             figures[name].append(time.perf_counter() - start)

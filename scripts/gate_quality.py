@@ -158,7 +158,7 @@ def smollm2_setup(overrides: Sequence[str]) -> Setup:
     cfg = compose(overrides)
     env = make_env(cfg.env.name, cfg.env.args)
     device = cfg.model.device if cfg.model.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok = load_model(cfg.model.name, device=device, dtype=cfg.model.dtype, seed=cfg.model.init_seed)
+    model, tok = load_model(cfg.model.name, device=device, dtype=cfg.model.dtype)
     policy, _ = build_policy(cfg, model, tok)
     pool, train = split_reference_pool(env.tasks("train"), POOL, cfg.seed)
     return Setup(f"{cfg.model.name} on {cfg.env.name} {cfg.env.args}, harness {cfg.harness.start}", env, policy,
@@ -403,12 +403,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parser.parse_args(argv)
     if args.runs < 1 or args.rounds < 1 or args.jobs < 1:
         parser.error("--runs, --rounds and --jobs must be >= 1")
+    from coevo.evolution.critic import STAT_CONFIRM_ATTEMPTS, STAT_MAX_EPISODES
+    from coevo.evolution.stat_gate import STAT_ALPHA, STAT_BETA, STAT_WIN_SHARE
+
     setup = (tiny_setup if args.preset == "tiny" else smollm2_setup)(overrides)
     proposals = planted_edits(setup.start, setup.demos)
     e = setup.cfg.evolution
-    header = (f"gate {e.gate}: alpha {e.stat_alpha}, beta {e.stat_beta}, win share {e.stat_win_share}, "
+    header = (f"gate {e.gate}: alpha {STAT_ALPHA}, beta {STAT_BETA}, win share {STAT_WIN_SHARE}, "
               f"{e.stat_tasks} tasks x {e.critic_attempts} paired attempt(s), budget {e.stat_budget} episodes per "
-              f"decision, pooled cap {e.stat_max_episodes}, confirmations {e.stat_confirm_attempts}; "
+              f"decision, pooled cap {STAT_MAX_EPISODES}, confirmations {STAT_CONFIRM_ATTEMPTS}; "
               f"{setup.name}; batch {setup.cfg.batch_tasks} x {setup.cfg.rollout.attempts}; up to {args.rounds} "
               f"judgement(s) per run; setup {setup.load_seconds:.0f} s")
     print(header, flush=True)

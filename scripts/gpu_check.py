@@ -277,7 +277,7 @@ def check_trainer_step(model_name: str) -> None:
         model = copy.deepcopy(base)
         before = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
         trainer = GRPOTrainer(model, TrainerConfig(kernel=kernel, lr=1e-3), pad_id=tok.pad_token_id, total_steps=10,
-                              temperature=1.0, loss_horizon=None)
+                              loss_horizon=None)
         first = trainer.step(traces)  # LoRA's B starts at 0: A moves from the second step on
         synchronize()
         start = time.perf_counter()

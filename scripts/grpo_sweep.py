@@ -65,12 +65,11 @@ def first_attempts(traces: list, versions: list[int], group: int) -> tuple[list,
 def main(argv: Sequence[str] | None = None) -> dict:
     from coevo.buffers import ReplayBuffer
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
-    from omegaconf import OmegaConf
 
     from coevo.agent.rollouts import RolloutService
-    from coevo.config.schema import TrainConfig
+    from coevo.config.schema import load_run_config
     from coevo.envs.load import make_env
-    from coevo.loop.build import build_policy, start_harness, to_config
+    from coevo.loop.build import build_policy, start_harness
     from coevo.loop.round_grpo import CRITIC, step_batches
     from coevo.policy.load import load_model
 
@@ -87,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     out = args.out or args.run.parent / "sweep"
     out.mkdir(parents=True, exist_ok=True)
 
-    cfg = to_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(args.run / "config.yaml")))
+    cfg = load_run_config(args.run)
     buffer = ReplayBuffer(args.run / "buffer", capacity=cfg.buffer.capacity)
     entries = [e for e in buffer.query(round=args.round) if e.variant != CRITIC]
     if not entries:
@@ -97,7 +96,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
     env = make_env(cfg.env.name, cfg.env.args)
     tasks = env.tasks("val")[: args.limit]
     harness = start_harness(cfg)
-    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
 
     def score(model, tok, label: str) -> dict[str, float]:
         policy, _ = build_policy(cfg, model, tok)
@@ -108,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         return {t.task_id: float(np.mean([tr.passed for tr in done.traces if tr.task_id == t.task_id])) for t in tasks}
 
     def fresh(lora_r: int):
-        model, tok = load_model(cfg.model.name, device="cpu", dtype=cfg.model.dtype, seed=cfg.model.init_seed)
+        model, tok = load_model(cfg.model.name, device="cpu", dtype=cfg.model.dtype)
         return apply_lora(model, r=lora_r, alpha=2 * lora_r, dropout=cfg.model.lora_dropout), tok
 
     t0 = time.perf_counter()
@@ -128,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         # the run's schedule (linear decay over all its rounds' steps): these are its first round's steps
         trainer = GRPOTrainer(model, trainer_cfg, pad_id=tok.pad_token_id,
                               total_steps=max(args.steps, cfg.rounds * cfg.trainer.steps_per_round),
-                              temperature=temperature, loss_horizon=cfg.rollout.max_new_tokens)
+                              loss_horizon=cfg.rollout.max_new_tokens)
         steps = [trainer.step(batch, versions=v).as_dict()
                  for batch, v in step_batches(part, part_versions, args.steps, args.step_traces or None,
                                               seed=f"{cfg.seed}-{args.round}")]

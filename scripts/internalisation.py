@@ -36,7 +36,7 @@ from coevo.agent.rollouts import RolloutService, tool_use_rate
 from coevo.envs.load import make_env
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import scaffold_names, without_outer_scaffold
-from coevo.loop.build import build_policy, to_config
+from coevo.loop.build import build_policy
 from coevo.policy.load import load_model
 from coevo.report.stats import bootstrap
 from coevo.rundir import checkpoint
@@ -87,16 +87,15 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = ()) -> dic
     """form → weights (trained | frozen) → per-task pass@1, tool use and prompt tokens on the run's
     test split, or with ``datasets`` on the test split of those datasets of the run's env instead
     (transfer: tasks of kinds the run never trained on; the run's starting harness is a form too)."""
-    from omegaconf import OmegaConf
+    from coevo.config.schema import load_run_config
 
-    from coevo.config.schema import TrainConfig
-
-    # the run's own config.yaml, typed by the schema (it was written from a TrainConfig)
-    cfg = to_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(run_dir / "config.yaml")))
+    # the run's own config.yaml, typed by the schema (fields an earlier version recorded and this one
+    # no longer has are left out)
+    cfg = load_run_config(run_dir)
     latest = checkpoint.latest(run_dir / "checkpoint")
     if latest is None:
         raise SystemExit(f"{run_dir}: no committed round to read trained weights from")
-    model, tok = load_model(cfg.model.name, device="cpu", dtype=cfg.model.dtype, seed=cfg.model.init_seed,
+    model, tok = load_model(cfg.model.name, device="cpu", dtype=cfg.model.dtype,
                             adapter=str(latest / "trainer" / "model"))
     if not hasattr(model, "disable_adapter"):
         raise SystemExit(f"{run_dir}: the run trained no LoRA adapter; the frozen model is not recoverable from it")
@@ -110,7 +109,12 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = ()) -> dic
     forms = harness_forms(Harness.load(variant), most_scaffolded(run_dir))
     if datasets:
         forms = {"start": start_harness(run_dir), **forms}
+    seen: dict[str, str] = {}  # harness id -> the first form evaluated with it
     for form, h in forms.items():
+        if h.id in seen:  # e.g. the most scaffolded harness without its prefill is the final one
+            out[form] = out[seen[h.id]]
+            continue
+        seen[h.id] = form
         for weights in ("trained", "frozen"):
             policy.model_version = f"internalisation-{weights}"  # a new version: no prefix cache crosses weights
             with model.disable_adapter() if weights == "frozen" else nullcontext():

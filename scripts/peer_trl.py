@@ -55,7 +55,7 @@ LOSS_TYPES = {"token_mean": "dapo", "sequence_mean": "grpo", "dr_grpo": "dr_grpo
 """coevo's trainer.aggregation -> TRL's loss_type with the same token weights (see UNMATCHED); dr_grpo's
 horizon is rollout.max_new_tokens in coevo and max_completion_length (set from it) in TRL."""
 UNMATCHED = [
-    "zero-variance groups: coevo drops them (trainer.drop_zero_variance), so its token mean runs over the "
+    "zero-variance groups: coevo drops them (GRPOTrainer's drop_zero_variance), so its token mean runs over the "
     "tokens of groups with a signal; TRL keeps them at advantage 0 in the denominator of its 'dapo' loss, "
     "which shrinks its gradient by the share of signal tokens before clipping and AdamW",
     "advantage epsilon: coevo (r - mean) / (std + 1e-6), TRL (r - mean) / (std + 1e-4)",
@@ -321,8 +321,7 @@ def lora_model(cfg: Any, initial: dict[str, Any] | None) -> tuple[Any, Any, bool
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model, tok = load_model(cfg.model.name, device=device_of(cfg.model.device), dtype=cfg.model.dtype,
-                            seed=cfg.model.init_seed)
+    model, tok = load_model(cfg.model.name, device=device_of(cfg.model.device), dtype=cfg.model.dtype)
     model = apply_lora(model, r=cfg.model.lora_r, alpha=cfg.model.lora_alpha, dropout=cfg.model.lora_dropout)
     if initial is None:
         return model, tok, None

@@ -24,22 +24,17 @@ NO_MODEL = "model.name=/no/such/model"  # a run that reaches model loading fails
 
 # ------------------------------------------------------------------------------------- check(cfg)
 @pytest.mark.parametrize(("override", "message"), [
-    ("trainer.warmup_steps=-5", "config trainer.warmup_steps=-5 must be >= 0"),
-    ("val_limit=-1", "config val_limit=-1 must be >= 0"),
-    ("test_limit=-1", "config test_limit=-1 must be >= 0"),
-    ("val_every=-1", "config val_every=-1 must be >= 0"),
+    ("trainer.warmup_steps=-5", "config trainer.warmup_steps=-5 is not allowed; it must be >= 0"),
+    ("val_limit=-1", "config val_limit=-1 is not allowed; it must be >= 0, or null (all)"),
+    ("test_limit=-1", "config test_limit=-1 is not allowed; it must be >= 0, or null (all)"),
+    ("val_every=-1", "config val_every=-1 is not allowed; it must be >= 0"),
     ("evolution.delta=-0.1", "config evolution.delta=-0.1 is not allowed; it must be >= 0"),
-    ("evolution.epsilon=-0.1", "config evolution.epsilon=-0.1 is not allowed; it must be >= 0"),
-    ("evolution.max_variants=0", "config evolution.max_variants=0 must be >= 1"),
-    ("evolution.patience_rounds=0", "config evolution.patience_rounds=0 must be >= 1"),
-    ("evolution.max_proposals=-1", "config evolution.max_proposals=-1 must be >= 0"),
-    ("evolution.max_revisions=-1", "config evolution.max_revisions=-1 must be >= 0"),
-    ("evolution.recent_batches=-1", "config evolution.recent_batches=-1 must be >= 0"),
-    ("evolution.eta_leak=1.5", "config evolution.eta_leak=1.5 is not allowed; it must be in [0, 1]"),
-    ("evolution.eta_bloat=-1", "config evolution.eta_bloat=-1.0 is not allowed; it must be >= 0"),
-    ("evolution.router_threshold=1.5", "config evolution.router_threshold=1.5 is not allowed; it must be in [0, 1]"),
-    ("meta_agent.max_retries=-1", "config meta_agent.max_retries=-1 must be >= 0"),
-    ("model.lora_r=0", "config model.lora_r=0 must be >= 1"),
+    ("evolution.max_variants=0", "config evolution.max_variants=0 is not allowed; it must be >= 1"),
+    ("evolution.max_proposals=-1", "config evolution.max_proposals=-1 is not allowed; it must be >= 0"),
+    ("evolution.stat_tasks=0", "config evolution.stat_tasks=0 is not allowed; it must be >= 1"),
+    ("evolution.stat_budget=257", "config evolution.stat_budget=257 is not allowed; it must be <= 256"),
+    ("evolution.stat_budget=1", "config evolution.stat_budget=1 must be >= 2 * evolution.critic_attempts (2)"),
+    ("model.lora_r=0", "config model.lora_r=0 is not allowed; it must be >= 1"),
     ("model.lora_dropout=1.0", "config model.lora_dropout=1.0 is not allowed; it must be in [0, 1)"),
     ("trainer.weight_decay=-0.1", "config trainer.weight_decay=-0.1 is not allowed; it must be >= 0"),
     ("trainer.max_grad_norm=0", "config trainer.max_grad_norm=0.0 is not allowed; it must be > 0"),
@@ -60,8 +55,9 @@ def test_check_names_the_field_the_value_and_what_is_allowed(override, message):
 
 
 @pytest.mark.parametrize("override", [
-    "val_limit=0", "test_limit=0", "evolution.max_proposals=0", "evolution.recent_batches=0", "trainer.warmup_steps=0",
-    "trainer.dual_clip=3.0", "trainer.tis_cap=2.0", "evolution.eta_leak=1.0", "model.lora_dropout=0.1",
+    "val_limit=0", "test_limit=0", "evolution.max_proposals=0", "trainer.warmup_steps=0",
+    "trainer.dual_clip=3.0", "trainer.tis_cap=2.0", "evolution.stat_budget=256", "model.lora_dropout=0.1",
+    "val_limit=null", "trainer.dual_clip=null",
 ])
 def test_the_edges_that_mean_none_or_off_pass(override):
     check(compose_cfg([override]))
@@ -248,16 +244,33 @@ def test_trainer_sharding_must_fit_the_launch():
     from coevo.loop.launch import with_launch_sharding
 
     cfg = TrainConfig()
-    assert with_launch_sharding(cfg, "zero3", None).trainer.sharding == "zero3"  # a DeepSpeed launch sets it
-    fsdp = with_launch_sharding(cfg, "fsdp2", False).trainer
-    assert (fsdp.sharding, fsdp.reshard_after_forward) == ("fsdp2", False)  # with the launch config's resharding
+    assert with_launch_sharding(cfg, "zero3").trainer.sharding == "zero3"  # a DeepSpeed launch sets it
+    assert with_launch_sharding(cfg, "fsdp2").trainer.sharding == "fsdp2"  # (its resharding goes to the trainer)
     multi = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sharding="fsdp2"))
-    assert with_launch_sharding(multi, None, None) is multi  # the CPU path: the trainer shards a DDP launch's ranks
+    assert with_launch_sharding(multi, None) is multi  # the CPU path: the trainer shards a DDP launch's ranks
     with pytest.raises(ValueError, match="trainer.sharding=fsdp2 does not fit a DeepSpeed ZeRO-3 launch"):
-        with_launch_sharding(multi, "zero3", None)
+        with_launch_sharding(multi, "zero3")
     zero3 = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sharding="zero3"))
     with pytest.raises(ValueError, match="trainer.sharding=zero3 does not fit a launch without DeepSpeed"):
-        with_launch_sharding(zero3, None, None)
+        with_launch_sharding(zero3, None)
+
+
+def test_an_fsdp2_launch_configs_resharding_reaches_the_trainer(monkeypatch):
+    """``fsdp_reshard_after_forward`` is the launch config's (no config field repeats it): ``run`` hands
+    what ``launch_accelerator`` read to ``GRPOTrainer``, which shards each layer with it."""
+    from coevo.config.schema import TrainerConfig
+    from coevo.policy.tiny import tiny_model, tiny_tokenizer
+    from coevo.trainers import grpo, sharding
+
+    seen = []
+    monkeypatch.setattr(grpo.torch.distributed, "is_initialized", lambda: True)  # as under accelerate launch
+    monkeypatch.setattr(sharding, "shard_model",
+                        lambda model, *, reshard_after_forward: seen.append(reshard_after_forward))
+    tok = tiny_tokenizer()
+    for given, expected in (({}, True), ({"reshard_after_forward": False}, False)):
+        grpo.GRPOTrainer(tiny_model(tok, seed=0), TrainerConfig(sharding="fsdp2"), pad_id=tok.pad_token_id,
+                         total_steps=1, loss_horizon=None, **given)
+        assert seen.pop() is expected
 
 
 def test_the_agents_axis_on_an_env_without_owners_is_a_usage_error_before_the_model_loads():
@@ -277,5 +290,5 @@ def test_episodes_without_the_scaffolding_count_against_the_buffer_too():
     message = str(info.value)
     assert message.startswith("config batch_tasks=33 must be <= 32"), message
     assert "+ batch_tasks x rollout.unscaffolded_attempts=8 = 528 traces" in message, message
-    with pytest.raises(ValueError, match="rollout.unscaffolded_attempts=-1 must be >= 0"):
+    with pytest.raises(ValueError, match="rollout.unscaffolded_attempts=-1 is not allowed; it must be >= 0"):
         check(compose_cfg(["rollout.unscaffolded_attempts=-1"]))

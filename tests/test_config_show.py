@@ -82,3 +82,11 @@ def test_the_script_checks_and_writes(tmp_path: Path) -> None:
     assert module.main(["--check", "--out", str(out)]) == 0
     out.write_text(out.read_text().replace("learning rate", "LR"))
     assert module.main(["--check", "--out", str(out)]) == 1
+
+
+def test_the_fields_you_should_ever_touch_head_the_reference_and_exist() -> None:
+    from coevo.config.show import TOUCHED
+
+    doc = REFERENCE_DOC.read_text()
+    assert doc.index("## Fields you should ever touch") < doc.index("## Top level")
+    assert 12 <= len(TOUCHED) <= 20 and all(key in HELP for key, _ in TOUCHED)

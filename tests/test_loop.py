@@ -140,18 +140,31 @@ def test_a_changed_config_does_not_resume_into_an_existing_run(tmp_path):
     assert [r["round"] for r in records(tmp_path / "run")] == [0, 1]
 
 
-def test_a_run_recorded_before_a_field_existed_resumes_at_its_default(tmp_path):
+def test_a_run_recorded_with_fields_removed_since_is_read_and_reported_but_not_resumed(tmp_path):
+    """A run directory written before fields were removed from the schema: its config.yaml still
+    loads (the removed fields ignored) and ``coevo report`` reads it; resuming it is refused with one
+    line naming those fields, since what they set may not be what this version hard-codes."""
     import yaml
+    from typer.testing import CliRunner
+
+    from coevo.cli.main import app
+    from coevo.config.schema import load_run_config
 
     coevo.run(smoke(tmp_path / "run", "rounds=1"))
     path = tmp_path / "run" / "config.yaml"
     saved = yaml.safe_load(path.read_text())
-    del saved["rollout"]["reset_timeout_s"]  # as written by the version before the field
+    saved["trainer"]["pack_calls"] = True  # as the version before recorded it
+    saved["evolution"]["stat_alpha"] = 0.1
     path.write_text(yaml.safe_dump(saved, sort_keys=False))
-    with pytest.raises(ValueError, match=r"different config \(keys \['rollout'\]\)"):
-        coevo.run(smoke(tmp_path / "run", "rounds=2", "rollout.reset_timeout_s=5"))
-    coevo.run(smoke(tmp_path / "run", "rounds=2"))  # the default is what the old run did
-    assert [r["round"] for r in records(tmp_path / "run")] == [0, 1]
+    with pytest.raises(ValueError, match=r"^\S+ holds a run recorded by an earlier coevo whose config sets fields "
+                                         r"this version no longer has \(evolution\.stat_alpha, trainer\.pack_calls\); "
+                                         r"it cannot be resumed"):
+        coevo.run(smoke(tmp_path / "run", "rounds=2"))
+    assert [r["round"] for r in records(tmp_path / "run")] == [0]
+    assert load_run_config(tmp_path / "run") == smoke(tmp_path / "run", "rounds=1")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "report" / "summary.md").is_file()
 
 
 ROUNDS = 6

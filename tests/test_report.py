@@ -552,7 +552,11 @@ def test_statistical_gate_verdicts_validate_and_count_as_undecided(tmp_path: Pat
     stat = record.verdicts[-1]
     assert record.verdict_status(stat) == "undecided" and stat.evidence.wins == 2
     assert record.edit_counts()["undecided"] == 1
-    assert record.to_dict()["evolve"]["verdicts"][-1] == verdict.to_dict()
+    kept, given = record.to_dict()["evolve"]["verdicts"][-1], verdict.to_dict()
+    assert {k: v for k, v in kept.items() if k != "evidence"} == {k: v for k, v in given.items() if k != "evidence"}
+    assert {k: kept["evidence"][k] for k in given["evidence"]} == given["evidence"]
+    extra = {k: v for k, v in kept["evidence"].items() if k not in given["evidence"]}  # a removal's fields, unset
+    assert extra == {"noninferiority": False, "harm_bound": None, "harm_lower": None, "margin": None}
     summary = (write_report(write_run(tmp_path / "run", records)) / "summary.md").read_text()
     assert "1 undecided (judged again with more evidence)" in summary and "| undecided |" in summary
     bad = json.loads(json.dumps(records[0]))

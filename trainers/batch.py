@@ -39,11 +39,11 @@ class TrainSequence:
 
 
 def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
-                       default_temperature: float = 1.0, credit_prefill: bool = False) -> list[TrainSequence]:
-    """Flatten the trainable, non-empty model calls of trainable traces into sequences.
-
-    ``default_temperature`` is the run's rollout temperature, for calls recorded before model
-    calls kept their sampling parameters.
+                       credit_prefill: bool = False) -> list[TrainSequence]:
+    """Flatten the trainable, non-empty model calls of trainable traces into sequences, each scored at
+    the temperature that sampled it. A call recorded without one (a record of an earlier coevo,
+    before model calls kept their sampling parameters; reading such a run still works) is a
+    ValueError: no temperature is guessed for it.
 
     ``credit_prefill``: a call whose reply the harness prefilled (a forced tool call) and whose
     trace has a positive advantage is trained with the prefix as actions, under the prompt without
@@ -66,8 +66,11 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
                 raise ValueError(f"trace {trace.trace_id} call {k}: {len(sampler)} sampler log-probs for "
                                  f"{len(call.completion_ids)} tokens")
             temperature = call.logprob_temperature()
+            if temperature is None:
+                raise ValueError(f"trace {trace.trace_id} call {k} has no sampling temperature (recorded by an earlier "
+                                 "coevo): it cannot be trained at the temperature that sampled it")
             seq = TrainSequence(i, call.prompt_ids, call.completion_ids, old, sampler, float(adv), call.loss_weight,
-                                default_temperature if temperature is None else temperature)
+                                temperature)
             out.append(credit_forced(seq, call.prefix_tokens) if credit_prefill and adv > 0 else seq)
     return out
 

@@ -5,9 +5,8 @@ checkpoint; crashed episodes, infrastructure failures among them, take no part i
 computes advantages, turns every trainable model call into a sequence carrying its trace's
 advantage, and takes one optimizer step on the clipped off-policy objective against the cached
 behaviour log-probs. Current-policy log-probs, ratios and the KL use, per token, the temperature
-that sampled it (``ModelCall.logprob_temperature``; the ``temperature`` argument only for calls
-recorded without one). The loss comes from the fused kernels in ``coevo.kernels``, which never
-hold the full [tokens × vocab] logits.
+that sampled it (``ModelCall.logprob_temperature``). The loss comes from the fused kernels in
+``coevo.kernels``, which never hold the full [tokens × vocab] logits.
 
 Distribution is accelerate's: the step's sequences are dealt to processes in a fixed order,
 each process accumulates its micro-batches without synchronising, and gradients are reduced
@@ -94,6 +93,8 @@ class StepMetrics:
 
 SHARDINGS = ("none", "fsdp2", "zero3")
 """``trainer.sharding``: whole weights on every rank, FSDP2 (``sharding``) or DeepSpeed ZeRO-3 (``zero``)."""
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+"""``trainer.optimizer``: its name → the torch optimizer."""
 
 
 class GRPOTrainer:
@@ -107,16 +108,24 @@ class GRPOTrainer:
     reference (for LoRA the base model with the adapter disabled; otherwise ``ref_model``) estimated
     by ``kl_estimator`` (k3 | k2 | k1), ``tis_cap`` for the truncated importance weight between the
     trainer's behaviour log-probs and the sampler's, ``aggregation`` (token_mean | sequence_mean |
-    dr_grpo), ``scale_by_std`` (False is Dr. GRPO's advantage), ``drop_zero_variance``, ``kernel``
+    dr_grpo), ``scale_by_std`` (False is Dr. GRPO's advantage), ``kernel``
     (auto | chunked | reference | triton), ``optimizer`` (adamw | sgd; SGD keeps the update
     proportional to the gradient, which the distributed test relies on to see a wrong gradient
     scale). ``config.steps_per_round`` is the loop's.
 
     The values a run derives from other settings are required arguments with no default:
-    ``total_steps`` (end of the linear decay: rounds x steps per round), ``temperature`` (the
-    rollout temperature, for model calls recorded without their own; every other token is scored
-    at the temperature that sampled it) and ``loss_horizon`` (dr_grpo's constant normaliser in
-    tokens, the completion budget; None for the other aggregations).
+    ``total_steps`` (end of the linear decay: rounds x steps per round) and ``loss_horizon``
+    (dr_grpo's constant normaliser in tokens, the completion budget; None for the other
+    aggregations). Every token is scored at the temperature that sampled it.
+
+    Keyword arguments no config field sets, each defaulting to what a run does: ``pack_calls``
+    (train a trace's chained calls as one row: one forward pass instead of one per call, the same
+    per-token loss), ``share_prefix`` (read the prompt prefix a micro-batch's rows share once,
+    through a KV cache: the same loss and gradients within fp32 rounding; the tests turn both off
+    to prove the equivalence), ``drop_zero_variance`` (skip groups whose rewards are all equal:
+    their advantages are 0; reported either way) and ``reshard_after_forward`` (FSDP2: free each
+    layer's gathered parameters after its forward, gathered again for backward; an FSDP launch
+    config's ``fsdp_reshard_after_forward``, which ``coevo.loop.launch`` reads).
     """
 
     def __init__(
@@ -126,10 +135,13 @@ class GRPOTrainer:
         *,
         pad_id: int,
         total_steps: int,
-        temperature: float,
         loss_horizon: int | None,
         accelerator: Any | None = None,
         ref_model: Any | None = None,
+        pack_calls: bool = True,
+        share_prefix: bool = True,
+        drop_zero_variance: bool = True,
+        reshard_after_forward: bool = True,
     ) -> None:
         from accelerate import Accelerator
 
@@ -140,8 +152,8 @@ class GRPOTrainer:
             raise ValueError(f"aggregation dr_grpo needs loss_horizon >= 1 (the completion budget), got {loss_horizon}")
         loss_params = LossParams(eps_low=c.eps_low, eps_high=c.eps_high, dual_clip=c.dual_clip, beta=c.beta,
                                  kl_estimator=c.kl_estimator)
-        if micro_batch_size < 1 or (c.micro_batch_tokens is not None and c.micro_batch_tokens < 1) or temperature <= 0:
-            raise ValueError("micro_batch_size and micro_batch_tokens must be >= 1 and temperature > 0")
+        if micro_batch_size < 1 or (c.micro_batch_tokens is not None and c.micro_batch_tokens < 1):
+            raise ValueError("micro_batch_size and micro_batch_tokens must be >= 1")
         self.accelerator = accelerator or Accelerator()
         if c.sharding not in SHARDINGS:
             raise ValueError(f"config trainer.sharding={c.sharding!r}; choose one of {sorted(SHARDINGS)}")
@@ -155,14 +167,13 @@ class GRPOTrainer:
             if not torch.distributed.is_initialized():
                 raise ValueError("trainer.sharding=fsdp2 needs a process group: launch with accelerate launch "
                                  "(--multi_gpu --num_processes N, or --config_file configs/accelerate/fsdp2.yaml)")
-            sharding.shard_model(model, reshard_after_forward=c.reshard_after_forward)
+            sharding.shard_model(model, reshard_after_forward=reshard_after_forward)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters")
-        optimizers = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-        if c.optimizer not in optimizers:
-            raise ValueError(f"optimizer must be one of {sorted(optimizers)}, got {c.optimizer!r}")
-        opt = optimizers[c.optimizer](params, lr=c.lr, weight_decay=c.weight_decay)
+        if c.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {c.optimizer!r}")
+        opt = OPTIMIZERS[c.optimizer](params, lr=c.lr, weight_decay=c.weight_decay)
 
         def schedule(step: int) -> float:
             warm = min(1.0, (step + 1) / c.warmup_steps) if c.warmup_steps else 1.0
@@ -184,9 +195,10 @@ class GRPOTrainer:
         self.ref_model, self.pad_id, self.config, self.max_grad_norm = ref_model, pad_id, config, c.max_grad_norm
         self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, c.micro_batch_tokens
         self.loss_params, self.kernel = loss_params, c.kernel
-        self.beta, self.tis_cap, self.temperature, self.credit_prefill = c.beta, c.tis_cap, temperature, c.credit_prefill
+        self.beta, self.tis_cap, self.credit_prefill = c.beta, c.tis_cap, c.credit_prefill
         self.loss_horizon = loss_horizon
-        self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, c.scale_by_std, c.drop_zero_variance
+        self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, c.scale_by_std, drop_zero_variance
+        self.pack_calls, self.share_prefix = pack_calls, share_prefix
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
 
     @property
@@ -204,8 +216,7 @@ class GRPOTrainer:
         adv, signal, stats = group_advantages([t.task_id for t in traces], [t.reward for t in traces],
                                               scale_by_std=self.scale_by_std, members=members)
         keep = [i for i in range(len(traces)) if members[i] and (signal[i] or not self.drop_zero_variance)]
-        seqs = training_sequences([traces[i] for i in keep], adv[keep], default_temperature=self.temperature,
-                                  credit_prefill=self.credit_prefill)
+        seqs = training_sequences([traces[i] for i in keep], adv[keep], credit_prefill=self.credit_prefill)
         staleness = dict(Counter(self.version - v for v in versions)) if versions is not None else {}
         excluded = (stats.excluded_traces, sum(t.infra_failure for t in traces))
         rewards = torch.tensor([t.reward for t, m in zip(traces, members) if m], dtype=torch.float64)
@@ -216,8 +227,8 @@ class GRPOTrainer:
         lengths = [len(s.completion_ids) for s in seqs]
         step_tokens, step_seqs = sum(lengths), len(seqs)
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        rows = pack_calls(seqs) if self.config.pack_calls else seqs  # a chained trace: one forward pass
-        if self.config.share_prefix:  # rows of one prompt side by side: their micro-batch reads it once
+        rows = pack_calls(seqs) if self.pack_calls else seqs  # a chained trace: one forward pass
+        if self.share_prefix:  # rows of one prompt side by side: their micro-batch reads it once
             rows = sorted(rows, key=lambda row: parts_of(row)[0].prompt_ids)
         micro = micro_batches(rows, world, self.micro_batch_size, self.micro_batch_tokens)[rank]
         n_micro = len(micro)
@@ -336,7 +347,7 @@ class GRPOTrainer:
         forwards through a layer before its backward (the prefix pass, then the rows) leave the first
         one's parameters freed when its backward needs them (measured: torch 2.13 fails the backward).
         ZeRO-3 gathers a module's parameters again for each forward's backward: on (tests/trainers/test_zero3.py)."""
-        if not self.config.share_prefix or self.sharding == "fsdp2":
+        if not self.share_prefix or self.sharding == "fsdp2":
             return False
         return shared_prefix_length(batch.input_ids, batch.attention_mask, batch.positions) >= MIN_SHARED_PREFIX
 

@@ -95,14 +95,20 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     return out
 
 
+LOGPROB_BATCH_SIZE = 8
+"""Sequences per forward when a run caches behaviour log-probs (``logprob_fn``'s ``batch_size``). No
+config field."""
+
+
 def logprob_fn(model: Any, pad_id: int, *, temperature: float, batch_size: int, share_prefix: bool = False
                ) -> Callable[[Sequence[Sequence[Any]]], list[list[float]]]:
     """The replay buffer's LogprobFn: behaviour log-probs of ``LogprobQuery`` items (prompt ids,
     completion ids, temperature) under ``model`` as it is now, each at its own temperature, in
     batches of ``batch_size`` sequences (one forward per batch). ``temperature`` is the run's
     rollout temperature, for items without one (None, or plain (prompt, completion) pairs). Neither has a
-    default here: a run passes ``buffer.logprob_batch_size`` and its rollout temperature.
-    ``share_prefix``: read each batch's common prefix once (``completion_hidden``)."""
+    default here: a run passes ``LOGPROB_BATCH_SIZE`` and its rollout temperature.
+    ``share_prefix``: read each batch's common prefix once (``completion_hidden``; the same log-probs
+    within fp32 rounding): a run passes True, the tests prove the equivalence with False."""
 
     @torch.no_grad()
     def fn(pairs: Sequence[Sequence[Any]]) -> list[list[float]]:

@@ -7,7 +7,7 @@ together. Failures stay local. An exception raised by the environment, a tool or
 that episode as a failed trace whose ``error`` names where it happened and whose ``error_source``
 says who raised it ("policy", "env", "tool" or "processor"; the first three are infrastructure
 failures, ``Trace.infra_failure``). ``Env.reset`` and every tool call run under a deadline
-(``rollout.reset_timeout_s``; ``rollout.tool_timeout_s``, which caps what the harness's
+(``RESET_TIMEOUT_S``; ``TOOL_TIMEOUT_S``, which caps what the harness's
 ``tool_timeout`` sets): a subprocess behind them (``coevo.envs.line_process``) is killed at it, and
 in-process work is abandoned (``coevo.envs.deadline.run_bounded`` says why). A tool that times out is
 reported to the model as a tool error; a reset that times out fails the episode. A call of a
@@ -26,7 +26,6 @@ from typing import Any, Callable, Generator
 from coevo.agent.firing import EpisodeError, fire
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
-from coevo.config.schema import RolloutConfig
 from coevo.envs.base import Env, EnvSession, Task
 from coevo.envs.deadline import DeadlineExceeded, run_bounded
 from coevo.harness import events as ev
@@ -37,6 +36,13 @@ from coevo.harness.hooks import Hook
 
 Episode = Generator[ChatRequest, Generation, Trace]
 
+RESET_TIMEOUT_S = 60.0
+"""Seconds an env's reset may take; past it the episode fails as an env error (a simulator
+subprocess is killed; in-process work is abandoned: docs/RELIABILITY.md). No config field."""
+TOOL_TIMEOUT_S = 60.0
+"""Seconds a tool call may take at most; the harness's ``tool_timeout`` processor sets shorter limits
+per tool (the knob to tune), this caps them. Past it the model is shown a timeout error and a
+simulator subprocess is killed and restarted on its next use. No config field."""
 MAX_DELEGATION_DEPTH = 2
 """Sub-episodes within sub-episodes at most this deep (a specialist's harness drops the lead's
 specialists, so the built-in ones nest one level; a harness of one's own may nest more)."""
@@ -81,8 +87,7 @@ class EpisodeRun:
     def __init__(self, job: Job, env: Env, model_version: str, max_steps: int, *, depth: int = 0, agent: str = "",
                  session: EnvSession | None = None, request: str | None = None,
                  tools: dict[str, ev.ToolSpec] | None = None,
-                 reset_timeout_s: float = RolloutConfig.reset_timeout_s,
-                 tool_timeout_s: float = RolloutConfig.tool_timeout_s) -> None:
+                 reset_timeout_s: float = RESET_TIMEOUT_S, tool_timeout_s: float = TOOL_TIMEOUT_S) -> None:
         self.job, self.env, self.harness = job, env, job.harness
         self.reset_timeout_s, self.tool_timeout_s = reset_timeout_s, tool_timeout_s
         self.max_steps, self.depth, self.agent = max_steps, depth, agent

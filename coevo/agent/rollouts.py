@@ -24,9 +24,9 @@ from typing import Any
 
 from coevo.agent.outcomes import pass_rates, task_outcomes
 from coevo.agent.policy import Policy
+from coevo.agent.episode import RESET_TIMEOUT_S, TOOL_TIMEOUT_S
 from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
-from coevo.config.schema import RolloutConfig
 from coevo.envs.base import Env, Task
 from coevo.harness.harness import Harness
 from coevo.rundir.records import InfraFailures
@@ -106,8 +106,8 @@ class RolloutService:
     buffer, AEGIS, records, the tracker) holds a secret it did not write itself."""
 
     def __init__(self, policy: Policy, env: Env, *, batch_size: int, max_steps: int, workers: int, seed: int,
-                 progress: Any | None = None, reset_timeout_s: float = RolloutConfig.reset_timeout_s,
-                 tool_timeout_s: float = RolloutConfig.tool_timeout_s, tokenizer: Any | None = None) -> None:
+                 progress: Any | None = None, reset_timeout_s: float = RESET_TIMEOUT_S,
+                 tool_timeout_s: float = TOOL_TIMEOUT_S, tokenizer: Any | None = None) -> None:
         self.policy, self.env, self.seed, self.progress = policy, env, seed, progress
         self.batch_size, self.max_steps, self.workers = batch_size, max_steps, workers
         self.timeouts = {"reset_timeout_s": reset_timeout_s, "tool_timeout_s": tool_timeout_s}

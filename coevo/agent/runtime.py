@@ -13,7 +13,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
-from coevo.agent.episode import EpisodeRun, Job
+from coevo.agent.episode import RESET_TIMEOUT_S, TOOL_TIMEOUT_S, EpisodeRun, Job
 from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.agent.trace import Trace
 from coevo.config.schema import RolloutConfig
@@ -30,8 +30,8 @@ def run_episodes(
     workers: int = RolloutConfig.workers,
     max_steps: int = RolloutConfig.max_steps,
     on_trace: Callable[[Trace], None] | None = None,
-    reset_timeout_s: float = RolloutConfig.reset_timeout_s,
-    tool_timeout_s: float = RolloutConfig.tool_timeout_s,
+    reset_timeout_s: float = RESET_TIMEOUT_S,
+    tool_timeout_s: float = TOOL_TIMEOUT_S,
 ) -> list[Trace]:
     """Run every job to completion; traces come back in job order.
 
@@ -113,8 +113,8 @@ def run_attempts(
     workers: int = RolloutConfig.workers,
     max_steps: int = RolloutConfig.max_steps,
     on_trace: Callable[[Trace], None] | None = None,
-    reset_timeout_s: float = RolloutConfig.reset_timeout_s,
-    tool_timeout_s: float = RolloutConfig.tool_timeout_s,
+    reset_timeout_s: float = RESET_TIMEOUT_S,
+    tool_timeout_s: float = TOOL_TIMEOUT_S,
 ) -> list[list[Trace]]:
     """``attempts`` episodes of every task in one ``run_episodes`` call; per task (in the order of
     ``tasks``, a task named twice counted twice) its traces in attempt order.

@@ -49,7 +49,8 @@ class ModelCall:
     def logprob_temperature(self) -> float | None:
         """The temperature this call's log-probs refer to: the sampling temperature, 1.0 for greedy
         decoding (policies report greedy log-probs at T = 1), None for a record made before model
-        calls kept their sampling parameters (its run's rollout temperature then applies)."""
+        calls kept their sampling parameters (readable, e.g. by ``coevo export``, but not trained:
+        ``coevo.trainers.batch.training_sequences`` refuses it)."""
         if self.temperature is None:
             return None
         return self.temperature if self.temperature > 0 else 1.0

@@ -16,10 +16,34 @@ from typing import Any
 
 import yaml
 
-from coevo.config.schema import GROUPS, TrainConfig, describe, register
+from coevo.config.schema import GROUPS, TrainConfig, allowed, describe, register, resolve
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 REFERENCE_DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+
+TOUCHED = (
+    ("model.name", ("the model: `smollm2` (the main job's), `tiny` (a random test model), or a local "
+                    "`save_pretrained` directory; `model=tiny` picks the group option")),
+    ("model.lora", "train a LoRA adapter (`true`, the default for smollm2) or all weights"),
+    ("model.device", "`auto` takes the GPU when there is one; `cpu` or `cuda:N` to choose"),
+    ("env.name", ("the environment, or `package.module:ClassName` of your own; `env=reasoning_easy`, "
+                  "`env=arithmetic`, ... pick one with its arguments")),
+    ("env.args", "the environment's constructor arguments: datasets, tasks per dataset"),
+    ("mode", "`coevolve`, or one half alone: `harness_only`, `model_only`, `static` (the ablation's arms)"),
+    ("rounds", "how many rounds (rollouts, AEGIS, GRPO, checkpoint); raise it to extend a run"),
+    ("batch_tasks", "train tasks per round"),
+    ("seed", "the seed of sampling and task order; repeat a run with `seed=1`, `seed=2`, ..."),
+    ("name", "the run's name: its directory `runs/<name>` and its W&B run"),
+    ("run_dir", "where the run lives (default `runs/<name>`); started again on it, the run resumes"),
+    ("rollout.attempts", "episodes per task per round: GRPO's group size and k of pass@k"),
+    ("rollout.max_new_tokens", "the completion budget of each model call"),
+    ("trainer.lr", "the learning rate"),
+    ("test", "evaluate the sealed test split at the start and the end (`test_limit`: how many tasks)"),
+    ("evolution.gate", "how the Critic judges an edit: `stat` (the default), `seesaw`, `performance`, `both`"),
+)
+"""The fields a user sets (from README.md's commands and the presets in configs/), with why; the
+head of docs/config.md. Group options (``rollout=vllm``, ``logger=wandb``, ``meta_agent=openai``,
+``experiment=smoke``) are the other thing a user picks."""
 
 
 def compose_defaults(overrides: Sequence[str] = (), config_dir: Path = CONFIGS) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -123,7 +147,8 @@ def _options(name: str, chosen: str | None, config_dir: Path) -> list[str]:
 
 
 def _table(schema: type, prefix: str, values: dict[str, Any]) -> list[str]:
-    rows = ["| field | type | default | help |", "|---|---|---|---|"]
+    rows = ["| field | type | default | allowed | help |", "|---|---|---|---|---|"]
+    described = []  # choices whose table says what each one is (evolution.gate: coevo.evolution.critic.GATES)
     for f in fields(schema):
         if f.name in GROUPS and schema is TrainConfig:
             continue
@@ -131,9 +156,25 @@ def _table(schema: type, prefix: str, values: dict[str, Any]) -> list[str]:
         shown = f"`{_cell(_scalar(value), code=True)}`"
         if value != default:
             shown += f" (schema: `{_cell(_scalar(default), code=True)}`)"
+        rule = allowed(f)
         rows.append(f"| `{prefix}{f.name}` | `{_cell(str(f.type), code=True)}` | {shown} | "
-                    f"{_cell(f.metadata.get('help', ''))} |")
-    return rows
+                    f"{_cell(rule) if rule else ''} | {_cell(f.metadata.get('help', ''))} |")
+        table = resolve(f.metadata["choices"]) if "choices" in f.metadata else None
+        if isinstance(table, dict) and all(isinstance(v, str) for v in table.values()):
+            described += [f"- `{prefix}{f.name}={name}`: {_cell(what)}" for name, what in table.items()]
+    return rows + (["", *described] if described else [])
+
+
+def _touched() -> list[str]:
+    """docs/config.md's head: ``TOUCHED``, each field with its default in ``python train.py``."""
+    intro = ("The fields the README's commands and the presets in `configs/` set; every other field below has a "
+             "default that serves any run, and what no run tunes (the gates' error rates and thresholds, "
+             "timeouts, retries, equivalent faster code paths) is no field at all but a named constant beside "
+             "the code that uses it.")
+    groups = ("and the group options: `rollout=vllm` (GPUs), `logger=wandb`, `meta_agent=openai` (with "
+              "`meta_agent.url`, `meta_agent.model`), `experiment=smoke` / `retire` / `efficacy` / `ablation`.")
+    return ["## Fields you should ever touch", "", intro, "", *[f"- `{key}`: {why}" for key, why in TOUCHED], "",
+            groups]
 
 
 def reference_markdown(config_dir: Path = CONFIGS) -> str:
@@ -153,6 +194,8 @@ def reference_markdown(config_dir: Path = CONFIGS) -> str:
         "Secrets never go in the config: a value that looks like an API key or token is refused before anything",
         "is written (see [run-directory.md](run-directory.md#secrets)); `meta_agent.api_key_env` holds the *name* of",
         "the environment variable with the key.",
+        "",
+        *_touched(),
         "",
         "## Top level",
         "",

@@ -41,9 +41,12 @@ from coevo.agent.outcomes import pass_at_k
 from coevo.config.schema import EvolutionConfig
 from coevo.envs.base import Task
 from coevo.evolution.evolver import BuildError, build_candidate
-from coevo.evolution.outcome_gates import PerformanceResult, combine, performance_gate, seesaw_gate
-from coevo.evolution.quality_gate import quality_gate
+from coevo.evolution.outcome_gates import EPSILON, PerformanceResult, combine, performance_gate, seesaw_gate
+from coevo.evolution.quality_gate import ETA_BLOAT, ETA_LEAK, quality_gate
 from coevo.evolution.stat_gate import (
+    STAT_ALPHA,
+    STAT_BETA,
+    STAT_WIN_SHARE,
     Pair,
     StatResult,
     apparent_regression,
@@ -63,7 +66,25 @@ Rollout = Callable[[Harness, Sequence[Task], int], Mapping[str, Sequence[bool | 
 """(harness, tasks, k) → task id → the outcomes of k attempts; None for an attempt that failed
 for infrastructure reasons (``Trace.infra_failure``)."""
 
-GATES = ("stat", "seesaw", "performance", "both")
+GATES = {
+    "stat": "parent and candidate re-run afresh on the same tasks; a sequential test on the paired outcomes ships "
+            "an edit with no effect with probability at most STAT_ALPHA; confirmed regressions reject; undecided "
+            "edits are judged again with their evidence pooled (for noisy models)",
+    "seesaw": "the candidate re-run on the tasks it claims and those that passed before: ship with a fail→pass and "
+              "no pass→fail under pass@k (HarnessX)",
+    "performance": "the candidate's pass rate on the batch up by delta, on no recent batch down by more than "
+                   "EPSILON (HarnessEvolve)",
+    "both": "seesaw and performance",
+}
+"""The gates the Critic supports: name → what it decides on (``evolution.gate`` takes these names)."""
+
+STAT_MAX_EPISODES = 256
+"""Statistical gate: pooled episodes (every judgement of an edit together) after which an edit still
+undecided is rejected for no effect; also the most one decision may spend (``evolution.stat_budget``)."""
+STAT_CONFIRM_ATTEMPTS = 4
+"""Statistical gate: paired re-runs of a task that flipped pass→fail before it counts as a
+regression (which rejects); 4 is the fewest whose sign test can reach ``STAT_ALPHA`` = 0.1
+(0.5^4 ≤ 0.1)."""
 
 
 @dataclass
@@ -119,26 +140,27 @@ class Critic:
     """
 
     rollout: Rollout
-    # every default is the schema's (coevo.config.schema.EvolutionConfig), stated there only
+    # defaults: the schema's (coevo.config.schema.EvolutionConfig) for what a run configures, stated there only;
+    # the gates' own constants for the rest (STAT_*, ETA_*, EPSILON), stated beside the code that uses them
     k: int = EvolutionConfig.critic_attempts
     gate: str = EvolutionConfig.gate
-    eta_leak: float = EvolutionConfig.eta_leak
-    eta_bloat: float = EvolutionConfig.eta_bloat
+    eta_leak: float = ETA_LEAK
+    eta_bloat: float = ETA_BLOAT
     delta: float = EvolutionConfig.delta
-    epsilon: float = EvolutionConfig.epsilon
-    alpha: float = EvolutionConfig.stat_alpha
-    beta: float = EvolutionConfig.stat_beta
-    win_share: float = EvolutionConfig.stat_win_share
+    epsilon: float = EPSILON
+    alpha: float = STAT_ALPHA
+    beta: float = STAT_BETA
+    win_share: float = STAT_WIN_SHARE
     n_tasks: int = EvolutionConfig.stat_tasks
     budget: int = EvolutionConfig.stat_budget
-    max_episodes: int = EvolutionConfig.stat_max_episodes
-    confirm_attempts: int = EvolutionConfig.stat_confirm_attempts
+    max_episodes: int = STAT_MAX_EPISODES
+    confirm_attempts: int = STAT_CONFIRM_ATTEMPTS
     reruns: int = field(default=0, init=False)  # episodes the critic has run (cost accounting)
     evidence: dict[str, Evidence] = field(default_factory=dict, init=False)  # "parent>candidate" → pooled pairs
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
-            raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
+            raise ValueError(f"gate must be one of {list(GATES)}, got {self.gate!r}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
         stat_thresholds(self.alpha, self.beta)
@@ -351,4 +373,4 @@ class Critic:
         return {"evidence": {key: ev.to_dict() for key, ev in self.evidence.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.evidence = {key: Evidence.from_dict(ev) for key, ev in state.get("evidence", {}).items()}
+        self.evidence = {key: Evidence.from_dict(ev) for key, ev in state["evidence"].items()}

@@ -54,6 +54,13 @@ log = logging.getLogger("coevo.evolution")
 
 T = TypeVar("T")
 
+# AEGIS's constants (defaults of its arguments; no config field: a run does not tune them).
+MAX_REVISIONS = 2
+"""Revisions of a proposal the build or quality gate rejected, each on the gate's reason (T_rev)."""
+RECENT_BATCHES = 2
+"""Recent batches a variant keeps for the performance gate's degradation check (R)."""
+ROUTER_THRESHOLD = 0.5
+"""Router confidence below which a task goes to the base variant."""
 
 
 def shown_questions(proposal: Proposal) -> set[str]:
@@ -90,11 +97,11 @@ class AEGIS:
         tools: Sequence[str] = (),
         max_variants: int = EvolutionConfig.max_variants,  # defaults: the schema's, stated there only
         max_proposals: int = EvolutionConfig.max_proposals,
-        max_revisions: int = EvolutionConfig.max_revisions,
-        recent_batches: int = EvolutionConfig.recent_batches,
+        max_revisions: int = MAX_REVISIONS,
+        recent_batches: int = RECENT_BATCHES,
         patience: Patience | None = None,
         router: RouteFn | None = None,
-        router_threshold: float = EvolutionConfig.router_threshold,
+        router_threshold: float = ROUTER_THRESHOLD,
         lesson_cap: int = 20,
         monitors: Monitors | None = None,
         critic_pool: Mapping[str, Task] | None = None,
@@ -387,6 +394,12 @@ class AEGIS:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore ``state_dict``'s state; one written by an earlier version that lacks a part is a
+        ValueError naming it (such a run cannot be resumed: start a new one)."""
+        missing = sorted(set(self.state_dict()) - set(state))
+        if missing:
+            raise ValueError(f"the AEGIS state lacks {missing}: it was saved by an earlier version of coevo, whose "
+                             "runs cannot be resumed by this one; start a new run")
         self.variants = VariantSet.from_dict(state["variants"])
         self.pool = SnapshotPool.from_dict(state["pool"])
         if state["patience"] is not None:
@@ -395,11 +408,10 @@ class AEGIS:
         self.design_lessons = LessonStore.from_dict(state["design_lessons"])
         self.routing_lessons = LessonStore.from_dict(state["routing_lessons"])
         self.rejected = defaultdict(set, {v: set(keys) for v, keys in state["rejected"].items()})
-        self.spent_demos = set(state.get("spent_demos", ()))  # absent in states saved before it existed
-        # states saved before the statistical gate have no undecided edits and no pooled evidence
+        self.spent_demos = set(state["spent_demos"])
         self.undecided = defaultdict(list, {v: [(i["parent_id"], Proposal.from_dict(i["proposal"])) for i in items]
-                                            for v, items in state.get("undecided", {}).items()})
-        self.critic.load_state_dict(state.get("critic", {}))
+                                            for v, items in state["undecided"].items()})
+        self.critic.load_state_dict(state["critic"])
         self.recent = defaultdict(list, {v: [(list(ids), float(s)) for ids, s in items]
                                          for v, items in state["recent"].items()})
         self.notes = dict(state["notes"])

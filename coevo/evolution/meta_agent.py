@@ -27,7 +27,8 @@ the ``turns`` of a ``few_shot`` processor are a list of them, flattened."""
 
 
 def as_demo(demo: Demo | tuple[str, str] | list[str]) -> Demo:
-    """A demonstration as turns; a (question, reply) pair, the older form, becomes two turns."""
+    """A demonstration as turns; a (question, reply) pair (how ``few_shot``'s ``demos`` parameter
+    and hand-written contexts give one) becomes two turns."""
     if len(demo) == 2 and all(isinstance(x, str) for x in demo):
         return pair_demo(str(demo[0]), str(demo[1]))
     return [dict(turn) for turn in demo]  # type: ignore[arg-type]

@@ -21,6 +21,9 @@ from coevo.agent.outcomes import task_pass_at_k
 
 TOLERANCE = 1e-9
 GATE_MODES = ("seesaw", "performance", "both")
+EPSILON = 0.0
+"""Performance gate: the pass-rate loss tolerated on each recent batch (HarnessEvolve's ε): none,
+the same rule the seesaw gate applies per task (the Critic's default; no config field)."""
 
 
 # ---------------------------------------------------------------------------------- seesaw gate

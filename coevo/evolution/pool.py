@@ -149,7 +149,8 @@ LEVELS = ("rounds", "batches", "epochs")
 @dataclass
 class Patience:
     """Counters of consecutive rounds without a shipped edit, batches without an accepted edit,
-    and epochs without a validation improvement; each limit is ≥ 1.
+    and epochs without a validation improvement; each limit is ≥ 1, or None (the default): that
+    level never runs out.
 
     ``update(epoch_score=...)`` also starts a new epoch, so the batch counter resets (HarnessEvolve
     keeps counting across epochs, which ends every epoch after the first at its first rejection
@@ -157,9 +158,9 @@ class Patience:
     harness's validation score once before the first epoch to make later epochs beat it.
     """
 
-    rounds: int
-    batches: int
-    epochs: int
+    rounds: int | None = None
+    batches: int | None = None
+    epochs: int | None = None
     stale_rounds: int = 0
     stale_batches: int = 0
     stale_epochs: int = 0
@@ -168,8 +169,8 @@ class Patience:
     def __post_init__(self) -> None:
         for level in LEVELS:
             limit = getattr(self, level)
-            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-                raise ValueError(f"patience {level} must be an integer >= 1, got {limit!r}")
+            if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+                raise ValueError(f"patience {level} must be an integer >= 1 or None, got {limit!r}")
 
     def update(
         self,
@@ -199,12 +200,10 @@ class Patience:
     def exhausted(self) -> str | None:
         """Which patience ran out: ``"epochs"`` or ``"rounds"`` (stop the run) before
         ``"batches"`` (end the epoch), or None."""
-        if self.stale_epochs >= self.epochs:
-            return "epochs"
-        if self.stale_rounds >= self.rounds:
-            return "rounds"
-        if self.stale_batches >= self.batches:
-            return "batches"
+        for level in ("epochs", "rounds", "batches"):
+            limit = getattr(self, level)
+            if limit is not None and getattr(self, f"stale_{level}") >= limit:
+                return level
         return None
 
     def to_dict(self) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from coevo.config.schema import EvolutionConfig
 from coevo.evolution.added_text import edit_text
 from coevo.evolution.bloat import CHARS_PER_EXAMPLE, bloat
 from coevo.evolution.leakage import FINGERPRINT_CHARS, MIN_WORDS, NGRAM, leakage_detail
@@ -19,11 +18,13 @@ from coevo.evolution.types import QualityReport
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
 
-ETA_LEAK: float = EvolutionConfig.eta_leak  # the value is stated in coevo.config.schema only
-"""Suggested leakage threshold: one chance collision among five or more short answers passes;
-a copied n-gram, a fingerprint answer or more than a fifth of the answers leaked does not."""
-ETA_BLOAT: float = EvolutionConfig.eta_bloat  # the value is stated in coevo.config.schema only
-"""Suggested bloat threshold (HarnessEvolve's η_blo = 5 injected examples)."""
+# The gate's thresholds (the Critic's defaults; no config field: a run does not tune them).
+ETA_LEAK = 0.2
+"""Leakage threshold: one chance collision among five or more short answers passes; a copied
+n-gram, a fingerprint answer or more than a fifth of the answers leaked does not."""
+ETA_BLOAT = 5.0
+"""Bloat threshold (HarnessEvolve's η_blo = 5 injected examples: demonstrations plus prompt growth
+/ 400 characters)."""
 
 
 # ---------------------------------------------------------------------------------- quality gate

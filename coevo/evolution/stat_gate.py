@@ -26,18 +26,18 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from coevo.config.schema import EvolutionConfig
 from coevo.evolution.outcome_gates import TOLERANCE
 
-STAT_ALPHA: float = EvolutionConfig.stat_alpha  # the value is stated in coevo.config.schema only
-"""Suggested error rate of the statistical gate: an edit with no effect ships with probability at
-most 0.1 over every round it is judged (half the 20% the project tolerates for neutral edits, so
-prompt changes that are nearly neutral stay under it; harmful edits ship far less often)."""
-STAT_BETA: float = EvolutionConfig.stat_beta  # the value is stated in coevo.config.schema only
-"""Suggested miss rate at the designed effect (Wald's lower boundary): the usual 80% power."""
-STAT_WIN_SHARE: float = EvolutionConfig.stat_win_share  # the value is stated in coevo.config.schema only
-"""Suggested designed effect: the candidate wins 3 of 4 discordant pairs (e.g. a pass rate from
-0.05 to 0.15 on a small model: wins 0.14, losses 0.04 per pair)."""
+# The gate's constants (the Critic's defaults; no config field: a run does not tune them).
+STAT_ALPHA = 0.1
+"""Error rate of the statistical gate: an edit with no effect ships with probability at most 0.1
+over every round it is judged (half the 20% the project tolerates for neutral edits, so prompt
+changes that are nearly neutral stay under it; harmful edits ship far less often)."""
+STAT_BETA = 0.2
+"""Miss rate at the designed effect (Wald's lower boundary): the usual 80% power."""
+STAT_WIN_SHARE = 0.75
+"""Designed effect: the candidate wins 3 of 4 discordant pairs (e.g. a pass rate from 0.05 to 0.15
+on a small model: wins 0.14, losses 0.04 per pair)."""
 
 
 Pair = tuple[bool, bool]

@@ -3,7 +3,7 @@
 Every component below takes flat arguments; this module unpacks the config into them after
 ``coevo.loop.config_check`` has refused the values a user can get wrong (naming the field and the
 allowed values), and owns the run directory's one-time files (the resolved config, with secrets
-removed).
+removed). What no config field sets, the components' own defaults decide (their named constants).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from coevo.config.schema import EvolutionConfig, TrainConfig
+from coevo.config.schema import EvolutionConfig, TrainConfig, stale_fields
 from coevo.errors import UsageError
 from coevo.loop.config_check import (
     SCRIPTED_MODELS,
@@ -69,27 +69,17 @@ def check_resumable(run_dir: Path, cfg: TrainConfig) -> dict[str, Any]:
         raise UsageError(f"config rounds={cfg.rounds} must be >= {done}: {run_dir} already completed {done} rounds; "
                          "resume it with rounds >= that, or choose another name= / run_dir=")
     if path.is_file():
-        saved = with_new_fields(yaml.safe_load(path.read_text()))
+        saved = yaml.safe_load(path.read_text())
+        stale = stale_fields(saved)
+        if stale:  # its values may differ from what this version hard-codes: no silent change of behaviour
+            raise UsageError(f"{run_dir} holds a run recorded by an earlier coevo whose config sets fields this "
+                             f"version no longer has ({', '.join(stale)}); it cannot be resumed (coevo report and "
+                             "scripts read it as it is): choose another name= / run_dir=")
         changed = sorted(k for k in set(saved) | set(data) if saved.get(k) != data.get(k) and k not in RESUMABLE_CHANGES)
         if changed:
             raise UsageError(f"{run_dir} holds a run with a different config (keys {changed}); resume it with the same "
                              "config, or choose another name= / run_dir=")
     return data
-
-
-def with_new_fields(saved: dict[str, Any]) -> dict[str, Any]:
-    """A recorded config with the group fields added to the schema since it was written, at their
-    defaults: the run behaved as those defaults do, so a version that adds a field (a timeout, a
-    retry count) still resumes the runs of the version before; the same field set to another value
-    is still a different config."""
-    from omegaconf import OmegaConf
-
-    defaults = OmegaConf.to_container(OmegaConf.structured(TrainConfig), resolve=False)  # run_dir: ${hydra:...}
-    out = dict(saved)
-    for key, group in defaults.items():
-        if isinstance(group, dict) and isinstance(saved.get(key), dict):
-            out[key] = {**{k: v for k, v in group.items() if k not in saved[key]}, **saved[key]}
-    return out
 
 
 def completed_rounds(run_dir: Path) -> int:
@@ -121,7 +111,7 @@ def run(cfg: Any) -> Path:
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
     # what the launch asked for (DeepSpeed, FSDP, N processes) or a one-line ValueError, never another strategy
     accelerator, sharding, reshard = launch_accelerator(device, mixed)
-    cfg = with_launch_sharding(cfg, sharding, reshard)  # an FSDP2 / ZeRO-3 launch sets trainer.sharding
+    cfg = with_launch_sharding(cfg, sharding)  # an FSDP2 / ZeRO-3 launch sets trainer.sharding
     check(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -131,7 +121,7 @@ def run(cfg: Any) -> Path:
     # run before config.yaml records it and before minutes of model loading
     env = make_env(cfg.env.name, cfg.env.args)
     try:
-        return run_on_env(cfg, env, accelerator)
+        return run_on_env(cfg, env, accelerator, reshard_after_forward=reshard)
     finally:  # every exit path, a failing start included: a TextWorld env's JVMs must not outlive the run
         close_env(env)
 
@@ -143,15 +133,16 @@ def close_env(env: Any) -> None:
         close()
 
 
-def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
-    """The rest of ``run`` once the env is built; ``run`` closes the env however this ends."""
+def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_forward: bool | None = None) -> Path:
+    """The rest of ``run`` once the env is built; ``run`` closes the env however this ends.
+    ``reshard_after_forward``: an FSDP2 launch config's choice (``launch_accelerator``), None for
+    the trainer's default."""
     from accelerate.utils import broadcast_object_list
 
     from coevo.agent.rollouts import RolloutService
     from coevo.buffers import ReplayBuffer
     from coevo.envs.base import session_tools
     from coevo.evolution.engine import AEGIS
-    from coevo.evolution.pool import Patience
     from coevo.evolution.reference import ReferenceStore, build_references, split_reference_pool
     from coevo.loop.coevolution import Coevolution
     from coevo.policy.load import load_model
@@ -160,7 +151,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
     from coevo.rundir.lock import lock_run_dir, unlock_run_dir
     from coevo.safety.sandbox.python_tool import isolation as python_isolation
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
-    from coevo.trainers.logprobs import logprob_fn
+    from coevo.trainers.logprobs import LOGPROB_BATCH_SIZE, logprob_fn
 
     is_main = accelerator.is_main_process
     try:
@@ -182,8 +173,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
     model, tok = None, None
     if cfg.model.name not in SCRIPTED_MODELS:
         try:
-            model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype,
-                                    seed=cfg.model.init_seed)
+            model, tok = load_model(cfg.model.name, device=str(accelerator.device), dtype=cfg.model.dtype)
         except ValueError as err:  # the loader names the allowed values; the field is named here
             raise UsageError(f"config model.name={cfg.model.name!r}: {err}") from err
     if trains and cfg.model.lora:
@@ -194,9 +184,10 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
     # and behaviour log-probs, refreshed from the gathered weights after every round's steps.
     rollout_model = copy.deepcopy(model) if sharded and is_main else None
     if trains:
+        resharding = {} if reshard_after_forward is None else {"reshard_after_forward": reshard_after_forward}
         trainer = GRPOTrainer(model, cfg.trainer, pad_id=tok.pad_token_id, accelerator=accelerator,
-                              total_steps=cfg.rounds * cfg.trainer.steps_per_round, temperature=temperature,
-                              loss_horizon=cfg.rollout.max_new_tokens)
+                              total_steps=cfg.rounds * cfg.trainer.steps_per_round,
+                              loss_horizon=cfg.rollout.max_new_tokens, **resharding)
         model = trainer.unwrapped
     if model is not None:
         policy, sync = build_policy(cfg, rollout_model or model, tok, generates=is_main)
@@ -218,23 +209,19 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
     tasks = {t.task_id: t for t in train}
     evolves = cfg.mode in ("coevolve", "harness_only")
     references = {}
-    if evolves and cfg.evolution.references and is_main:
+    if evolves and is_main:
         # every train task's reference serves the Digester; only those of the pool and of tasks no
         # remaining round trains on may become demonstrations (Coevolution.withheld)
         references = build_references(env, [*train, *pool], ReferenceStore(run_dir / "references", tokenizer=tok))
 
     rollouts = RolloutService(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
-                              workers=cfg.rollout.workers, seed=cfg.seed, progress=progress,
-                              reset_timeout_s=cfg.rollout.reset_timeout_s, tool_timeout_s=cfg.rollout.tool_timeout_s,
-                              tokenizer=tok)
+                              workers=cfg.rollout.workers, seed=cfg.seed, progress=progress, tokenizer=tok)
     e = cfg.evolution
     meta = build_meta(cfg, run_dir)
     critic = make_critic(e, rollouts.critic_rollout())
     aegis = AEGIS(start, meta, critic, tasks=tasks, critic_pool=tasks, references=references,
                   tools=env_tools, max_variants=e.max_variants, max_proposals=e.max_proposals,
-                  max_revisions=e.max_revisions,
-                  recent_batches=e.recent_batches, patience=Patience(rounds=e.patience_rounds, batches=10**9, epochs=10**9),
-                  router=meta.route if e.router else None, router_threshold=e.router_threshold)
+                  router=meta.route if e.router else None)
     tracker = make_tracker(cfg.logger.kind, **tracker_kwargs(cfg, run_dir)) if is_main else NullTracker()
     buffer = ReplayBuffer(run_dir / "buffer", capacity=cfg.buffer.capacity) if trains and is_main else None
     schedule = Schedule(
@@ -249,8 +236,8 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any) -> Path:
     )
     training = Training(
         trainer, buffer, sampler_logprobs=cfg.buffer.sampler_logprobs, critic_traces=cfg.buffer.critic_traces,
-        logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=temperature, batch_size=cfg.buffer.logprob_batch_size,
-                              share_prefix=cfg.trainer.share_prefix)) if trains else None
+        logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=temperature, batch_size=LOGPROB_BATCH_SIZE,
+                              share_prefix=True)) if trains else None
     several = accelerator.num_processes > 1
     given = {"sync_weights": sync, "release_rollout": getattr(policy, "release", None),  # a vLLM engine's sleep mode
              "share": (lambda obj: broadcast_object_list([obj], from_process=0)[0]) if several else None}
@@ -282,10 +269,7 @@ def make_critic(e: EvolutionConfig, rollout: Any) -> Any:
     """The Critic of ``evolution.*`` over ``rollout`` (also used by scripts/gate_quality.py)."""
     from coevo.evolution.critic import Critic
 
-    return Critic(rollout, k=e.critic_attempts, gate=e.gate, eta_leak=e.eta_leak, eta_bloat=e.eta_bloat,
-                  delta=e.delta, epsilon=e.epsilon, alpha=e.stat_alpha, beta=e.stat_beta, win_share=e.stat_win_share,
-                  n_tasks=e.stat_tasks, budget=e.stat_budget, max_episodes=e.stat_max_episodes,
-                  confirm_attempts=e.stat_confirm_attempts)
+    return Critic(rollout, k=e.critic_attempts, gate=e.gate, delta=e.delta, n_tasks=e.stat_tasks, budget=e.stat_budget)
 
 
 def start_harness(cfg: TrainConfig) -> Any:
@@ -339,15 +323,12 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any, *, generates: bool = Tr
     from coevo.policy.hf import TransformersPolicy
 
     if cfg.rollout.backend == "transformers":
-        policy = TransformersPolicy(model, tok, model_version="0", max_batch_size=cfg.rollout.batch_size, seed=cfg.seed,
-                                    engine=cfg.rollout.engine, prefix_cache_mb=cfg.rollout.prefix_cache_mb)
+        policy = TransformersPolicy(model, tok, model_version="0", max_batch_size=cfg.rollout.batch_size, seed=cfg.seed)
         return policy, None  # generation uses the trained model object itself
     from coevo.policy.smollm2 import converted_dir
     from coevo.policy.vllm import ColocatedEngine, IdleEngine, ServerEngine, VLLMPolicy
 
     path = str(converted_dir()) if cfg.model.name == "smollm2" else cfg.model.name
-    if cfg.rollout.vllm_mode not in ("colocate", "server"):
-        raise UsageError(f"config rollout.vllm_mode={cfg.rollout.vllm_mode!r}; choose one of ['colocate', 'server']")
     if not generates:
         engine = IdleEngine()
     elif cfg.rollout.vllm_mode == "colocate":
@@ -390,8 +371,7 @@ def build_meta(cfg: TrainConfig, run_dir: Path) -> Any:
 
     m = cfg.meta_agent
     return make_meta_agent(m.backend, url=m.url, model=m.model, cache_dir=run_dir / "meta_cache",
-                           api_key_env=m.api_key_env, timeout_s=m.timeout_s, max_retries=m.max_retries,
-                           request_retries=m.request_retries, router_failure=cfg.evolution.router_failure)
+                           api_key_env=m.api_key_env)
 
 
 def tracker_kwargs(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:

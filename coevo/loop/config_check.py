@@ -2,13 +2,19 @@
 field and what is allowed; the train split against ``batch_tasks``; optional dependencies the
 config needs; the accelerate launch and the Triton kernel's device. ``coevo.loop.build.run`` calls them
 first, and so do the scripts and examples that compose a config (``examples/gpu_cluster.py``).
+
+Each value is checked once. What one field allows (choices, ranges) is stated in the schema's field
+metadata and checked for every field by ``coevo.config.schema.violations``; this module adds only
+what no field's metadata can say: names resolved by import (``check_names``) and the rules that
+relate one field to another (``check_cross_fields``). Components keep their own invariants for
+callers that build them directly (``Critic``, ``LossParams``, ``GRPOTrainer``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from coevo.config.schema import MODES, EvolutionConfig, TrainConfig
+from coevo.config.schema import TrainConfig, violations
 from coevo.errors import UsageError
 
 SCRIPTED_MODELS = ("scripted", "gold")
@@ -32,42 +38,27 @@ def device_of(name: str) -> str:
 
 def check(cfg: TrainConfig) -> None:
     """Reject values no component accepts, naming the field and what it allows. Secrets go first, so
-    no later message quotes a key."""
+    no later message quotes a key; then every field against the values its schema metadata allows
+    (``coevo.config.schema.violations``: choices and ranges, one place for all of them); then the
+    names resolved by import (``check_names``); then the rules that relate one field to another."""
     from dataclasses import asdict
 
-    from coevo.envs.load import check_env_args, env_class
-    from coevo.evolution.critic import GATES
-    from coevo.kernels import IMPLS
-    from coevo.kernels.objective import AGGREGATIONS, KL_ESTIMATORS, REMOVED_AGGREGATIONS
-    from coevo.meta import BACKENDS, meta_agent_factory
-    from coevo.meta.llm import ROUTER_FAILURES
-    from coevo.policy.hf import ENGINES
-    from coevo.report.tracking import MODES as WANDB_MODES
     from coevo.safety.refusal import refuse_secrets
 
     refuse_secrets(asdict(cfg))
+    for problem in violations(cfg):
+        raise UsageError(problem)
+    check_names(cfg)
+    check_cross_fields(cfg)
 
-    choices = {
-        "mode": (cfg.mode, MODES),
-        "model.dtype": (cfg.model.dtype, ("auto", "float32", "bfloat16")),
-        "rollout.backend": (cfg.rollout.backend, ("transformers", "vllm")),
-        "rollout.vllm_mode": (cfg.rollout.vllm_mode, ("colocate", "server")),
-        "rollout.engine": (cfg.rollout.engine, ENGINES),
-        "evolution.gate": (cfg.evolution.gate, GATES),
-        "evolution.router_failure": (cfg.evolution.router_failure, ROUTER_FAILURES),
-        "trainer.aggregation": (cfg.trainer.aggregation, AGGREGATIONS),
-        "trainer.kl_estimator": (cfg.trainer.kl_estimator, KL_ESTIMATORS),
-        "trainer.optimizer": (cfg.trainer.optimizer, ("adamw", "sgd")),
-        "trainer.kernel": (cfg.trainer.kernel, IMPLS),
-        "trainer.sharding": (cfg.trainer.sharding, ("none", "fsdp2", "zero3")),
-        "logger.kind": (cfg.logger.kind, ("none", "wandb")),
-        "logger.mode": (cfg.logger.mode, tuple(WANDB_MODES)),
-    }
-    for key, (value, allowed) in choices.items():
-        if value not in allowed:
-            removed = REMOVED_AGGREGATIONS.get(value) if key == "trainer.aggregation" else None
-            raise UsageError(f"config {key}={value!r} is not allowed; choose one of {list(allowed)}"
-                             + (f" ({removed})" if removed else ""))
+
+def check_names(cfg: TrainConfig) -> None:
+    """The fields whose values name code, a built-in or a ``package.module:Name`` of the user's own,
+    so no fixed table holds them: ``env.name`` (and ``env.args``, the constructor's keywords) and
+    ``meta_agent.backend``."""
+    from coevo.envs.load import check_env_args, env_class
+    from coevo.meta import BACKENDS, meta_agent_factory
+
     if cfg.meta_agent.backend not in BACKENDS:
         if ":" not in cfg.meta_agent.backend:
             raise UsageError(f"config meta_agent.backend={cfg.meta_agent.backend!r} is not allowed; choose one of "
@@ -84,56 +75,18 @@ def check(cfg: TrainConfig) -> None:
         check_env_args(cfg.env.name, cfg.env.args)
     except ValueError as err:
         raise UsageError(f"config env.args: {err}") from None
+
+
+def check_cross_fields(cfg: TrainConfig) -> None:
+    """The rules that relate one field to another (each field alone already passed ``violations``)."""
     e, t = cfg.evolution, cfg.trainer
-    positive = {"rounds": cfg.rounds, "batch_tasks": cfg.batch_tasks, "rollout.attempts": cfg.rollout.attempts,
-                "eval_attempts": cfg.eval_attempts, "evolution.critic_attempts": e.critic_attempts,
-                "buffer.capacity": cfg.buffer.capacity, "trainer.steps_per_round": t.steps_per_round,
-                "rollout.max_new_tokens": cfg.rollout.max_new_tokens, "rollout.max_steps": cfg.rollout.max_steps,
-                "rollout.batch_size": cfg.rollout.batch_size, "rollout.workers": cfg.rollout.workers,
-                "trainer.micro_batch_size": t.micro_batch_size, "trainer.micro_batch_tokens": t.micro_batch_tokens,
-                "buffer.logprob_batch_size": cfg.buffer.logprob_batch_size, "model.lora_r": cfg.model.lora_r,
-                "evolution.max_variants": e.max_variants, "evolution.patience_rounds": e.patience_rounds,
-                "rollout.signal_groups": cfg.rollout.signal_groups}
-    non_negative = {"evolution.reference_pool": e.reference_pool, "evolution.max_proposals": e.max_proposals,
-                    "evolution.max_revisions": e.max_revisions, "evolution.recent_batches": e.recent_batches,
-                    "meta_agent.max_retries": cfg.meta_agent.max_retries,
-                    "meta_agent.request_retries": cfg.meta_agent.request_retries,
-                    "trainer.warmup_steps": t.warmup_steps, "rollout.max_extra_tasks": cfg.rollout.max_extra_tasks,
-                    "rollout.unscaffolded_attempts": cfg.rollout.unscaffolded_attempts, "val_every": cfg.val_every, "val_limit": cfg.val_limit, "test_limit": cfg.test_limit,
-                    "evolution.early_rounds": e.early_rounds, "evolution.every": e.every}
-    for low, values in ((1, positive), (0, non_negative)):
-        for key, value in values.items():
-            if value is not None and value < low:  # None: the schema's "all" (val_limit, test_limit)
-                raise UsageError(f"config {key}={value} must be >= {low}")
-    check_stat_gate(e)
-    inf, above = float("inf"), 1e-9  # ``above`` turns a closed lower bound into "> low"
-    ranges = {  # field: (value, low, high, the allowed range in words); None (where the schema allows it) is off
-        "rollout.temperature": (cfg.rollout.temperature, 0.0, inf, ">= 0 (0 is greedy)"),
-        "rollout.vllm_gpu_memory_utilization": (cfg.rollout.vllm_gpu_memory_utilization, above, 1.0,
-                                                "in (0, 1]: the share of GPU memory vLLM reserves"),
-        "meta_agent.timeout_s": (cfg.meta_agent.timeout_s, above, inf, "> 0 seconds"),
-        "rollout.reset_timeout_s": (cfg.rollout.reset_timeout_s, above, inf, "> 0 seconds"),
-        "rollout.tool_timeout_s": (cfg.rollout.tool_timeout_s, above, inf, "> 0 seconds"),
-        "trainer.lr": (t.lr, above, MAX_LR[t.optimizer], f"in (0, {MAX_LR[t.optimizer]:g}] for {t.optimizer}: "
-                       "fine-tuning rates are 1e-7..1e-3, and larger steps rewrite the weights (1e30 made them 1e30)"),
-        "trainer.weight_decay": (t.weight_decay, 0.0, inf, ">= 0"),
-        "trainer.max_grad_norm": (t.max_grad_norm, above, inf, "> 0: gradients are clipped to this norm"),
-        "trainer.eps_low": (t.eps_low, 0.0, 1.0 - above, "in [0, 1): the clip's lower ratio bound 1 - eps_low"),
-        "trainer.eps_high": (t.eps_high, 0.0, inf, ">= 0"),
-        "trainer.dual_clip": (t.dual_clip, 1.0 + above, inf, "> 1, or null (off)"),
-        "trainer.beta": (t.beta, 0.0, inf, ">= 0"),
-        "trainer.tis_cap": (t.tis_cap, above, inf, "> 0: the cap on importance weights, or null (off)"),
-        "model.lora_dropout": (cfg.model.lora_dropout, 0.0, 1.0 - above, "in [0, 1): a dropout probability"),
-        "evolution.delta": (e.delta, 0.0, inf, ">= 0: the pass-rate gain the performance gate needs"),
-        "evolution.epsilon": (e.epsilon, 0.0, inf, ">= 0: the pass-rate loss the performance gate tolerates"),
-        "evolution.eta_leak": (e.eta_leak, 0.0, 1.0, "in [0, 1]: the leakage score's threshold"),
-        "evolution.eta_bloat": (e.eta_bloat, 0.0, inf, ">= 0"),
-        "evolution.router_threshold": (e.router_threshold, 0.0, 1.0, "in [0, 1]: the router's confidence"),
-        "rollout.prefix_cache_mb": (cfg.rollout.prefix_cache_mb, 0.0, inf, ">= 0 MiB (0 turns the cache off)"),
-    }
-    for key, (value, low, high, allowed) in ranges.items():
-        if value is not None and not low <= value <= high:
-            raise UsageError(f"config {key}={value} is not allowed; it must be {allowed}")
+    if not 0 < t.lr <= MAX_LR[t.optimizer]:
+        raise UsageError(f"config trainer.lr={t.lr} is not allowed; it must be in (0, {MAX_LR[t.optimizer]:g}] for "
+                         f"{t.optimizer}: fine-tuning rates are 1e-7..1e-3, and larger steps rewrite the weights "
+                         "(1e30 made them 1e30)")
+    if e.stat_budget < 2 * e.critic_attempts:
+        raise UsageError(f"config evolution.stat_budget={e.stat_budget} must be >= 2 * evolution.critic_attempts "
+                         f"({2 * e.critic_attempts}): one paired attempt of parent and candidate")
     urls = {"meta_agent.url": cfg.meta_agent.url if cfg.meta_agent.backend == "openai" else None,
             "rollout.vllm_server_url": cfg.rollout.vllm_server_url
             if cfg.rollout.backend == "vllm" and cfg.rollout.vllm_mode == "server" else None}
@@ -264,26 +217,6 @@ def check_triton_device(cfg: TrainConfig) -> None:
         raise UsageError(f"config trainer.kernel=triton needs a CUDA device, and model.device={cfg.model.device!r} "
                          f"is {device} here; choose one of {others} (auto picks triton on CUDA when installed, "
                          "chunked elsewhere)")
-
-
-def check_stat_gate(e: EvolutionConfig) -> None:
-    """The statistical gate's fields, each named in the error (the Critic checks them again)."""
-    if not (0 < e.stat_alpha < 1 and 0 < e.stat_beta < 1 and e.stat_alpha + e.stat_beta < 1):
-        raise UsageError(f"config evolution.stat_alpha={e.stat_alpha} and evolution.stat_beta={e.stat_beta} must be "
-                         "in (0, 1) with stat_alpha + stat_beta < 1")
-    if not 0.5 < e.stat_win_share < 1:
-        raise UsageError(f"config evolution.stat_win_share={e.stat_win_share} must be in (0.5, 1)")
-    if e.stat_tasks < 1:
-        raise UsageError(f"config evolution.stat_tasks={e.stat_tasks} must be >= 1")
-    if e.stat_budget < 2 * e.critic_attempts:
-        raise UsageError(f"config evolution.stat_budget={e.stat_budget} must be >= 2 * evolution.critic_attempts "
-                         f"({2 * e.critic_attempts}): one paired attempt of parent and candidate")
-    if e.stat_max_episodes < e.stat_budget:
-        raise UsageError(f"config evolution.stat_max_episodes={e.stat_max_episodes} must be >= "
-                         f"evolution.stat_budget={e.stat_budget}")
-    if e.stat_confirm_attempts < 0 or (e.stat_confirm_attempts and 0.5**e.stat_confirm_attempts > e.stat_alpha):
-        raise UsageError(f"config evolution.stat_confirm_attempts={e.stat_confirm_attempts} must be 0 or enough "
-                         f"re-runs for the sign test to reach stat_alpha={e.stat_alpha} (0.5^attempts <= stat_alpha)")
 
 
 def check_context_window(policy: Any, harness: Any, env: Any, task: Any, max_steps: int,

@@ -60,12 +60,13 @@ def launch_accelerator(device: str, mixed_precision: str, environ: Mapping[str, 
     return accelerator, sharding, reshard
 
 
-def with_launch_sharding(cfg: Any, sharding: str | None, reshard_after_forward: bool | None) -> Any:
-    """``cfg`` with the launch's sharding (``launch_accelerator``'s) as ``trainer.sharding``, and an
-    FSDP2 launch config's resharding choice. A config that names another sharding than the launch
-    gives is a ValueError: ``trainer.sharding=zero3`` needs a DeepSpeed launch, and a DeepSpeed or FSDP
-    launch takes ``none`` or its own (``fsdp2`` without an FSDP launch config is the CPU path: the
-    trainer shards a DDP launch's ranks itself)."""
+def with_launch_sharding(cfg: Any, sharding: str | None) -> Any:
+    """``cfg`` with the launch's sharding (``launch_accelerator``'s) as ``trainer.sharding`` (the
+    FSDP2 launch config's resharding choice goes to the trainer as an argument: ``coevo.loop.build``).
+    A config that names another sharding than the launch gives is a ValueError:
+    ``trainer.sharding=zero3`` needs a DeepSpeed launch, and a DeepSpeed or FSDP launch takes
+    ``none`` or its own (``fsdp2`` without an FSDP launch config is the CPU path: the trainer shards
+    a DDP launch's ranks itself)."""
     import dataclasses
 
     asked = cfg.trainer.sharding
@@ -77,7 +78,4 @@ def with_launch_sharding(cfg: Any, sharding: str | None, reshard_after_forward: 
         raise UsageError(f"config trainer.sharding={asked} does not fit {launch}: DeepSpeed launches "
                          "(configs/accelerate/zero3.yaml) set zero3 and FSDP launches fsdp2 themselves; leave "
                          "trainer.sharding=none")
-    trainer = dataclasses.replace(cfg.trainer, sharding=sharding)
-    if reshard_after_forward is not None:
-        trainer = dataclasses.replace(trainer, reshard_after_forward=reshard_after_forward)
-    return dataclasses.replace(cfg, trainer=trainer)
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, sharding=sharding))

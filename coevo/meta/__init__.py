@@ -8,11 +8,11 @@ also be the import path of a no-argument factory of your own (``load_meta_agent`
 from typing import Any
 
 from coevo.config.imports import import_object, missing_dependency
-from coevo.config.schema import EvolutionConfig, MetaAgentConfig
+from coevo.config.schema import MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgent, MetaAgentError, PlanContext, TokenLedger
 from coevo.meta.cache import CachedCall, CallCache
-from coevo.meta.clients import ChatClient, HFClient, LLMConnectionError, OpenAIClient
-from coevo.meta.llm import LLMMetaAgent, RouterError, hf_meta_agent, openai_meta_agent
+from coevo.meta.clients import REQUEST_RETRIES, TIMEOUT_S, ChatClient, HFClient, LLMConnectionError, OpenAIClient
+from coevo.meta.llm import MAX_RETRIES, ROUTER_FAILURES, LLMMetaAgent, RouterError, hf_meta_agent, openai_meta_agent
 from coevo.meta.rule import RuleMetaAgent
 from coevo.meta.templates import CATALOGUE, TEMPLATES
 
@@ -36,14 +36,15 @@ def meta_agent_factory(path: str) -> Any:
 
 def make_meta_agent(backend: str, *, url: str | None = None, model: str | None = None,
                     cache_dir: Any = None, api_key_env: str = MetaAgentConfig.api_key_env,
-                    timeout_s: float = MetaAgentConfig.timeout_s, max_retries: int = MetaAgentConfig.max_retries,
-                    request_retries: int = MetaAgentConfig.request_retries,
-                    router_failure: str = EvolutionConfig.router_failure) -> MetaAgent:
+                    timeout_s: float = TIMEOUT_S, max_retries: int = MAX_RETRIES,
+                    request_retries: int = REQUEST_RETRIES, router_failure: str = ROUTER_FAILURES[0]) -> MetaAgent:
     """The meta-agent of ``backend`` (a ``BACKENDS`` name or a factory's import path), for
     ``train.py`` and ``coevo evolve`` alike. ``url``/``model`` serve ``openai`` (both needed) and
     ``hf`` (``model``, default the embedded SmolLM2); ``cache_dir`` holds the LLM call cache;
-    ``request_retries`` serves ``openai`` (its SDK's retries of a failed request) and
-    ``router_failure`` both LLM backends (``LLMMetaAgent.route``)."""
+    ``timeout_s`` and ``request_retries`` serve ``openai`` (each request's timeout, its SDK's retries of
+    a failed request), ``max_retries`` and ``router_failure`` both LLM backends (retries of an invalid
+    reply, ``LLMMetaAgent.route``); ``train.py`` passes none of the four (their defaults are the
+    constants ``TIMEOUT_S``, ``REQUEST_RETRIES``, ``MAX_RETRIES`` and the first of ``ROUTER_FAILURES``)."""
     if backend == "rule":
         return RuleMetaAgent()
     if backend not in BACKENDS:

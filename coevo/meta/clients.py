@@ -19,6 +19,13 @@ from typing import Any, Protocol
 from coevo.config.schema import MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgentError
 
+# The OpenAI client's constants (defaults of its arguments; no config field: a run does not tune them).
+TIMEOUT_S = 60.0
+"""Seconds each HTTP request to the endpoint may take."""
+REQUEST_RETRIES = 2
+"""Retries of a failed request (connection error, timeout, HTTP 408, 409, 429, 5xx) by the SDK, with
+its exponential backoff: the SDK's own default."""
+
 log = logging.getLogger("coevo.meta")
 
 
@@ -68,8 +75,8 @@ class OpenAIClient:
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str = MetaAgentConfig.api_key_env,
-                 timeout_s: float = MetaAgentConfig.timeout_s,
-                 request_retries: int = MetaAgentConfig.request_retries, *,
+                 timeout_s: float = TIMEOUT_S,
+                 request_retries: int = REQUEST_RETRIES, *,
                  temperature: float = 0.0) -> None:
         if not base_url:
             raise ValueError("base_url must be a URL such as http://localhost:8000/v1")

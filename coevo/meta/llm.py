@@ -15,7 +15,8 @@ reply; what still fails after that is dropped with a logged warning. A failure o
 itself (``MetaAgentError``: an endpoint still failing after the SDK's retries, a reply that is no
 chat completion) is not the model's to fix: ``propose`` and ``revise`` raise it, and AEGIS records
 it as a warning of the round and goes on; ``route`` falls back to no opinion, or raises
-``RouterError`` with ``router_failure="raise"`` (``evolution.router_failure``).
+``RouterError`` with ``router_failure="raise"`` (a constructor argument: ``train.py`` runs the
+default, ``"fallback"``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from coevo.config.schema import EvolutionConfig, MetaAgentConfig
+from coevo.config.schema import MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgentError, PlanContext, TokenLedger
 from coevo.evolution.types import Digest, Proposal
 from coevo.harness.edits import Edit, apply_edit, check_proposed
 from coevo.harness.harness import Harness
 from coevo.meta.cache import CallCache
-from coevo.meta.clients import ChatClient, HFClient, OpenAIClient
+from coevo.meta.clients import REQUEST_RETRIES, TIMEOUT_S, ChatClient, HFClient, OpenAIClient
 from coevo.meta.prompts import follow_up, plan_messages, revise_messages, route_messages, withhold_secrets
 from coevo.meta.schema import (
     PLAN_SCHEMA,
@@ -47,7 +48,10 @@ log = logging.getLogger("coevo.meta")
 T = TypeVar("T")
 
 ROUTER_FAILURES = ("fallback", "raise")
-"""What ``route`` does when it gets no usable answer: log and return no opinion, or raise."""
+"""What ``route`` does when it gets no usable answer: log and return no opinion (the default, what
+``train.py`` runs with), or raise."""
+MAX_RETRIES = 3
+"""Retries of an invalid reply, each quoting the error to the model (the default; no config field)."""
 
 
 class RouterError(MetaAgentError):
@@ -61,8 +65,8 @@ class LLMMetaAgent:
     ledger per stage and an optional disk cache of calls (``cache_dir``)."""
 
     def __init__(self, client: ChatClient, *, cache_dir: str | os.PathLike[str] | None = None,
-                 max_retries: int = MetaAgentConfig.max_retries, name: str = "llm",
-                 router_failure: str = EvolutionConfig.router_failure) -> None:
+                 max_retries: int = MAX_RETRIES, name: str = "llm",
+                 router_failure: str = ROUTER_FAILURES[0]) -> None:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if router_failure not in ROUTER_FAILURES:
@@ -243,7 +247,7 @@ class LLMMetaAgent:
             choice, error = None, f"{type(err).__name__}: {err}"
         if choice is None:
             if self.router_failure == "raise":
-                raise RouterError(f"{self.name} router: no usable answer ({error}); evolution.router_failure=raise")
+                raise RouterError(f"{self.name} router: no usable answer ({error}); router_failure=raise")
             log.warning("%s router: no usable answer (%s); falling back to %r with no confidence",
                         self.name, error, next(iter(options)))
             return next(iter(options)), 0.0
@@ -252,10 +256,10 @@ class LLMMetaAgent:
 
 # ----------------------------------------------------------------------------------- backends
 def openai_meta_agent(base_url: str, model: str, *, api_key_env: str = MetaAgentConfig.api_key_env,
-                      timeout_s: float = MetaAgentConfig.timeout_s, cache_dir: str | os.PathLike[str] | None = None,
-                      max_retries: int = MetaAgentConfig.max_retries,
-                      request_retries: int = MetaAgentConfig.request_retries,
-                      router_failure: str = EvolutionConfig.router_failure) -> LLMMetaAgent:
+                      timeout_s: float = TIMEOUT_S, cache_dir: str | os.PathLike[str] | None = None,
+                      max_retries: int = MAX_RETRIES,
+                      request_retries: int = REQUEST_RETRIES,
+                      router_failure: str = ROUTER_FAILURES[0]) -> LLMMetaAgent:
     """The ``openai`` backend: any OpenAI-compatible endpoint (OpenAI, a vLLM server, ...).
     ``request_retries``: the SDK's retries of a failed request; ``max_retries``: the agent's of an
     invalid reply."""
@@ -267,8 +271,8 @@ def openai_meta_agent(base_url: str, model: str, *, api_key_env: str = MetaAgent
 
 def hf_meta_agent(model_name_or_path: str = "smollm2", *, device: str = "cpu", max_new_tokens: int = 512,
                   cache_dir: str | os.PathLike[str] | None = None,
-                  max_retries: int = MetaAgentConfig.max_retries,
-                  router_failure: str = EvolutionConfig.router_failure) -> LLMMetaAgent:
+                  max_retries: int = MAX_RETRIES,
+                  router_failure: str = ROUTER_FAILURES[0]) -> LLMMetaAgent:
     """The ``hf`` backend: a local transformers model."""
     client = HFClient(model_name_or_path, device=device, max_new_tokens=max_new_tokens)
     return LLMMetaAgent(client, cache_dir=cache_dir, max_retries=max_retries, name="hf",

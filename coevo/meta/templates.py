@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
-from coevo.evolution.meta_agent import Demo, PlanContext, as_demo
+from coevo.evolution.meta_agent import Demo, PlanContext
 from coevo.evolution.types import CAUSES, Cluster
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.harness import Harness
@@ -39,7 +39,7 @@ from coevo.harness.library import (
     ToolSchemaHint,
     ToolWhitelist,
 )
-from coevo.harness.library.context import split_demos
+from coevo.harness.library.context import pair_demo, split_demos
 from coevo.harness.processor import Processor
 from coevo.meta.drafts import Draft, Template, find_kind, flatten, fresh_name, insert_edit, set_edit
 
@@ -85,7 +85,8 @@ def _demo_draft(demos: list[Demo], why: str, harness: Harness) -> Draft | None:
         edit = insert_edit(harness, FewShotDemos(name=fresh_name(harness, "few_shot"), turns=flatten(demos)))
         return (why, [edit]) if edit else None
     have = split_demos(list(present.config["turns"]))
-    shown = have + [as_demo(p) for p in zip(present.config["demos"][::2], present.config["demos"][1::2])]
+    pairs = present.config["demos"]  # the processor's (question, reply) texts, flattened
+    shown = have + [pair_demo(str(q), str(a)) for q, a in zip(pairs[::2], pairs[1::2])]
     new = [d for d in demos if d not in shown]
     if not new:
         return None

@@ -34,6 +34,12 @@ from coevo.policy.decode import RaceSampling, decode
 from coevo.policy.prefix_cache import PrefixCache, common_prefix_len
 
 ENGINES = ("cached", "hf")
+"""Generation paths, the same completions from the same seed: ``cached`` (``coevo.policy.decode``,
+reusing prompt-prefix key/value states; what runs use) and ``hf`` (``model.generate``, re-reading
+every prompt; the reference the tests hold ``cached`` to)."""
+PREFIX_CACHE_MB = 1024
+"""The cached engine's budget of prefix key/value states kept between calls, in MiB (0: re-read every
+prompt); dropped whenever the weights change. No config field."""
 SHARED_PREFIX_MIN = 32
 """Prompts of one batch that share at least this many leading tokens get that prefix read once."""
 
@@ -83,8 +89,8 @@ class TransformersPolicy:
         max_batch_size: int = RolloutConfig.batch_size,  # defaults: the schema's, stated there only
         tool_role: bool = False,
         seed: int = 0,
-        engine: str = RolloutConfig.engine,
-        prefix_cache_mb: float = RolloutConfig.prefix_cache_mb,
+        engine: str = ENGINES[0],
+        prefix_cache_mb: float = PREFIX_CACHE_MB,
     ) -> None:
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; TransformersPolicy renders chats with it")

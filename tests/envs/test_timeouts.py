@@ -1,5 +1,5 @@
-"""Timeouts that end the work they bound: ``rollout.reset_timeout_s`` and
-``rollout.tool_timeout_s``. An env whose session talks to a line-protocol simulator
+"""Timeouts that end the work they bound: ``RESET_TIMEOUT_S`` and ``TOOL_TIMEOUT_S``
+(``coevo.agent.episode``, the defaults of every rollout path). An env whose session talks to a line-protocol simulator
 (``coevo.envs.line_process.LineProcess``) has the simulator killed at the deadline, and the next
 call gets a fresh process and its own reply, never the stale reply of the call that timed out.
 In-process work cannot be stopped: it is abandoned, and a session a late reset returns is closed.
@@ -21,8 +21,6 @@ from coevo.envs.base import Score, Task
 from coevo.envs.line_process import LineProcess
 from coevo.harness import events as ev
 from coevo.harness.defaults import base_harness
-from coevo.loop.config_check import check
-from tests.test_config import compose_cfg
 
 SIMULATOR = """
 import sys, time
@@ -178,10 +176,19 @@ def test_in_process_work_is_abandoned_and_a_late_session_is_closed_when_it_arriv
     assert env.sessions and env.sessions[0].closed == [True]
 
 
-@pytest.mark.parametrize("field_name", ["reset_timeout_s", "tool_timeout_s"])
-def test_timeouts_must_be_positive(field_name):
-    with pytest.raises(ValueError, match=f"config rollout.{field_name}=0.0 is not allowed; it must be > 0 seconds"):
-        check(compose_cfg(["experiment=smoke", f"rollout.{field_name}=0"]))
+def test_the_deadlines_are_constants_every_rollout_path_defaults_to():
+    """No config field sets them (a harness's ``tool_timeout`` processor sets shorter limits per tool):
+    the episode, the runtime and the rollout service, which ``train.py`` builds, all default to them."""
+    import inspect
+
+    from coevo.agent import episode, rollouts, runtime
+
+    assert episode.RESET_TIMEOUT_S == episode.TOOL_TIMEOUT_S == 60.0
+    for fn in (episode.EpisodeRun.__init__, runtime.run_episodes, runtime.run_attempts,
+               rollouts.RolloutService.__init__):
+        params = inspect.signature(fn).parameters
+        assert params["reset_timeout_s"].default == episode.RESET_TIMEOUT_S, fn
+        assert params["tool_timeout_s"].default == episode.TOOL_TIMEOUT_S, fn
 
 
 def test_a_textworld_step_past_its_deadline_kills_its_jvm_and_the_next_call_replays_on_a_fresh_one(monkeypatch):

@@ -258,12 +258,16 @@ def test_an_undecided_edit_is_judged_again_next_round_with_its_evidence_pooled(e
     assert meta.proposals == []  # proposed once, in round 0
 
 
-def test_old_states_without_undecided_edits_or_critic_evidence_load(env):
+def test_a_state_saved_by_an_earlier_version_is_refused_naming_what_it_lacks(env):
+    """States saved before undecided edits, pooled evidence and spent demonstrations existed are no
+    longer filled in with empty ones: resuming such a run would judge its edits afresh."""
     aegis = make_aegis(env, ScriptedPolicy(needs_demo), RuleMetaAgent())
     state = json.loads(json.dumps(aegis.state_dict()))
-    del state["undecided"], state["critic"]
-    aegis.load_state_dict(state)
-    assert aegis.undecided == {} and aegis.critic.evidence == {}
+    aegis.load_state_dict(state)  # a state of this version loads
+    del state["undecided"], state["critic"], state["spent_demos"]
+    with pytest.raises(ValueError, match=r"^the AEGIS state lacks \['critic', 'spent_demos', 'undecided'\]: it was "
+                                         r"saved by an earlier version of coevo"):
+        aegis.load_state_dict(state)
 
 
 def test_the_critic_widens_its_sample_with_train_tasks_that_are_no_demonstration_source(env):

@@ -208,16 +208,20 @@ def openai_cfg(url: str, *overrides: str):
 
 
 @pytest.mark.parametrize(("retries", "requests"), [(0, 1), (3, 3)])
-def test_request_retries_is_a_config_field_the_sdk_obeys(tmp_path, sdk_waits, retries, requests):
-    """``meta_agent.request_retries`` reaches the openai client through ``build_meta`` (train.py and
-    ``coevo evolve``): with 0 a single 500 fails the call; with 3 two 500s are retried past."""
+def test_request_retries_reach_the_sdk(tmp_path, sdk_waits, retries, requests):
+    """``request_retries`` (``make_meta_agent``'s; train.py's ``build_meta`` leaves it at the client's
+    ``REQUEST_RETRIES``) reaches the openai SDK: with 0 a single 500 fails the call; with 3 two 500s
+    are retried past."""
     from coevo.loop.build import build_meta
     from coevo.loop.config_check import check
+    from coevo.meta import make_meta_agent
+    from coevo.meta.clients import REQUEST_RETRIES
 
     with FakeServer([SERVER_ERROR, SERVER_ERROR, PLAN_REPLY]) as srv:
-        cfg = openai_cfg(srv.url, f"meta_agent.request_retries={retries}")
+        cfg = openai_cfg(srv.url)
         check(cfg)
-        agent = build_meta(cfg, tmp_path)
+        assert build_meta(cfg, tmp_path).client.request_retries == REQUEST_RETRIES == 2
+        agent = make_meta_agent("openai", url=srv.url, model="served", cache_dir=tmp_path, request_retries=retries)
         assert agent.client.request_retries == retries
         if retries == 0:
             with pytest.raises(MetaAgentError, match="Error code: 500"):
@@ -225,22 +229,24 @@ def test_request_retries_is_a_config_field_the_sdk_obeys(tmp_path, sdk_waits, re
         else:
             assert json.loads(agent.call("plan", [{"role": "user", "content": "propose"}]))["proposals"]
     assert len(srv.requests) == requests and len(sdk_waits) == requests - 1
-    with pytest.raises(ValueError, match=r"config meta_agent.request_retries=-1 must be >= 0"):
-        check(openai_cfg(srv.url, "meta_agent.request_retries=-1"))
+    with pytest.raises(ValueError, match=r"request_retries must be >= 0, got -1"):
+        OpenAIClient(srv.url, "served", request_retries=-1)
 
 
 @pytest.mark.parametrize("router_failure", ["fallback", "raise"])
-def test_router_failure_falls_back_or_stops_the_run_as_configured(tmp_path, caplog, router_failure):
-    """``evolution.router_failure``: ``fallback`` (the default, as before) logs the failure and sends
-    the task to the base variant; ``raise`` stops with a ``RouterError`` saying why."""
+def test_router_failure_falls_back_or_stops_the_run_as_asked(tmp_path, caplog, router_failure):
+    """``router_failure``: ``fallback`` (the default, what train.py's ``build_meta`` gives) logs the
+    failure and sends the task to the base variant; ``raise`` stops with a ``RouterError`` saying why."""
     from coevo.loop.build import build_meta
     from coevo.loop.config_check import check
-    from coevo.meta import RouterError
+    from coevo.meta import RouterError, make_meta_agent
 
-    cfg = openai_cfg(f"http://127.0.0.1:{free_port()}/v1", "meta_agent.request_retries=0", "evolution.router=true",
-                     f"evolution.router_failure={router_failure}")
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    cfg = openai_cfg(url, "evolution.router=true")
     check(cfg)
-    agent = build_meta(cfg, tmp_path)
+    assert build_meta(cfg, tmp_path).router_failure == "fallback"
+    agent = make_meta_agent("openai", url=url, model="served", cache_dir=tmp_path, request_retries=0,
+                            router_failure=router_failure)
     options = {"base": "passed 3/4", "v1": "passed 1/4"}
     if router_failure == "fallback":
         with caplog.at_level(logging.WARNING, logger="coevo.meta"):
@@ -249,5 +255,5 @@ def test_router_failure_falls_back_or_stops_the_run_as_configured(tmp_path, capl
     else:
         with pytest.raises(RouterError, match=r"router: no usable answer \(LLMConnectionError: could not reach"):
             agent.route("What is 2 + 3?", options, [])
-    with pytest.raises(ValueError, match=r"config evolution.router_failure='ignore' is not allowed"):
-        check(openai_cfg("http://127.0.0.1:1/v1", "evolution.router_failure=ignore"))
+    with pytest.raises(ValueError, match=r"router_failure must be one of \['fallback', 'raise'\], got 'ignore'"):
+        make_meta_agent("openai", url=url, model="served", router_failure="ignore")

@@ -16,6 +16,7 @@ from coevo.evolution.types import IMPLICATED, Cluster, Digest, Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.library import PROCESSORS
+from coevo.harness.library.context import pair_demo
 from coevo.meta import BACKENDS, RuleMetaAgent
 from coevo.evolution.meta_agent import PlanContext
 from coevo.evolution.meta_agent import MetaAgentError
@@ -128,7 +129,7 @@ def test_invalid_then_valid_reply_retries_with_the_error_quoted(tmp_path):
 
 def test_plan_prompt_holds_digest_harness_catalogue_and_context():
     client = Scripted([(plan(), 1, 1)])
-    ctx = PlanContext(priorities={"tools": 2.0}, demos=[("What is 1 + 1?", "<answer>2</answer>")],
+    ctx = PlanContext(priorities={"tools": 2.0}, demos=[pair_demo("What is 1 + 1?", "<answer>2</answer>")],
                       tools=["calculator"], lessons=["few_shot for format_error: shipped"], rejected={"KEY-X"},
                       max_proposals=3)
     assert LLMMetaAgent(client).propose(make_digest(), base_harness(), ctx) == []

@@ -19,7 +19,7 @@ def main(out: str, micro_batch_size: int) -> None:
     states = []
     for step in range(3):
         traces = synthetic_traces(trainer.unwrapped, tok, n_tasks=3, per_task=3, seed=step, stale=0.1,
-                                  system=40)  # the shared-prefix path (trainer.share_prefix)
+                                  system=40)  # the shared-prefix path (GRPOTrainer's share_prefix)
         trainer.step(traces)
         states.append({k: v.detach().cpu().clone() for k, v in trainer.unwrapped.state_dict().items()})
     if accelerator.is_main_process:

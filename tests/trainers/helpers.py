@@ -24,7 +24,7 @@ def synthetic_traces(model, tok, *, n_tasks: int = 3, per_task: int = 4, calls: 
             for c in range(calls):
                 prompt = head + [rng.randrange(3, vocab) for _ in range(rng.randint(3, 9))]
                 completion = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 7))]
-                mc.append(ModelCall(c, [], prompt, completion, None, "", "stop"))
+                mc.append(ModelCall(c, [], prompt, completion, None, "", "stop", temperature=1.0))
             traces.append(Trace(f"tr-{t}-{k}", f"task-{t}", "env", "train", f"h{k % 2}", "base", "0",
                                 model_calls=mc, reward=float((k + t) % 2), passed=bool((k + t) % 2)))
     fn = logprob_fn(model, tok.pad_token_id, temperature=1.0, batch_size=8)
@@ -36,18 +36,23 @@ def synthetic_traces(model, tok, *, n_tasks: int = 3, per_task: int = 4, calls: 
     return traces
 
 
-def make_trainer(model, tok, *, accelerator=None, ref_model=None, total_steps: int = 1000, temperature: float = 1.0,
+def make_trainer(model, tok, *, accelerator=None, ref_model=None, total_steps: int = 1000,
                  loss_horizon: int | None = None, **hyper):
     """A GRPOTrainer on ``model`` whose hyper-parameters are ``TrainerConfig``'s defaults with ``hyper``
-    overriding them; the run-derived values (schedule length, rollout temperature, dr_grpo horizon) are
+    overriding them (a name that is no config field, e.g. ``pack_calls`` or ``share_prefix``, goes to
+    the trainer as its own argument); the run-derived values (schedule length, dr_grpo horizon) are
     this test suite's choices."""
+    from dataclasses import fields
+
     from coevo.trainers.grpo import GRPOTrainer
 
     from coevo.config.schema import TrainerConfig
 
-    return GRPOTrainer(model, TrainerConfig(**hyper), pad_id=tok.pad_token_id, accelerator=accelerator,
-                       ref_model=ref_model, total_steps=total_steps, temperature=temperature,
-                       loss_horizon=loss_horizon)
+    names = {f.name for f in fields(TrainerConfig)}
+    config = TrainerConfig(**{k: v for k, v in hyper.items() if k in names})
+    return GRPOTrainer(model, config, pad_id=tok.pad_token_id, accelerator=accelerator,
+                       ref_model=ref_model, total_steps=total_steps, loss_horizon=loss_horizon,
+                       **{k: v for k, v in hyper.items() if k not in names})
 
 
 def worker_trainer(tok, accelerator, *, lora: bool, adamw: bool, micro_batch_size: int, sharding: str,

@@ -92,8 +92,9 @@ def test_the_three_aggregations_differ_where_their_papers_say():
     assert per_sequence(long, "dr_grpo")[0] == pytest.approx(2 / 32)  # it did not
 
 
-def test_dapo_is_refused_with_the_name_to_use():
-    with pytest.raises(ValueError, match="'dapo' was token_mean under another name.*use token_mean"):
+def test_an_unknown_aggregation_is_refused_naming_the_table():
+    with pytest.raises(ValueError, match=r"aggregation must be one of \['token_mean', 'sequence_mean', 'dr_grpo'\], "
+                                         r"got 'dapo'"):
         token_weights([3, 1], "dapo")
 
 

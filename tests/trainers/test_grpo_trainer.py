@@ -79,12 +79,12 @@ def test_kl_to_reference_for_lora(tok, kl_estimator):
         make_trainer(tiny_model(tok), tok, beta=0.1).step(synthetic_traces(model, tok))
 
 
-def test_dr_grpo_normalises_by_the_horizon_and_dapo_is_refused(tok):
+def test_dr_grpo_normalises_by_the_horizon_and_an_unknown_aggregation_is_refused(tok):
     """On-policy (ratio 1) every token's loss is −A, so token_mean's step loss × tokens and dr_grpo's ×
     (sequences × horizon) are both −Σ A over the step's tokens — with micro-batches of 5 sequences that
     do not divide the step, so the normalisers must be the step's, not the micro-batch's."""
     model = tiny_model(tok, seed=0)
-    with pytest.raises(ValueError, match="'dapo' was token_mean.*use token_mean"):
+    with pytest.raises(ValueError, match=r"aggregation must be one of \['token_mean', 'sequence_mean', 'dr_grpo'\]"):
         make_trainer(model, tok, aggregation="dapo")
     with pytest.raises(ValueError, match="loss_horizon"):
         make_trainer(model, tok, aggregation="dr_grpo")
@@ -146,7 +146,7 @@ def test_a_call_sampled_at_another_temperature_than_the_run_is_scored_at_its_own
     for t in traces:
         for call, behaviour in zip(t.model_calls, t.behaviour_logprobs, strict=True):
             assert behaviour == pytest.approx(call.sampler_logprobs, abs=1e-4)
-    trainer = make_trainer(model, tok, lr=0.0, beta=0.1, temperature=0.7, micro_batch_size=8)
+    trainer = make_trainer(model, tok, lr=0.0, beta=0.1, micro_batch_size=8)
     for t in traces:  # the policy's own log-probs as the behaviour: the trainer alone must agree with them
         t.behaviour_logprobs = [list(c.sampler_logprobs) for c in t.model_calls]
     m = trainer.step(traces)
@@ -195,15 +195,16 @@ def test_a_prefilled_reply_trains_only_on_generated_tokens(tok, tmp_path):
         for call, behaviour in zip(t.model_calls, t.behaviour_logprobs, strict=True):
             assert len(behaviour) == len(call.completion_ids)
             assert behaviour == pytest.approx(call.sampler_logprobs, abs=1e-4)
-    trainer = make_trainer(model, tok, lr=0.0, temperature=0.8, micro_batch_size=8)
+    trainer = make_trainer(model, tok, lr=0.0, micro_batch_size=8)
     m = trainer.step(loaded)
     assert m.ratio_min == pytest.approx(1.0, abs=1e-3) and m.ratio_max == pytest.approx(1.0, abs=1e-3)
     assert m.clip_fraction == 0.0
 
 
-def test_calls_recorded_without_sampling_parameters_use_the_run_temperature(tok):
-    """A buffer record made before model calls kept their sampling parameters loads with none;
-    its tokens are scored at the run's rollout temperature, the others at their own."""
+def test_calls_recorded_without_sampling_parameters_load_but_are_not_trained(tok):
+    """A buffer record made before model calls kept their sampling parameters loads with none (a
+    run of an earlier version can still be read); training it is refused, naming the trace and the
+    call, rather than scoring its tokens at a guessed temperature. The others train at their own."""
     import json
     import struct
 
@@ -222,11 +223,14 @@ def test_calls_recorded_without_sampling_parameters_use_the_run_temperature(tok)
     head = json.dumps(meta).encode()
     loaded = decode_trace(struct.pack("<I", len(head)) + head + payload[4 + n :])
     assert loaded.model_calls[0].temperature is None and loaded.model_calls[0].logprob_temperature() is None
-    seqs = training_sequences([loaded, new], torch.tensor([1.0, -1.0]), default_temperature=0.7)
-    assert [s.temperature for s in seqs] == [0.7, 0.3]
+    with pytest.raises(ValueError, match=rf"^trace {old.trace_id} call 0 has no sampling temperature \(recorded by an "
+                                         r"earlier coevo\)"):
+        training_sequences([loaded, new], torch.tensor([1.0, -1.0]))
+    seqs = training_sequences([old, new], torch.tensor([1.0, -1.0]))
+    assert [s.temperature for s in seqs] == [1.0, 0.3]
     batch = collate(seqs, tok.pad_token_id)
     lengths = [len(s.completion_ids) for s in seqs]
-    assert batch.temperatures.tolist() == pytest.approx([0.7] * lengths[0] + [0.3] * lengths[1])
+    assert batch.temperatures.tolist() == pytest.approx([1.0] * lengths[0] + [0.3] * lengths[1])
 
 
 def test_infrastructure_failures_leave_the_groups(tok):
@@ -249,14 +253,14 @@ def test_infrastructure_failures_leave_the_groups(tok):
 
 
 def test_a_micro_batch_mixing_temperatures_is_on_policy_token_by_token(tok):
-    """Calls sampled at 0.3 and 1.3 and one recorded without a temperature (the run's 0.7) in one
-    micro-batch: the behaviour log-probs are each call's own, and the step's ratio is 1 on every token."""
+    """Calls sampled at 0.3, 0.7 and 1.3 in one micro-batch: the behaviour log-probs are each call's
+    own, and the step's ratio is 1 on every token."""
     from coevo.buffers.logprobs import behaviour_logprobs
     from coevo.trainers.logprobs import logprob_fn
 
     model = tiny_model(tok, seed=0)
     traces = synthetic_traces(model, tok, n_tasks=2, per_task=2, calls=2)
-    temps = iter([0.3, 1.3, None, 0.3, 1.3, 0.3, 1.3, 1.3])
+    temps = iter([0.3, 1.3, 0.7, 0.3, 1.3, 0.3, 1.3, 1.3])
     for t in traces:
         for call in t.model_calls:
             call.temperature = next(temps)
@@ -264,12 +268,12 @@ def test_a_micro_batch_mixing_temperatures_is_on_policy_token_by_token(tok):
     for t, rows in zip(traces, behaviour_logprobs(traces, fn), strict=True):
         t.behaviour_logprobs = rows
         for call, row in zip(t.model_calls, rows, strict=True):
-            own = logprob_fn(model, tok.pad_token_id, temperature=call.temperature or 0.7, batch_size=8)
+            own = logprob_fn(model, tok.pad_token_id, temperature=call.temperature, batch_size=8)
             assert row == pytest.approx(own([(call.prompt_ids, call.completion_ids)])[0], abs=1e-5)
     call = traces[0].model_calls[0]
     at_run = fn([(call.prompt_ids, call.completion_ids)])[0]
     assert max(abs(a - b) for a, b in zip(traces[0].behaviour_logprobs[0], at_run)) > 0.1
-    trainer = make_trainer(model, tok, lr=0.0, temperature=0.7, micro_batch_size=8)
+    trainer = make_trainer(model, tok, lr=0.0, micro_batch_size=8)
     m = trainer.step(traces)
     assert m.sequences == 8
     assert m.ratio_min == pytest.approx(1.0, abs=1e-4) and m.ratio_max == pytest.approx(1.0, abs=1e-4)

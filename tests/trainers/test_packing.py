@@ -1,5 +1,5 @@
-"""Packing a trace's chained model calls into one row (``trainer.pack_calls``) gives the loss and
-the update of one row per call, in fewer tokens; the buffer's ``sampler_first`` takes recorded
+"""Packing a trace's chained model calls into one row (``GRPOTrainer(pack_calls=...)``, always on in a
+run) gives the loss and the update of one row per call, in fewer tokens; the buffer's ``sampler_first`` takes recorded
 sampler log-probs and computes only the calls without them."""
 
 import random
@@ -26,7 +26,7 @@ def chained_traces(model, tok, *, n_tasks=3, per_task=4, calls=3, seed=0):
             prompt, mc = [rng.randrange(3, vocab) for _ in range(rng.randint(5, 11))], []
             for c in range(calls):
                 completion = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 7))]
-                mc.append(ModelCall(c, [], list(prompt), completion, None, "", "stop"))
+                mc.append(ModelCall(c, [], list(prompt), completion, None, "", "stop", temperature=1.0))
                 prompt = prompt + completion + [rng.randrange(3, vocab) for _ in range(rng.randint(1, 4))]
             traces.append(Trace(f"tr-{t}-{k}", f"task-{t}", "env", "train", "h", "base", "0", model_calls=mc,
                                 reward=float((k + t) % 2), passed=bool((k + t) % 2)))
@@ -64,7 +64,8 @@ def test_pack_calls_merges_only_chains_of_one_trace():
     model = tiny_model(tok, seed=0)
     traces = chained_traces(model, tok, n_tasks=1, per_task=2, calls=3)
     broken = traces[1].model_calls[2]
-    traces[1].model_calls[2] = ModelCall(2, [], [5] + broken.prompt_ids, broken.completion_ids, None, "", "stop")
+    traces[1].model_calls[2] = ModelCall(2, [], [5] + broken.prompt_ids, broken.completion_ids, None, "", "stop",
+                                        temperature=1.0)
     seqs = training_sequences(traces, torch.tensor([1.0, -1.0]))
     packed = pack_calls(seqs)
     assert [len(p.parts) if isinstance(p, PackedSequence) else 1 for p in packed] == [3, 2, 1]

@@ -1,5 +1,5 @@
-"""Reading a micro-batch's common prompt prefix once (``trainer.share_prefix``) gives the loss, the
-gradients and the behaviour log-probs of reading every row whole."""
+"""Reading a micro-batch's common prompt prefix once (``GRPOTrainer(share_prefix=...)``, always on in a
+run) gives the loss, the gradients and the behaviour log-probs of reading every row whole."""
 
 import pytest
 import torch
