@@ -83,7 +83,7 @@ class Step:
     records: tuple[ToolCallRecord, ...]  # what happened to them (fewer if the episode crashed)
     answer: str | None
     parse_error: str | None
-    cut: str | None = None  # a completion ended by length: "budget" (its max_new_tokens) or "context" (the window)
+    cut: tuple[str, str] | None = None  # a completion ended by length: (cause, detail), ``length_cut``
 
     def action(self) -> tuple[Any, ...]:
         """A comparable summary: ("tools", ((name, normalised args, succeeded), ...)),
@@ -153,28 +153,20 @@ def trace_steps(trace: Trace) -> list[Step]:
             is_last = k == len(lead) - 1
             answer = trace.final_answer if is_last and not recs else None
             parse_error = None
-        steps.append(Step(call.step, call.reply, call.finish_reason, names, recs, answer, parse_error, _cut(call)))
+        steps.append(Step(call.step, call.reply, call.finish_reason, names, recs, answer, parse_error, length_cut(call)))
     return steps
 
 
-def _cut(call: ModelCall) -> str | None:
-    """What ended a completion cut by length, from its token counts: its own budget when it holds
-    ``max_new_tokens`` tokens (or the budget is unknown), else the context window (the engine stopped
-    it earlier: prompt plus completion reached the model's length)."""
+def length_cut(call: ModelCall) -> tuple[str, str] | None:
+    """(cause, detail) of a completion cut by length, from its token counts: ``truncated`` when it
+    holds its ``max_new_tokens`` (or the budget is unknown), else ``context_overflow`` (the engine
+    stopped it earlier: prompt plus completion reached the model's length); None when not cut."""
     if call.finish_reason != "length":
         return None
+    counts = f" ({len(call.prompt_ids)} prompt + {len(call.completion_ids)} completion tokens)"
     if call.max_new_tokens is None or len(call.completion_ids) >= call.max_new_tokens:
-        return "budget"
-    return "context"
-
-
-def _length_cause(step: Step, calls: Sequence[ModelCall]) -> tuple[str, str]:
-    """(cause, detail) of a step whose completion was cut by length."""
-    call = next((c for c in calls if c.step == step.index and not c.agent), None)
-    counts = "" if call is None else f" ({len(call.prompt_ids)} prompt + {len(call.completion_ids)} completion tokens)"
-    if step.cut == "context":
-        return "context_overflow", "the context window ended the completion" + counts
-    return "truncated", "the completion hit its token budget" + counts
+        return "truncated", "the completion hit its token budget" + counts
+    return "context_overflow", "the context window ended the completion" + counts
 
 
 def first_divergence(trace: Trace, reference: Trace) -> int | None:
@@ -217,7 +209,7 @@ def _trace_cause(trace: Trace, steps: list[Step], required: set[str]) -> tuple[s
     if timeout is not None:
         return "env_error", timeout.step, f"{timeout.name}: {timeout.error}"
     if steps and steps[-1].cut is not None:
-        cause, detail = _length_cause(steps[-1], trace.model_calls)
+        cause, detail = steps[-1].cut
         return cause, last, detail
     if trace.stop_reason == "loop":
         return "loop", last, "the loop detector stopped the episode"
@@ -254,7 +246,7 @@ def _step_cause(trace: Trace, steps: list[Step], s: int, ref_steps: list[Step]) 
         if _is_timeout(rec.error):
             return "env_error", f"{rec.name}: {rec.error}"
     if st.cut is not None:
-        return _length_cause(st, trace.model_calls)
+        return st.cut
     ref_used = _used_tools(ref_steps[: s + 1])
     for rec in st.records:
         if _is_unknown_tool(rec.error):
