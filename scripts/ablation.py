@@ -29,7 +29,6 @@ one-round check of the protocol, ~45 min), ``tiny``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -41,15 +40,14 @@ from pathlib import Path
 import numpy as np
 
 from coevo.report.data import load_run
+from coevo.report.experiment import ARMS, DIFFERENCES, ci_bars, markdown_table, paired_differences, write_outputs
 from coevo.report.figures import round_axis
 from coevo.report.stats import interval, points
 from coevo.rundir.records import RoundRecord
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("static", "harness_only", "model_only", "coevolve")
-DIFFERENCES = (("harness_only", "static"), ("model_only", "static"), ("coevolve", "harness_only"),
-               ("coevolve", "static"))
-"""(a, b) pairs reported as a - b: the three the issue sets targets on, and the total effect."""
+MODES = ARMS
+METRICS = ("pass_at_1", "pass_at_k")
 LONGEST_FIRST = ("coevolve", "model_only", "harness_only", "static")
 """The order runs are started in: every seed of the longest arm first (the arms that train take
 longest), so no long run starts last beside nothing."""
@@ -111,7 +109,7 @@ def summarise(results: dict[str, list[list[RoundRecord]]], seed: int = 0) -> dic
     for mode, runs in results.items():
         arms[mode] = {"seeds": len(runs), "k": runs[0][-1].test.k,
                       "minutes": float(np.mean([sum(r.seconds.get("total", 0.0) for r in rec) / 60 for rec in runs]))}
-        for metric in ("pass_at_1", "pass_at_k"):
+        for metric in METRICS:
             tasks, m = task_matrix(runs, metric)
             matrices[(mode, metric)] = m
             arms[mode]["tasks"] = len(tasks)
@@ -120,13 +118,11 @@ def summarise(results: dict[str, list[list[RoundRecord]]], seed: int = 0) -> dic
         arms[mode]["curves"] = {key: [100 * float(np.mean([getattr(rec[r].train, key) for rec in runs]))
                                       for r in range(len(runs[0]))]
                                 for key in ("pass_rate", "tool_use_rate")}
-    diffs = {}
-    for a, b in DIFFERENCES:
-        if a in results and b in results:
-            n = min(len(results[a]), len(results[b]))  # seeds both arms finished
-            diffs[f"{a} - {b}"] = {
-                "seeds": n, **{metric: points(matrices[(a, metric)][:n] - matrices[(b, metric)][:n], rng)
-                               for metric in ("pass_at_1", "pass_at_k")}}
+    diffs: dict[str, dict] = {}
+    for metric in METRICS:
+        by_arm = {mode: matrices[(mode, metric)] for mode in results}
+        for name, d in paired_differences(by_arm, DIFFERENCES, rng).items():
+            diffs.setdefault(name, {"seeds": d["seeds"]})[metric] = d["points"]
     return {"arms": arms, "differences": diffs}
 
 
@@ -163,41 +159,29 @@ def report_text(summary: dict, command: str, wall_minutes: float) -> str:
     arms, diffs = summary["arms"], summary["differences"]
     k = next(iter(arms.values()))["k"]
     at_k = k > 1  # with one attempt per test task pass@k is pass@1: one column
-
-    def cells(*values: str) -> str:
-        return "".join(f" {v} |" for v in values)
-
-    head_k = cells(f"test pass@{k} (%)") if at_k else ""
-    lines = [f"`{command}`", "",
-             f"| arm | seeds | test tasks | test pass@1 (%) |{head_k} test tool use (%) | train pass by round (%) "
-             "| train tool use by round (%) | minutes per run |",
-             "|---|---|---|---|---|---|---|---|" + ("---|" if at_k else "")]
-    for mode, a in arms.items():
-        curve = " → ".join(f"{v:.0f}" for v in a["curves"]["pass_rate"])
-        tools = " → ".join(f"{v:.0f}" for v in a["curves"]["tool_use_rate"])
-        rate_k = cells(interval(a["pass_at_k"])) if at_k else ""
-        lines.append(f"| {mode} |" + cells(str(a["seeds"]), str(a["tasks"]), interval(a["pass_at_1"])) + rate_k
-                     + cells(f"{a['test_tool_use']:.1f}", curve, tools, f"{a['minutes']:.1f}"))
-    lines += ["", "| difference (points, paired bootstrap 95% CI) | seeds | pass@1 |" + (cells(f"pass@{k}") if at_k else ""),
-              "|---|---|---|" + ("---|" if at_k else "")]
-    lines += [f"| {name} |" + cells(str(d["seeds"]), interval(d["pass_at_1"], signed=True))
-              + (cells(interval(d["pass_at_k"], signed=True)) if at_k else "")
-              for name, d in diffs.items()]
+    rates = ("pass_at_1", "pass_at_k") if at_k else ("pass_at_1",)
+    arrow = lambda values: " → ".join(f"{v:.0f}" for v in values)  # noqa: E731
+    arm_table = markdown_table(
+        ["arm", "seeds", "test tasks", "test pass@1 (%)", *([f"test pass@{k} (%)"] if at_k else []),
+         "test tool use (%)", "train pass by round (%)", "train tool use by round (%)", "minutes per run"],
+        [[mode, a["seeds"], a["tasks"], *(interval(a[r]) for r in rates), f"{a['test_tool_use']:.1f}",
+          arrow(a["curves"]["pass_rate"]), arrow(a["curves"]["tool_use_rate"]), f"{a['minutes']:.1f}"]
+         for mode, a in arms.items()])
+    diff_table = markdown_table(
+        ["difference (points, paired bootstrap 95% CI)", "seeds", "pass@1", *([f"pass@{k}"] if at_k else [])],
+        [[name, d["seeds"], *(interval(d[r], signed=True) for r in rates)] for name, d in diffs.items()])
+    parts = [f"`{command}`", arm_table, *([diff_table] if diffs else [])]
     if summary.get("against"):
         zero = lambda v: ", ".join("-" if x is None else f"{x:.2f}" for x in v)  # noqa: E731
-        lines += ["", f"Against {summary['against_dir']} (same arm, same seeds):", "",
-                  "| arm | seeds | test pass@1 here (%) | there (%) | here − there (paired) | equal-reward share of "
-                  "groups by round, here | there | GRPO minutes here | there |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for mode, a in summary["against"].items():
-            lines.append(f"| {mode} |" + cells(str(a["seeds"]), interval(a["this"]["pass_at_1"]),
-                                                interval(a["other"]["pass_at_1"]), interval(a["difference"], signed=True),
-                                                zero(a["this"]["zero_variance_by_round"]),
-                                                zero(a["other"]["zero_variance_by_round"]),
-                                                f"{a['this']['grpo_minutes']:.1f}",
-                                                f"{a['other']['grpo_minutes']:.1f}"))
-    lines += ["", f"wall clock: {wall_minutes:.1f} min (runs already finished are read back, not re-run)"]
-    return "\n".join(lines) + "\n"
+        parts += [f"Against {summary['against_dir']} (same arm, same seeds):", markdown_table(
+            ["arm", "seeds", "test pass@1 here (%)", "there (%)", "here − there (paired)",
+             "equal-reward share of groups by round, here", "there", "GRPO minutes here", "there"],
+            [[mode, a["seeds"], interval(a["this"]["pass_at_1"]), interval(a["other"]["pass_at_1"]),
+              interval(a["difference"], signed=True), zero(a["this"]["zero_variance_by_round"]),
+              zero(a["other"]["zero_variance_by_round"]), f"{a['this']['grpo_minutes']:.1f}",
+              f"{a['other']['grpo_minutes']:.1f}"] for mode, a in summary["against"].items()])]
+    parts.append(f"wall clock: {wall_minutes:.1f} min (runs already finished are read back, not re-run)")
+    return "\n\n".join(parts) + "\n"
 
 
 def figure(summary: dict, path: Path) -> None:
@@ -218,16 +202,12 @@ def figure(summary: dict, path: Path) -> None:
         if i == 0:
             ax.legend(fontsize=8)
     ax = fig.add_subplot(1, 3, 3)
-    modes = list(arms)
     k = next(iter(arms.values()))["k"]
     series = (("pass@1", "pass_at_1"), (f"pass@{k}", "pass_at_k")) if k > 1 else (("pass@1", "pass_at_1"),)
     width = 0.72 / len(series)  # with k = 1, pass@k is pass@1: one bar per arm, not two equal ones
     for i, (label, key) in enumerate(series):
-        vals = [arms[m][key] for m in modes]
-        offset = (i - (len(series) - 1) / 2) * width
-        ax.bar([j + offset for j in range(len(modes))], [v[0] for v in vals], width=width,
-               yerr=[[v[0] - v[1] for v in vals], [v[2] - v[0] for v in vals]], capsize=3, label=label)
-    ax.set_xticks(range(len(modes)), modes, fontsize=8)
+        ci_bars(ax, list(arms), [a[key] for a in arms.values()], width=width,
+                offset=(i - (len(series) - 1) / 2) * width, label=label)
     ax.set_ylabel("test pass rate (%)")
     ax.set_title("sealed test split (95% bootstrap CI)")
     ax.legend(fontsize=8)
@@ -271,10 +251,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                         *(["--against", str(args.against)] if args.against else []),
                         *(["--", *args.overrides] if args.overrides else [])])
     text = report_text(summary, command, (time.perf_counter() - began) / 60)
-    (out / "ablation.md").write_text(text)
-    (out / "ablation.json").write_text(json.dumps({"command": command, **summary}, indent=1))
+    write_outputs(out, "ablation", text, {"command": command, **summary})
     figure(summary, out / "ablation.png")
-    print(text)
     print(f"figure: {out / 'ablation.png'}")
     return summary
 

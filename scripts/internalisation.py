@@ -1,7 +1,7 @@
 """Did the weights learn what the harness had to force? The trained and the frozen model under the
 run's harness, and under the same harness without its scaffolding.
 
-    python scripts/internalisation.py RUN_DIR [RUN_DIR ...] [--limit 100] [--datasets D ...] [--out DIR]
+    python scripts/internalisation.py RUN_DIR [RUN_DIR ...] [--limit 100] [--datasets D ...] [--arms] [--out DIR]
 
 Each RUN_DIR is a ``train.py`` run that trained a LoRA adapter (``model_only`` or ``coevolve``),
 one per seed. Its final harness (``harness-base.yaml``) is evaluated on the sealed test split in
@@ -18,8 +18,13 @@ With ``--datasets D [D ...]`` the same table is measured on the test split of ot
 the run's env (transfer: kinds of task the run never trained on), with the run's starting harness
 as one more form, so the rows say how much of the harness's and the weights' gain carries over.
 
-Writes ``DIR/internalisation.md`` and ``.json`` (``transfer.*`` with ``--datasets``; default DIR:
-the first run's parent).
+With ``--arms`` the runs are the arms of an ablation (``train.py mode=...``, several seeds each, any
+mode): each arm's agent, its final harness with its own weights, and ``static``, the starting harness
+with the frozen weights, on the same tasks, with paired differences over the seeds every arm holds
+(``coevo.report.experiment``). With ``--datasets`` that is the ablation's transfer table.
+
+Writes ``DIR/internalisation.md`` and ``.json`` (``transfer.*`` with ``--datasets``, ``*-arms.*`` with
+``--arms``; default DIR: the first run's parent).
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ from pathlib import Path
 import numpy as np
 
 from coevo.agent.rollouts import RolloutService, tool_use_rate
+from coevo.config.schema import load_run_config
 from coevo.envs.load import make_env
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import scaffold_names, without_outer_scaffold
 from coevo.loop.build import build_policy
 from coevo.policy.load import load_model
-from coevo.report.stats import bootstrap
+from coevo.report.experiment import ARMS, DIFFERENCES, markdown_table, paired_differences, write_outputs
+from coevo.report.stats import bootstrap, interval, points
 from coevo.rundir import checkpoint
 
 SCAFFOLDS = {"as run": None, "without tool_choice": "tool_choice", "without demonstrations": "few_shot"}
@@ -83,21 +90,27 @@ def harness_forms(h: Harness, before: Harness | None = None) -> dict[str, Harnes
     return forms
 
 
-def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = ()) -> dict[str, dict[str, dict]]:
+def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: bool = False
+                 ) -> dict[str, dict[str, dict]]:
     """form → weights (trained | frozen) → per-task pass@1, tool use and prompt tokens on the run's
     test split, or with ``datasets`` on the test split of those datasets of the run's env instead
-    (transfer: tasks of kinds the run never trained on; the run's starting harness is a form too)."""
-    from coevo.config.schema import load_run_config
-
+    (transfer: tasks of kinds the run never trained on; the run's starting harness is a form too).
+    With ``arm`` the forms are only the starting harness and the final one (the run as an ablation
+    arm), and a run that trained no adapter is evaluated with the frozen weights alone."""
     # the run's own config.yaml, typed by the schema (fields an earlier version recorded and this one
     # no longer has are left out)
     cfg = load_run_config(run_dir)
     latest = checkpoint.latest(run_dir / "checkpoint")
     if latest is None:
         raise SystemExit(f"{run_dir}: no committed round to read trained weights from")
+    adapter = latest / "trainer" / "model"
+    trained = adapter.is_dir()
+    if not trained and not arm:
+        raise SystemExit(f"{run_dir}: the run trained no adapter to compare with the frozen model (--arms reads "
+                         "runs of every mode)")
     model, tok = load_model(cfg.model.name, device="cpu", dtype=cfg.model.dtype,
-                            adapter=str(latest / "trainer" / "model"))
-    if not hasattr(model, "disable_adapter"):
+                            adapter=str(adapter) if trained else None)
+    if trained and not hasattr(model, "disable_adapter"):
         raise SystemExit(f"{run_dir}: the run trained no LoRA adapter; the frozen model is not recoverable from it")
     env = make_env(cfg.env.name, {**cfg.env.args, "datasets": list(datasets)} if datasets else cfg.env.args)
     tasks = env.tasks("test")[:limit]
@@ -106,18 +119,21 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = ()) -> dic
                               workers=cfg.rollout.workers, seed=cfg.seed)
     variant = next(iter(sorted(run_dir.glob("harness-*.yaml"))))
     out: dict[str, dict[str, dict]] = {}
-    forms = harness_forms(Harness.load(variant), most_scaffolded(run_dir))
-    if datasets:
-        forms = {"start": start_harness(run_dir), **forms}
+    if arm:
+        forms = {"start": start_harness(run_dir), "as run": Harness.load(variant)}
+    else:
+        forms = harness_forms(Harness.load(variant), most_scaffolded(run_dir))
+        if datasets:
+            forms = {"start": start_harness(run_dir), **forms}
     seen: dict[str, str] = {}  # harness id -> the first form evaluated with it
     for form, h in forms.items():
         if h.id in seen:  # e.g. the most scaffolded harness without its prefill is the final one
             out[form] = out[seen[h.id]]
             continue
         seen[h.id] = form
-        for weights in ("trained", "frozen"):
+        for weights in ("trained", "frozen") if trained else ("frozen",):
             policy.model_version = f"internalisation-{weights}"  # a new version: no prefix cache crosses weights
-            with model.disable_adapter() if weights == "frozen" else nullcontext():
+            with model.disable_adapter() if trained and weights == "frozen" else nullcontext():
                 done = rollouts.run(h, tasks, attempts=1, phase="test", round=10**6, label=f"{form}, {weights}")
             by_task = {t.task_id: [tr for tr in done.traces if tr.task_id == t.task_id] for t in tasks}
             out.setdefault(form, {})[weights] = {
@@ -172,47 +188,96 @@ def summarise(per_seed: list[dict[str, dict[str, dict]]], seed: int = 0) -> dict
     return out
 
 
+def summarise_arms(evaluated: Sequence[tuple[str, int, dict]], seed: int = 0) -> dict:
+    """The ablation's arms on the evaluated tasks: each arm's agent is its final harness with its own
+    weights (the trained adapter where the arm trained one), ``static`` the starting harness with
+    the frozen weights. Pass@1 and tool use with paired differences (``DIFFERENCES``) over the seeds
+    every arm holds, and prompt tokens per episode. ``evaluated``: (mode, seed, ``evaluate_run(...,
+    arm=True)``) per run."""
+    rng = np.random.default_rng(seed)
+    agents: dict[str, dict[int, dict]] = {}
+    for mode, s, ev in evaluated:
+        agents.setdefault(mode, {})[s] = ev["as run"].get("trained", ev["as run"]["frozen"])
+        agents.setdefault("static", {}).setdefault(s, ev["start"]["frozen"])
+    arms = [m for m in ARMS if m in agents]
+    seeds = sorted(set.intersection(*(set(agents[m]) for m in arms)))
+    if not seeds:
+        raise SystemExit("no seed was run in every arm: paired differences need the same seeds")
+    tasks = sorted(agents[arms[0]][seeds[0]]["pass"])
+    out: dict = {"seeds": seeds, "tasks": len(tasks), "arms": {}, "differences": {}}
+    for metric in ("pass", "tool_use"):
+        scores = {m: np.asarray([[agents[m][s][metric][t] for t in tasks] for s in seeds]) for m in arms}
+        for m in arms:
+            out["arms"].setdefault(m, {})[metric] = points(scores[m], rng)
+        for name, d in paired_differences(scores, DIFFERENCES, rng).items():
+            out["differences"].setdefault(name, {})[metric] = d["points"]
+    for m in arms:
+        out["arms"][m]["prompt_tokens"] = float(np.mean([agents[m][s]["prompt_tokens"][t] for s in seeds for t in tasks]))
+    return out
+
+
+def arms_text(summary: dict, command: str) -> str:
+    return "\n\n".join([
+        f"# Ablation arms (seeds {', '.join(map(str, summary['seeds']))}; "
+        f"{summary['tasks']} tasks)", f"```bash\n{command}\n```",
+        markdown_table(["arm (final harness, its own weights)", "pass@1 (%)", "tool use (%)", "prompt tokens per episode"],
+                       [[m, interval(a["pass"]), interval(a["tool_use"]), f"{a['prompt_tokens']:.0f}"]
+                        for m, a in summary["arms"].items()]),
+        markdown_table(["difference (points)", "pass@1", "tool use"],
+                       [[name, interval(d["pass"], signed=True), interval(d["tool_use"], signed=True)]
+                        for name, d in summary["differences"].items()]),
+        "static: the starting harness with the frozen weights. Intervals: paired task bootstrap over seeds, 95%.\n"])
+
+
 def report_text(summary: dict, command: str) -> str:
-    ci = lambda v, sign="": f"{v[0]:{sign}.1f} [{v[1]:{sign}.1f}, {v[2]:{sign}.1f}]"  # noqa: E731
-    lines = [f"# Internalisation ({summary['seeds']} seeds, sealed test tasks)", "", "```bash", command, "```", "",
-             "| harness | tasks | pass@1 frozen (%) | pass@1 trained (%) | trained − frozen | tool use frozen (%) | "
-             "tool use trained (%) | trained − frozen |", "|---|---|---|---|---|---|---|---|"]
-    lines[-2] = lines[-2] + " prompt tokens per episode (trained) |"
-    lines[-1] = lines[-1] + "---|"
+    rows = []
     for form, row in summary["forms"].items():
         p, u = row["pass"], row["tool_use"]
-        lines.append(f"| {form} | {row['tasks']} | {ci(p['frozen'])} | {ci(p['trained'])} | {ci(p['difference'], '+')} | "
-                     f"{ci(u['frozen'])} | {ci(u['trained'])} | {ci(u['difference'], '+')} | {row['prompt_tokens']:.0f} |")
+        rows.append([form, row["tasks"], interval(p["frozen"]), interval(p["trained"]), interval(p["difference"], True),
+                     interval(u["frozen"]), interval(u["trained"]), interval(u["difference"], True),
+                     f"{row['prompt_tokens']:.0f}"])
+    parts = [f"# Internalisation ({summary['seeds']} seeds, sealed test tasks)", f"```bash\n{command}\n```",
+             markdown_table(["harness", "tasks", "pass@1 frozen (%)", "pass@1 trained (%)", "trained − frozen",
+                             "tool use frozen (%)", "tool use trained (%)", "trained − frozen",
+                             "prompt tokens per episode (trained)"], rows)]
     retired = summary.get("retirement")
     if retired is not None:
         kept = retired["unforced_pass_kept"]
-        lines += ["", "Retirement (trained weights): the final harness against the most scaffolded one, pass@1 "
-                  f"{ci(retired['final_minus_most_scaffolded'], '+')} points with "
-                  f"{100 * retired['prompt_tokens_saved']:.0f}% fewer prompt tokens per episode; without the prefill "
-                  f"the model calls the tool in {ci(retired['unforced_tool_use'])}% of episodes and keeps "
-                  + (f"{100 * kept:.0f}%" if kept is not None else "—") + " of the scaffolded pass@1."]
-    return "\n".join(lines) + "\n\nIntervals: paired task bootstrap over seeds, 95%.\n"
+        parts.append("Retirement (trained weights): the final harness against the most scaffolded one, pass@1 "
+                     f"{interval(retired['final_minus_most_scaffolded'], True)} points with "
+                     f"{100 * retired['prompt_tokens_saved']:.0f}% fewer prompt tokens per episode; without the "
+                     f"prefill the model calls the tool in {interval(retired['unforced_tool_use'])}% of episodes and "
+                     "keeps " + (f"{100 * kept:.0f}%" if kept is not None else "—") + " of the scaffolded pass@1.")
+    return "\n\n".join(parts) + "\n\nIntervals: paired task bootstrap over seeds, 95%.\n"
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", type=Path, nargs="+", help="run directories that trained a LoRA adapter, one per seed")
+    ap.add_argument("runs", type=Path, nargs="+", help="run directories that trained a LoRA adapter, one per seed "
+                    "(with --arms: runs of any mode)")
     ap.add_argument("--limit", type=int, default=100, help="sealed test tasks evaluated")
     ap.add_argument("--datasets", nargs="+", default=[],
                     help="transfer: evaluate on the test split of these datasets of the run's env instead (e.g. "
                          "products leg_counting, which use the same calculator), with the starting harness as a form")
+    ap.add_argument("--arms", action="store_true",
+                    help="the runs are ablation arms (train.py mode=...): compare each arm's final harness with its "
+                         "own weights, and the starting harness with the frozen ones (static), paired over seeds")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or args.runs[0].parent
-    out.mkdir(parents=True, exist_ok=True)
-    summary = summarise([evaluate_run(run, args.limit, args.datasets) for run in args.runs])
-    text = report_text(summary, " ".join(["python scripts/internalisation.py", *map(str, args.runs),
-                                          "--limit", str(args.limit)]
-                                         + (["--datasets", *args.datasets] if args.datasets else [])))
+    command = " ".join(["python scripts/internalisation.py", *map(str, args.runs), "--limit", str(args.limit)]
+                       + (["--datasets", *args.datasets] if args.datasets else []) + (["--arms"] if args.arms else []))
     name = "transfer" if args.datasets else "internalisation"
-    (out / f"{name}.md").write_text(text)
-    (out / f"{name}.json").write_text(json.dumps(summary, indent=1))
-    print(text)
+    if args.arms:
+        evaluated = []
+        for run in args.runs:
+            cfg = load_run_config(run)
+            evaluated.append((cfg.mode, cfg.seed, evaluate_run(run, args.limit, args.datasets, arm=True)))
+        summary = summarise_arms(evaluated)
+        write_outputs(out, f"{name}-arms", arms_text(summary, command), summary)
+        return summary
+    summary = summarise([evaluate_run(run, args.limit, args.datasets) for run in args.runs])
+    write_outputs(out, name, report_text(summary, command), summary)
     return summary
 
 

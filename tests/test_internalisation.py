@@ -40,6 +40,44 @@ def test_tiny_run_trained_against_frozen_under_each_form(tmp_path):
             diff, trained, frozen = (row[metric][k][0] for k in ("difference", "trained", "frozen"))
             assert diff == pytest.approx(trained - frozen)
     assert "without tool_choice" in (tmp_path / "out" / "internalisation.md").read_text()
+    # as ablation arms, beside a run that trained nothing (static: no adapter, the frozen weights)
+    static = Path(coevo.run(smoke(tmp_path / "static", "mode=static", "rounds=1", "model.lora=true",
+                                  f"harness.start={harness}")))
+    arms = internalisation.main([str(run_dir), str(static), "--limit", "4", "--arms", "--out", str(tmp_path / "out")])
+    assert list(arms["arms"]) == ["static", "model_only"] and arms["seeds"] == [0]
+    assert set(arms["differences"]) == {"model_only - static"}
+    assert "model_only - static" in (tmp_path / "out" / "internalisation-arms.md").read_text()
+    with pytest.raises(SystemExit, match="trained no adapter"):
+        internalisation.main([str(static), "--limit", "4", "--out", str(tmp_path / "out")])
+
+
+def evaluation(passed: list[float], tools: list[float], trained: list[float] | None = None) -> dict:
+    """What ``evaluate_run(..., arm=True)`` returns for a run: the start harness (frozen) and the
+    final one, with the trained weights' scores where the run trained."""
+    scores = lambda p, u: {"pass": dict(enumerate(p)), "tool_use": dict(enumerate(u)),  # noqa: E731
+                           "prompt_tokens": dict.fromkeys(range(len(p)), 100.0)}
+    zeros = [0.0] * len(passed)
+    final = {"frozen": scores(passed, tools)} | ({"trained": scores(trained, tools)} if trained is not None else {})
+    return {"start": {"frozen": scores(zeros, zeros)}, "as run": final}
+
+
+def test_each_arm_is_its_final_harness_with_its_own_weights_paired_over_shared_seeds():
+    passed, better = [1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]
+    evaluated = [("coevolve", 0, evaluation(passed, [1.0] * 4, trained=better)),
+                 ("coevolve", 2, evaluation(passed, [1.0] * 4, trained=better)),
+                 ("harness_only", 0, evaluation(passed, [1.0] * 4)),
+                 ("harness_only", 2, evaluation(passed, [1.0] * 4)),
+                 ("harness_only", 5, evaluation(passed, [1.0] * 4))]  # a seed the other arm lacks: left out
+    out = internalisation.summarise_arms(evaluated)
+    assert out["seeds"] == [0, 2] and list(out["arms"]) == ["static", "harness_only", "coevolve"]
+    assert out["arms"]["coevolve"]["pass"][0] == pytest.approx(100.0)  # the trained weights, not the frozen
+    assert out["arms"]["harness_only"]["pass"][0] == pytest.approx(50.0)
+    assert out["arms"]["static"]["pass"][0] == pytest.approx(0.0)
+    assert out["differences"]["coevolve - harness_only"]["pass"][0] == pytest.approx(50.0)
+    assert out["differences"]["harness_only - static"]["tool_use"][0] == pytest.approx(100.0)
+    with pytest.raises(SystemExit, match="same seeds"):
+        internalisation.summarise_arms([("coevolve", 0, evaluation(passed, [1.0] * 4, trained=better)),
+                                        ("harness_only", 1, evaluation(passed, [1.0] * 4))])
 
 
 def test_a_run_that_retired_its_prefill_is_measured_against_its_most_scaffolded_harness(tmp_path):

@@ -1,10 +1,12 @@
-"""coevo.report.stats: the paired task bootstrap every experiment report's intervals come from."""
+"""coevo.report.stats and coevo.report.experiment: the paired task bootstrap every experiment report's
+intervals come from, and the arm differences and tables built on it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from coevo.report.experiment import markdown_table, paired_differences
 from coevo.report.stats import bootstrap, interval, points
 
 
@@ -36,3 +38,33 @@ def test_points_and_interval_format_what_the_reports_print():
     assert v[0] == pytest.approx(75.0) and 0 <= v[1] <= 75 <= v[2] <= 100
     assert interval([12.0, 4.04, 20.0]) == "12.0 [4.0, 20.0]"
     assert interval([12.0, -4.0, 20.0], signed=True) == "+12.0 [-4.0, +20.0]"
+
+
+def test_a_difference_of_arms_pairs_each_task_with_itself():
+    """Arm b passes what arm a passes plus 10 of 100 tasks: paired, b - a is tight around +10 and
+    excludes 0, though the two arms' own intervals overlap. Shuffling b's tasks breaks the pairing
+    and the interval of the difference widens past 0."""
+    rng = np.random.default_rng(1)
+    base = rng.random(100) < 0.4
+    extra = np.zeros(100, bool)
+    extra[np.flatnonzero(~base)[:10]] = True
+    a, b = base[None].astype(float), (base | extra)[None].astype(float)  # [seeds, tasks]
+    d = paired_differences({"a": a, "b": b}, [("b", "a")], np.random.default_rng(0))["b - a"]
+    assert d["seeds"] == 1 and d["points"][0] == pytest.approx(10.0) and 0 < d["points"][1] < 10 < d["points"][2] < 20
+    assert points(a, rng)[2] > points(b, rng)[1]  # unpaired: the arms' intervals overlap
+    shuffled = {"a": a, "b": b[:, np.random.default_rng(2).permutation(100)]}
+    assert paired_differences(shuffled, [("b", "a")], np.random.default_rng(0))["b - a"]["points"][1] < 0
+
+
+def test_differences_use_the_seeds_both_arms_hold_and_need_the_same_tasks():
+    scores = {"a": np.zeros((3, 4)), "b": np.ones((2, 4)), "c": np.ones((1, 5))}
+    out = paired_differences(scores, [("b", "a"), ("a", "missing")], np.random.default_rng(0))
+    assert list(out) == ["b - a"] and out["b - a"]["seeds"] == 2 and out["b - a"]["points"][0] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="different numbers of tasks"):
+        paired_differences(scores, [("c", "a")], np.random.default_rng(0))
+
+
+def test_markdown_table_rows_match_the_header():
+    assert markdown_table(["arm", "pass"], [["a", 1], ["b", "2.0"]]) == "| arm | pass |\n|---|---|\n| a | 1 |\n| b | 2.0 |"
+    with pytest.raises(ValueError, match="2 cells"):
+        markdown_table(["arm", "pass"], [["a"]])
