@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections import Counter
@@ -38,19 +37,10 @@ from coevo.agent.rollouts import RolloutService
 from coevo.envs.office import OWNER, OfficeEnv, final_answer
 from coevo.harness.defaults import base_harness, with_step_cap
 from coevo.harness.library import FewShotDemos, ToolChoice
+from coevo.report.stats import wilson
 from coevo.streams.axes import agents_harness
 
 ENTITIES = frozenset(OWNER.values())
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of k successes in n trials."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def episode_row(trace: Any, task: Any) -> dict[str, Any]:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import re
 import sys
@@ -50,6 +49,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from coevo.report.experiment import markdown_table
+from coevo.report.stats import wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -297,16 +299,6 @@ def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> 
     return run
 
 
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% at z = 1.96)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def summarise(runs: Sequence[Run]) -> dict[str, Any]:
     """Per-edit figures of the table."""
     n = len(runs)
@@ -330,16 +322,14 @@ def summarise(runs: Sequence[Run]) -> dict[str, Any]:
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| edit | runs | shipped | 95% CI | rejected | undecided | episodes / decision | decisions / run | "
-             "parent pass | candidate pass | s / decision | s / run | target | met |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for s in rows:
-        lines.append(f"| {s['edit']} | {s['runs']} | {100 * s['shipped']:.0f}% | "
-                     f"{100 * s['ci'][0]:.0f}–{100 * s['ci'][1]:.0f}% | {100 * s['rejected']:.0f}% | "
-                     f"{100 * s['undecided']:.0f}% | {s['episodes_per_decision']:.1f} | {s['decisions_per_run']:.2f} | "
-                     f"{s['parent_pass']:.3f} | {s['candidate_pass']:.3f} | {s['seconds_per_decision']:.1f} | "
-                     f"{s['seconds_per_run']:.1f} | {s['target']} | {'yes' if s['met'] else 'no'} |")
-    return "\n".join(lines)
+    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
+    return markdown_table(
+        ["edit", "runs", "shipped", "95% CI", "rejected", "undecided", "episodes / decision", "decisions / run",
+         "parent pass", "candidate pass", "s / decision", "s / run", "target", "met"],
+        [[s["edit"], s["runs"], pct(s["shipped"]), f"{100 * s['ci'][0]:.0f}–{100 * s['ci'][1]:.0f}%",
+          pct(s["rejected"]), pct(s["undecided"]), f"{s['episodes_per_decision']:.1f}", f"{s['decisions_per_run']:.2f}",
+          f"{s['parent_pass']:.3f}", f"{s['candidate_pass']:.3f}", f"{s['seconds_per_decision']:.1f}",
+          f"{s['seconds_per_run']:.1f}", s["target"], "yes" if s["met"] else "no"] for s in rows])
 
 
 _WORKER: dict[str, Any] = {}

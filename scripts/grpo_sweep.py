@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from coevo.report.experiment import markdown_table, write_outputs
 from coevo.report.stats import interval, points
 
 KEYS = {"lr": float, "beta": float, "lora_r": int, "group": int}
+STEP_COLUMNS = ("approx_kl", "clip_fraction", "grad_norm", "entropy", "kl")
+"""The last GRPO step's figures each setting's row shows, in table order."""
 """Setting key → its type; what a setting may change."""
 
 
@@ -149,31 +151,27 @@ def main(argv: Sequence[str] | None = None) -> dict:
         last = r["steps"][-1] if r["steps"] else {}
         rows[name] = {"values": r["values"], "pass": points(p, rng),
                       "vs_untrained": points(p - base, rng),
-                      **{k: last.get(k) for k in ("approx_kl", "clip_fraction", "grad_norm", "entropy",
-                                                  "zero_variance_fraction", "kl")},
+                      **{k: last.get(k) for k in (*STEP_COLUMNS, "zero_variance_fraction")},
                       "seconds": r["seconds"]}
     command = " ".join(["python scripts/grpo_sweep.py", str(args.run), "--round", str(args.round), "--steps",
                         str(args.steps), "--step-traces", str(args.step_traces), "--limit", str(args.limit),
                         *[f"--setting {s}" for s in args.setting]])
     summary = {"run": str(args.run), "round": args.round, "tasks": len(ids), "traces": len(traces), "rows": rows}
-    (out / "grpo_sweep.json").write_text(json.dumps(summary, indent=1))
-    (out / "grpo_sweep.md").write_text(report_text(summary, command))
-    print((out / "grpo_sweep.md").read_text())
+    write_outputs(out, "grpo_sweep", report_text(summary, command), summary)
     return summary
 
 
 def report_text(summary: dict, command: str) -> str:
     num = lambda v: "" if v is None else f"{v:.3g}"  # noqa: E731
-    lines = [f"# GRPO settings on round {summary['round']}'s {summary['traces']} buffered traces "
-             f"({summary['tasks']} validation tasks)", "", "```bash", command, "```", "",
-             "| setting | changed | val pass@1 (%) | − untrained (paired) | approx KL | clip fraction | grad norm | "
-             "entropy | KL to reference | s training |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, row in summary["rows"].items():
-        changed = ", ".join(f"{k}={v}" for k, v in row["values"].items()) or "the run's"
-        lines.append(f"| {name} | {changed} | {interval(row['pass'])} | {interval(row['vs_untrained'], signed=True)} | "
-                     f"{num(row['approx_kl'])} | {num(row['clip_fraction'])} | {num(row['grad_norm'])} | "
-                     f"{num(row['entropy'])} | {num(row['kl'])} | {row['seconds']:.0f} |")
-    return "\n".join(lines) + "\n\nIntervals: paired task bootstrap, 95%. Step figures: each setting's last step.\n"
+    rows = [[name, ", ".join(f"{k}={v}" for k, v in row["values"].items()) or "the run's", interval(row["pass"]),
+             interval(row["vs_untrained"], signed=True), *(num(row[k]) for k in STEP_COLUMNS), f"{row['seconds']:.0f}"]
+            for name, row in summary["rows"].items()]
+    return "\n\n".join([
+        f"# GRPO settings on round {summary['round']}'s {summary['traces']} buffered traces "
+        f"({summary['tasks']} validation tasks)", f"```bash\n{command}\n```",
+        markdown_table(["setting", "changed", "val pass@1 (%)", "− untrained (paired)", "approx KL", "clip fraction",
+                        "grad norm", "entropy", "KL to reference", "s training"], rows),
+        "Intervals: paired task bootstrap, 95%. Step figures: each setting's last step.\n"])
 
 
 if __name__ == "__main__":

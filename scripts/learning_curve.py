@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from coevo.report.data import load_run
+from coevo.report.experiment import ci_bars, markdown_table, write_outputs
 from coevo.report.stats import interval, points
 from coevo.rundir.records import Evaluation, StartRecord
 
@@ -77,19 +78,18 @@ def summarise(data: dict, seed: int = 0) -> dict:
 
 
 def report_text(summary: dict, command: str) -> str:
-    lines = [f"# GRPO learning curve ({summary['seeds']} seeds, {summary['tasks']} sealed test tasks)", "",
-             "```bash", command, "```", "",
-             "| test pass@1 (%) | before | after | after - before (paired bootstrap 95% CI) |", "|---|---|---|---|",
-             f"| mean over seeds | {interval(summary['before'])} | {interval(summary['after'])} | {interval(summary['difference'], signed=True)} |",
-             "", "Test tool use (%) before → after, per seed: "
-             + ", ".join(f"{b:.0f} → {a:.0f}" for b, a in summary["tool_use"]),
-             "", "Train pass rate (%) by round, per seed: "
-             + "; ".join(" → ".join(f"{p:.0f}" for p in rates) for rates in summary["train_pass_by_round"]),
-             "", "Per GRPO step (mean over seeds):", "",
-             "| step | " + " | ".join(STEP_FIGURES) + " |", "|---" * (len(STEP_FIGURES) + 1) + "|"]
-    for i in range(summary["steps"]):
-        lines.append(f"| {i + 1} | " + " | ".join(f"{summary['curves'][k][i]:.3g}" for k in STEP_FIGURES) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n\n".join([
+        f"# GRPO learning curve ({summary['seeds']} seeds, {summary['tasks']} sealed test tasks)",
+        f"```bash\n{command}\n```",
+        markdown_table(["test pass@1 (%)", "before", "after", "after - before (paired bootstrap 95% CI)"],
+                       [["mean over seeds", interval(summary["before"]), interval(summary["after"]),
+                         interval(summary["difference"], signed=True)]]),
+        "Test tool use (%) before → after, per seed: " + ", ".join(f"{b:.0f} → {a:.0f}" for b, a in summary["tool_use"]),
+        "Train pass rate (%) by round, per seed: "
+        + "; ".join(" → ".join(f"{p:.0f}" for p in rates) for rates in summary["train_pass_by_round"]),
+        "Per GRPO step (mean over seeds):",
+        markdown_table(["step", *STEP_FIGURES], [[i + 1, *(f"{summary['curves'][k][i]:.3g}" for k in STEP_FIGURES)]
+                                                 for i in range(summary["steps"])])]) + "\n"
 
 
 def figure(summary: dict, path: Path) -> None:
@@ -116,9 +116,7 @@ def figure(summary: dict, path: Path) -> None:
         ax.set_xlabel("optimizer step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
-    bars = [summary["before"], summary["after"]]
-    axes[3].bar([0, 1], [b[0] for b in bars], yerr=[[b[0] - b[1] for b in bars], [b[2] - b[0] for b in bars]],
-                capsize=4, tick_label=["before", "after"])
+    ci_bars(axes[3], ["before", "after"], [summary["before"], summary["after"]])
     axes[3].set_title(f"test pass@1, {summary['tasks']} tasks (95% CI)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -133,10 +131,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarise(collect(args.runs))
     text = report_text(summary, " ".join(["python scripts/learning_curve.py", *map(str, args.runs)]))
-    (out / "learning_curve.md").write_text(text)
-    (out / "learning_curve.json").write_text(json.dumps(summary, indent=1))
+    write_outputs(out, "learning_curve", text, summary)
     figure(summary, out / "learning_curve.png")
-    print(text)
     return summary
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from coevo.report.data import load_run
+from coevo.report.experiment import markdown_table
 from coevo.rundir.records import RoundRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -430,14 +431,13 @@ def mean(values: Sequence[float]) -> float:
 
 def table(arms: dict[str, dict[str, Any]], completions: int) -> str:
     """The markdown comparison: early and late reward (3-step means) and time per step."""
-    lines = ["| arm | steps | completions/step | reward first 3 steps | reward last 3 steps | mean s/step |",
-             "|---|---|---|---|---|---|"]
+    rows = []
     for name, arm in arms.items():
         rewards = [r["reward"] for r in arm["rows"]]
-        seconds = mean([r["seconds"] for r in arm["rows"]])
-        lines.append(f"| {name} | {len(rewards)} | {completions} | {mean(rewards[:3]):.3f} | "
-                     f"{mean(rewards[-3:]):.3f} | {seconds:.2f} |")
-    return "\n".join(lines)
+        rows.append([name, len(rewards), completions, f"{mean(rewards[:3]):.3f}", f"{mean(rewards[-3:]):.3f}",
+                     f"{mean([r['seconds'] for r in arm['rows']]):.2f}"])
+    return markdown_table(["arm", "steps", "completions/step", "reward first 3 steps", "reward last 3 steps",
+                           "mean s/step"], rows)
 
 
 def figure(arms: dict[str, dict[str, Any]], path: Path) -> None:

@@ -119,7 +119,7 @@ def test_the_base_harness_is_unchanged_by_the_conversation_harness():
 
 
 def test_every_builtin_env_is_named_in_the_cli_help():
-    from coevo.cli.main import ENV_HELP
+    from coevo.cli.options import ENV_HELP
     from coevo.envs import ENVS
 
     assert all(name in ENV_HELP for name in ENVS) and "office" in ENV_HELP

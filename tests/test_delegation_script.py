@@ -26,6 +26,3 @@ def test_a_random_tiny_model_is_classified_without_delegating(tmp_path):
     assert len(rows) == 2 and not any(r["delegated"] or r["passed"] for r in rows)
 
 
-def test_wilson_interval():
-    lo, hi = delegation.wilson(8, 10)
-    assert round(lo, 3) == 0.490 and round(hi, 3) == 0.943

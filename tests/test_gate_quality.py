@@ -38,8 +38,3 @@ def test_tiny_preset_meets_the_targets_and_writes_the_table(tmp_path, capsys):
     assert len(detail["runs"]) == 60 and (tmp_path / "quality.md").read_text().count("\n| ") == 4
 
 
-def test_wilson_interval_hand_computed():
-    script = load_script()
-    low, high = script.wilson(16, 20)
-    assert (round(low, 3), round(high, 3)) == (0.584, 0.919)
-    assert script.wilson(0, 20)[0] == 0.0 and round(script.wilson(0, 20)[1], 3) == 0.161

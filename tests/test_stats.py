@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from coevo.report.experiment import markdown_table, paired_differences
-from coevo.report.stats import bootstrap, interval, points
+from coevo.report.stats import bootstrap, interval, points, wilson
 
 
 def test_seeds_that_agree_add_no_information_because_every_seed_draws_the_same_tasks():
@@ -68,3 +68,10 @@ def test_markdown_table_rows_match_the_header():
     assert markdown_table(["arm", "pass"], [["a", 1], ["b", "2.0"]]) == "| arm | pass |\n|---|---|\n| a | 1 |\n| b | 2.0 |"
     with pytest.raises(ValueError, match="2 cells"):
         markdown_table(["arm", "pass"], [["a"]])
+
+
+def test_wilson_interval_hand_computed():
+    assert tuple(round(v, 3) for v in wilson(16, 20)) == (0.584, 0.919)
+    assert tuple(round(v, 3) for v in wilson(8, 10)) == (0.490, 0.943)
+    assert wilson(0, 20)[0] == 0.0 and round(wilson(0, 20)[1], 3) == 0.161
+    assert wilson(0, 0) == (0.0, 1.0)  # no trials: nothing is known

@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -52,44 +51,10 @@ from coevo.trainers.logprobs import (
     shared_prefix_length,
     token_logprobs,
 )
+from coevo.trainers.step_metrics import StepMetrics, sampler_mismatch, step_metrics
 
 from coevo.agent.trace import Trace
 from coevo.config.schema import ModelConfig, TrainerConfig
-
-
-@dataclass
-class StepMetrics:
-    loss: float
-    clip_fraction: float
-    kl: float
-    ratio_mean: float
-    ratio_min: float
-    ratio_max: float
-    advantage_mean: float
-    advantage_std: float
-    zero_variance_fraction: float
-    excluded_traces: int  # left out of every group: not trainable (crashed, or excluded by the harness)
-    infra_traces: int  # of those, infrastructure failures (Trace.infra_failure)
-    sequences: int
-    tokens: int
-    tokens_per_s: float
-    grad_norm: float
-    lr: float
-    staleness: dict[int, int]  # model-version lag -> traces
-    reward_mean: float = 0.0  # over the step's trainable traces (every group, signal or not)
-    reward_std: float = 0.0
-    approx_kl: float = 0.0  # KL(behaviour || current) per token, k3 estimate from the ratio: how far reuse has moved
-    entropy: float = 0.0  # mean -log pi(token) of the sampled tokens under the current policy (an entropy estimate)
-    # sampler/trainer mismatch over the step's tokens whose calls carry the sampler's log-probs (None: no such token):
-    # |behaviour log-prob (the buffer's, the trainer's recomputation) - the sampler's own| per token
-    sampler_mismatch_mean: float | None = None
-    sampler_mismatch_max: float | None = None
-    sampler_tokens: int = 0  # tokens with sampler log-probs (the others are not corrected)
-    tis_truncated_fraction: float | None = None  # of those, the share whose weight trainer.tis_cap cut (None: off)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items()}
-
 
 SHARDINGS = ("none", "fsdp2", "zero3")
 """``trainer.sharding``: whole weights on every rank, FSDP2 (``sharding``) or DeepSpeed ZeRO-3 (``zero``)."""
@@ -220,10 +185,11 @@ class GRPOTrainer:
         staleness = dict(Counter(self.version - v for v in versions)) if versions is not None else {}
         excluded = (stats.excluded_traces, sum(t.infra_failure for t in traces))
         rewards = torch.tensor([t.reward for t, m in zip(traces, members) if m], dtype=torch.float64)
-        mismatch = self._sampler_mismatch(seqs)
+        mismatch = sampler_mismatch(seqs, self.tis_cap)
         if not seqs:  # nothing to learn from: no step, but say why in the metrics
-            return self._metrics(0.0, [], adv[[i for i, m in enumerate(members) if m]], stats.zero_variance_fraction,
-                                 0, 0, start, 0.0, staleness, excluded=excluded, rewards=rewards)
+            return step_metrics(0.0, [], adv[[i for i, m in enumerate(members) if m]], stats.zero_variance_fraction,
+                                0, 0, start, 0.0, staleness, float(self.scheduler.get_last_lr()[0]),
+                                excluded=excluded, rewards=rewards)
         lengths = [len(s.completion_ids) for s in seqs]
         step_tokens, step_seqs = sum(lengths), len(seqs)
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
@@ -246,25 +212,9 @@ class GRPOTrainer:
         self.scheduler.step()
         self.version += 1
         total_loss = float(self.accelerator.reduce(torch.tensor(total_loss, device=self.accelerator.device), "sum"))
-        metrics = self._metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
-                                start, float(grad_norm), staleness, lr, excluded=excluded, rewards=rewards)
+        metrics = step_metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
+                               start, float(grad_norm), staleness, lr, excluded=excluded, rewards=rewards)
         return dataclasses.replace(metrics, **mismatch)
-
-    def _sampler_mismatch(self, seqs: Sequence[TrainSequence]) -> dict[str, Any]:
-        """The mismatch figures of ``StepMetrics`` over every sequence of the step (each process holds
-        them all, so no reduction): |old - sampler| per token, and the share of tokens whose importance
-        weight exp(old - sampler) exceeds ``tis_cap``. Empty when no sequence has sampler log-probs."""
-        pairs = [s for s in seqs if s.sampler_logp is not None]
-        if not pairs:
-            return {}
-        old = torch.tensor([v for s in pairs for v in s.old_logp], dtype=torch.float64)
-        sampler = torch.tensor([v for s in pairs for v in s.sampler_logp or ()], dtype=torch.float64)
-        delta = (old - sampler)[~torch.isnan(old)]  # forced tokens (credit_forced) were not sampled
-        if not delta.numel():
-            return {}
-        truncated = None if self.tis_cap is None else float((delta.exp() > self.tis_cap).double().mean())
-        return {"sampler_mismatch_mean": float(delta.abs().mean()), "sampler_mismatch_max": float(delta.abs().max()),
-                "sampler_tokens": int(delta.numel()), "tis_truncated_fraction": truncated}
 
     def _accumulating(self, last: bool) -> Any:
         """The context of one micro-batch's forward and backward: gradients are reduced across ranks
@@ -366,41 +316,6 @@ class GRPOTrainer:
         hidden = completion_hidden(self.ref_model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
                                    share_prefix=share)
         return token_logprobs(hidden, lm_head_weight(self.ref_model), batch.targets, temperature)
-
-    def _metrics(self, loss: float, details: list[Any], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,
-                 start: float, grad_norm: float, staleness: dict[int, int], lr: float | None = None, *,
-                 excluded: tuple[int, int] = (0, 0), rewards: torch.Tensor | None = None) -> StepMetrics:
-        """``lr``: the rate the step used (the scheduler has already moved on); None when no step ran.
-        ``excluded``: (traces left out of the groups, infrastructure failures among them); ``rewards``:
-        [T] of the trainable traces."""
-        ratio = torch.cat([d.ratio for d in details]) if details else torch.ones(1)
-        logp = torch.cat([d.logp for d in details]) if details else torch.zeros(1)
-        rewards = rewards if rewards is not None and rewards.numel() else torch.zeros(1, dtype=torch.float64)
-        clipped = torch.cat([d.clipped.float() for d in details]) if details else torch.zeros(1)
-        kls = [d.kl for d in details if d.kl is not None]
-        return StepMetrics(
-            loss=loss,
-            clip_fraction=float(clipped.mean()),
-            kl=float(torch.cat(kls).mean()) if kls else 0.0,
-            ratio_mean=float(ratio.mean()),
-            ratio_min=float(ratio.min()),
-            ratio_max=float(ratio.max()),
-            advantage_mean=float(adv.mean()) if adv.numel() else 0.0,
-            advantage_std=float(adv.std()) if adv.numel() > 1 else 0.0,
-            zero_variance_fraction=zero_var,
-            excluded_traces=excluded[0],
-            infra_traces=excluded[1],
-            sequences=seqs,
-            tokens=tokens,
-            tokens_per_s=tokens / max(time.perf_counter() - start, 1e-9),
-            grad_norm=grad_norm,
-            lr=lr if lr is not None else float(self.scheduler.get_last_lr()[0]),
-            staleness=staleness,
-            reward_mean=float(rewards.mean()),
-            reward_std=float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            approx_kl=float((ratio - 1 - ratio.log()).mean()),
-            entropy=float(-logp.mean()),
-        )
 
     # ----------------------------------------------------------------- checkpoints
     def save(self, directory: str | Path) -> Path:

@@ -9,114 +9,29 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from coevo.cli.harness import evolved_on, harness_app, load_harness
+from coevo.cli.options import (
+    ENV_HELP,
+    cli_policy,
+    console,
+    parse_env_args,
+    resolve_env,
+    say_prompt_size,
+    split_env_arg,
+    with_sampling,
+)
 from coevo.config.schema import RolloutConfig
-from coevo.envs import ENVS
 from coevo.errors import USAGE_EXIT, debugging, one_line, reported_as_one_line
-from coevo.harness import Harness
-from coevo.harness.defaults import with_step_cap
 
 app = typer.Typer(help="coevo: harness-model co-evolution for LLM agents.", no_args_is_help=True, add_completion=False)
 app.add_typer(harness_app, name="harness")
 config_app = typer.Typer(help="Show the composed configuration with every field's help.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
-console = Console()
-ENV_HELP = (f"environment: {' | '.join(ENVS)}, or the import path package.module:ClassName "
-            "of your own (docs/environments.md)")
-
-
-def with_sampling(h: Harness, temperature: float | None, max_new_tokens: int | None, attempts: int,
-                  max_steps: int | None = None) -> Harness:
-    """``h`` with the sampling overrides of ``--temperature``/``--max-new-tokens``, its step budget
-    raised to ``--max-steps`` (``with_step_cap``), and a note when greedy decoding would make the
-    ``attempts`` of a task identical (pass@k would be pass@1)."""
-    if max_steps is not None:
-        h = with_step_cap(h, max_steps)
-    overrides = {"temperature": temperature, "max_new_tokens": max_new_tokens}
-    for param, value in overrides.items():
-        if value is None:
-            continue
-        if "sampling" not in h:
-            raise typer.BadParameter("the harness has no 'sampling' processor to set",
-                                     param_hint=f"--{param.replace('_', '-')}")
-        h = h.set_param("sampling", param, value)
-    if attempts > 1 and "sampling" in h and h.get("sampling").config["temperature"] == 0:
-        console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical; pass --temperature[/yellow]")
-    return h
-
-
-def split_env_arg(pair: str) -> tuple[str, str]:
-    """``"n_per_dataset=10"`` -> ("n_per_dataset", "10"); anything else is a usage error."""
-    key, sep, value = pair.partition("=")
-    if not sep or not key.isidentifier():
-        raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--env-arg")
-    return key, value
-
-
-def parse_env_args(pairs: list[str]) -> dict[str, object]:
-    """``["n_per_dataset=10", "games=[coin]"]`` -> keyword arguments (values parsed as YAML)."""
-    import yaml
-
-    return {key: yaml.safe_load(value) for key, value in map(split_env_arg, pairs)}
-
-
-def resolve_env(name: str):
-    """The env class for ``--env``: a built-in name or ``package.module:ClassName``."""
-    from coevo.envs.load import env_class
-
-    try:
-        return env_class(name)
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--env") from None
-
-
-def say_prompt_size(policy: Any, harness: Harness, env: Any, split: str, max_steps: int) -> None:
-    """The first prompt's size against the model's context window, printed before any episode (a
-    large tool listing shows here); a completion budget that does not fit is a usage error."""
-    from coevo.agent.evaluate import first_tasks
-    from coevo.loop.config_check import check_context_window
-
-    first = first_tasks(env, split, 1)
-    size = check_context_window(policy, harness, env, first[0], max_steps, field="--max-new-tokens") if first else None
-    if size is not None:
-        console.print(size, soft_wrap=True)
-
-
-def build_policy(model: str, backend: str, device: str, adapter: str | None, env_name: str, seed: int, *,
-                 env: Any, delegate: bool = False):
-    """The policy for ``coevo eval`` and ``coevo stream``: ``gold`` (``env``'s tasks' own gold
-    actions; with ``delegate``, as a lead handing them to specialists by ``env.tool_owners``),
-    ``scripted`` (the env's scripted solver), or a model name or path served by transformers or vLLM."""
-    from coevo.loop.build import scripted_policy
-    from coevo.loop.config_check import SCRIPTED_MODELS
-
-    if model in SCRIPTED_MODELS:  # gold: as one agent or, on the agents axis, a delegating lead
-        try:
-            return scripted_policy(model, env, env_name, delegate=delegate)
-        except ValueError as err:
-            raise typer.BadParameter(str(err), param_hint="--model") from None
-    if backend == "transformers":
-        from coevo.policy.load import transformers_policy
-
-        return transformers_policy(model, device=device, adapter=adapter, seed=seed)
-    if backend == "vllm":
-        from transformers import AutoTokenizer
-
-        from coevo.policy.smollm2 import converted_dir
-        from coevo.policy.vllm import ColocatedEngine, VLLMPolicy
-
-        path = str(converted_dir()) if model == "smollm2" else model
-        if not Path(path).is_dir():
-            raise typer.BadParameter("vllm serves smollm2 or a local model directory", param_hint="--model")
-        return VLLMPolicy(ColocatedEngine(path, seed=seed), AutoTokenizer.from_pretrained(path),
-                          model_version=Path(path).name)
-    raise typer.BadParameter(f"backend must be transformers or vllm, got {backend!r}", param_hint="--backend")
 
 
 @app.command("eval")
@@ -162,7 +77,7 @@ def eval_cmd(
                       "edits shipped for one env may hurt another[/yellow]")
     try:
         with console.status(f"loading model {model}"):
-            policy = build_policy(model, backend, device, adapter, env_name, seed, env=env)
+            policy = cli_policy(model, backend, device, adapter, env_name, seed, env=env)
         say_prompt_size(policy, h, env, split, max_steps)
         rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps,
                                   workers=RolloutConfig.workers, seed=seed, progress=RichProgress(console))
@@ -326,7 +241,7 @@ def stream_cmd(
     out = out or Path("runs") / time.strftime(f"stream-{env.name}-{axis}-%Y%m%d-%H%M%S")
     try:
         with console.status(f"loading model {model}"):
-            policy = build_policy(model, backend, device, None, env_name, seed, env=env, delegate=axis == "agents")
+            policy = cli_policy(model, backend, device, None, env_name, seed, env=env, delegate=axis == "agents")
         say_prompt_size(policy, start, env, "train", max_steps)
         try:
             result = run_stream(env, policy, out, axis=axis, stages=stages, protocols=protocols, base=start,

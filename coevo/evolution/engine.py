@@ -40,14 +40,13 @@ from coevo.envs.base import Task
 from coevo.evolution.critic import Critic, RecentBatch
 from coevo.evolution.digest import digest as make_digest
 from coevo.evolution.digest import scaffold_evidence
-from coevo.evolution.meta_agent import Demo, MetaAgent, MetaAgentError, PlanContext, demo_question
+from coevo.evolution.meta_agent import MetaAgent, MetaAgentError, PlanContext, demo_question, shown_questions
 from coevo.evolution.monitors import Monitors
 from coevo.evolution.pool import Patience, SnapshotPool
-from coevo.evolution.reference import reference_demo
+from coevo.evolution.reference import fresh_demos
 from coevo.evolution.types import Digest, EvolveReport, HarnessEvent, Proposal, Verdict
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.harness import Harness
-from coevo.harness.library.context import demo_problem
 from coevo.harness.scaffold import outer_scaffold
 
 log = logging.getLogger("coevo.evolution")
@@ -62,15 +61,6 @@ RECENT_BATCHES = 2
 ROUTER_THRESHOLD = 0.5
 """Router confidence below which a task goes to the base variant."""
 
-
-def shown_questions(proposal: Proposal) -> set[str]:
-    """The task texts (user turns) of the demonstrations a proposal's ``few_shot`` edits insert or set."""
-    shown: set[str] = set()
-    for edit in proposal.edits:
-        params = (edit.spec or {}).get("params", {}) if edit.op != "set_param" else {edit.param: edit.value}
-        turns = params.get("turns") or []
-        shown |= {str(t.get("content", "")) for t in turns if isinstance(t, dict) and t.get("role") == "user"}
-    return shown
 
 class AEGIS:
     """The harness-evolution engine. Flat arguments:
@@ -236,7 +226,7 @@ class AEGIS:
         exclude = set(before) | withheld
         context = PlanContext(
             round=report.round, variant=variant, priorities=self.monitors.priorities(),
-            rejected=set(self.rejected[variant]), demos=self._demos(exclude), tools=self.tools,
+            rejected=set(self.rejected[variant]), demos=fresh_demos(self.references, exclude, self.spent_demos), tools=self.tools,
             lessons=list(self.design_lessons.items), max_proposals=self.max_proposals,
         )
         # undecided edits of this parent are judged again first; those of a replaced parent are dropped
@@ -344,15 +334,6 @@ class AEGIS:
             if t.variant != BASE and not t.passed and (self.variants.rate(BASE, t.task_id) or 0.0) > 0:
                 text = " ".join(self.tasks[t.task_id].instruction.split()[:12]) if t.task_id in self.tasks else t.task_id
                 self.routing_lessons.add(f"'{text}...' failed on {t.variant} but has passed on base")
-
-    def _demos(self, exclude: set[str], limit: int = 2) -> list[Demo]:
-        """Worked demonstrations (the runtime's turns) from references of tasks outside ``exclude``:
-        the tasks the Critic judges this round and those the caller withholds, and none a rejected
-        edit showed: which two tasks are shown changes what a small model copies (on SmolLM2 one
-        pair made the forced calculator call lose 7 of 8 paired attempts where another pair won
-        15 of 16, docs/RESULTS.md), so a rejection spends the pair, not the kind of edit."""
-        demos = (reference_demo(self.references[tid]) for tid in sorted(self.references) if tid not in exclude)
-        return [d for d in demos if demo_problem(d) is None and demo_question(d) not in self.spent_demos][:limit]
 
     # ------------------------------------------------------------------ epoch end
     def select(self, evaluate: Callable[[Harness], float], *, round: int) -> list[HarnessEvent]:

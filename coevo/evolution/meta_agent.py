@@ -39,6 +39,16 @@ def demo_question(demo: Demo) -> str:
     return next((str(t.get("content", "")) for t in demo if t.get("role") == "user"), "")
 
 
+def shown_questions(proposal: Proposal) -> set[str]:
+    """The task texts (user turns) of the demonstrations a proposal's ``few_shot`` edits insert or set."""
+    shown: set[str] = set()
+    for edit in proposal.edits:
+        params = (edit.spec or {}).get("params", {}) if edit.op != "set_param" else {edit.param: edit.value}
+        turns = params.get("turns") or []
+        shown |= {str(t.get("content", "")) for t in turns if isinstance(t, dict) and t.get("role") == "user"}
+    return shown
+
+
 @dataclass
 class PlanContext:
     """What the Planner may use besides the digest.

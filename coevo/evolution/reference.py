@@ -25,7 +25,7 @@ import itertools
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,10 +34,11 @@ from coevo.agent.episode import tool_message
 from coevo.agent.rollouts import RolloutService
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
 from coevo.envs.base import Env, Task
-from coevo.evolution.digest import trace_steps
+from coevo.evolution.meta_agent import demo_question
+from coevo.evolution.steps import trace_steps
 from coevo.harness.events import Message, ToolResult
 from coevo.harness.harness import Harness
-from coevo.harness.library.context import InstructionTemplate
+from coevo.harness.library.context import InstructionTemplate, demo_problem
 from coevo.harness.library.tools import tool_call_text
 from coevo.safety.traces import redact_trace
 
@@ -382,3 +383,14 @@ def reference_demo(reference: Trace) -> list[Message]:
         elif kind == "answer" and st is steps[-1]:
             turns.append({"role": "assistant", "content": st.completion})
     return turns
+
+
+def fresh_demos(references: Mapping[str, Trace], exclude: Collection[str], spent: Collection[str],
+                limit: int = 2) -> list[list[Message]]:
+    """Worked demonstrations (``reference_demo``) from the references of tasks outside ``exclude``
+    (the tasks the Critic judges this round and those the caller withholds) whose question no
+    rejected edit showed (``spent``): which two tasks are shown changes what a small model copies
+    (on SmolLM2 one pair made the forced calculator call lose 7 of 8 paired attempts where another
+    pair won 15 of 16, docs/RESULTS.md), so a rejection spends the pair, not the kind of edit."""
+    demos = (reference_demo(references[tid]) for tid in sorted(references) if tid not in exclude)
+    return [d for d in demos if demo_problem(d) is None and demo_question(d) not in spent][:limit]

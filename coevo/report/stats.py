@@ -8,6 +8,7 @@ variance that unpaired intervals would carry (scripts/ablation.py, scripts/learn
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,3 +37,14 @@ def interval(v: Sequence[float], signed: bool = False) -> str:
     for a difference (``signed``) ``+12.0 [+4.0, +20.0]``."""
     sign = "+" if signed else ""
     return f"{v[0]:{sign}.1f} [{v[1]:{sign}.1f}, {v[2]:{sign}.1f}]"
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% at z = 1.96): for rates over
+    independent trials (how often a gate ships an edit), where the bootstrap above is for tasks."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

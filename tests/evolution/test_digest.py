@@ -15,15 +15,8 @@ import pytest
 from coevo.agent import Job, ScriptedPolicy, run_episodes
 from coevo.agent.trace import Trace
 from coevo.envs.arithmetic import ArithmeticEnv, ArithmeticSession, calculator_solver
-from coevo.evolution.digest import (
-    EXCERPT_CHARS,
-    classify,
-    cluster_failures,
-    digest,
-    first_divergence,
-    normalise_arguments,
-    trace_steps,
-)
+from coevo.evolution.digest import EXCERPT_CHARS, classify, cluster_failures, digest
+from coevo.evolution.steps import first_divergence, normalise_arguments, trace_steps
 from coevo.evolution.reference import gold_reference
 from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Failure
 from coevo.harness.defaults import base_harness

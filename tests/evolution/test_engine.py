@@ -14,7 +14,7 @@ from coevo.evolution.critic import Critic
 from tests.aegis_helpers import critic_rollout, evolve_round, routed_pass_rate
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.pool import Patience
-from coevo.evolution.reference import gold_reference
+from coevo.evolution.reference import fresh_demos, gold_reference
 from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
@@ -313,13 +313,13 @@ def test_a_rejected_edit_spends_its_demonstrations_and_the_next_draws_other_refe
     critic = Critic(critic_rollout(ScriptedPolicy(lambda m: "no idea"), env, max_steps=6), k=1, gate="seesaw")
     aegis = AEGIS(base_harness(), RuleMetaAgent(), critic, tasks={t.task_id: t for t in train}, references=refs,
                   tools=["calculator"])
-    first = [d[0]["content"] for d in aegis._demos(set())]
+    first = [d[0]["content"] for d in fresh_demos(aegis.references, set(), aegis.spent_demos)]
     _, report = evolve_round(aegis, train[:4], ScriptedPolicy(lambda m: "no idea"), env, round=0, attempts=1,
                              max_steps=6)
     shown = [v for v in report.verdicts if "few_shot" in [e.processor for e in v.proposal.edits]]
     assert shown and not any(v.ship for v in shown)  # a policy that never answers: every edit is rejected
     assert set(first) <= aegis.spent_demos
-    second = [d[0]["content"] for d in aegis._demos(set())]
+    second = [d[0]["content"] for d in fresh_demos(aegis.references, set(), aegis.spent_demos)]
     assert len(second) == 2 and not set(second) & set(first)
     restored = AEGIS(base_harness(), RuleMetaAgent(), critic, tasks={t.task_id: t for t in train}, references=refs,
                      tools=["calculator"])

@@ -12,7 +12,7 @@ import pytest
 from coevo.agent import Job, ScriptedPolicy, run_episodes
 from coevo.envs.arithmetic import ArithmeticEnv, ArithmeticSession, calculator_solver
 from coevo.envs.base import Score
-from coevo.evolution.digest import first_divergence
+from coevo.evolution.steps import first_divergence
 from tests.aegis_helpers import service
 from coevo.evolution.reference import (
     HINT,
