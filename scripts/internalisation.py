@@ -41,7 +41,12 @@ from coevo.agent.rollouts import RolloutService, tool_use_rate
 from coevo.config.schema import load_run_config
 from coevo.envs.load import make_env
 from coevo.harness.harness import Harness
-from coevo.harness.scaffold import scaffold_names, without_outer_scaffold
+from coevo.harness.scaffold import (
+    demonstration_count,
+    scaffold_names,
+    with_one_demonstration_fewer,
+    without_outer_scaffold,
+)
 from coevo.loop.build import build_policy
 from coevo.policy.load import load_model
 from coevo.report.experiment import ARMS, DIFFERENCES, markdown_table, paired_differences, write_outputs
@@ -50,6 +55,8 @@ from coevo.rundir import checkpoint
 
 SCAFFOLDS = {"as run": None, "without tool_choice": "tool_choice", "without demonstrations": "few_shot"}
 """Harness form → the processor kind removed from the run's harness (None: the harness as it ran)."""
+FEWER = "one demonstration fewer"
+"""The form of a harness showing several demonstrations without its last one."""
 
 
 def most_scaffolded(run_dir: Path) -> Harness | None:
@@ -83,6 +90,8 @@ def harness_forms(h: Harness, before: Harness | None = None) -> dict[str, Harnes
         names = [p.name for p in h.processors if p.kind == kind] if kind else []
         if kind and not names:
             continue  # the harness never had that scaffold
+        if kind == "few_shot" and demonstration_count(h) > 1:  # the step between all and none
+            forms[FEWER] = with_one_demonstration_fewer(h)
         stripped = h
         for name in names:
             stripped = stripped.remove(name)
@@ -90,13 +99,14 @@ def harness_forms(h: Harness, before: Harness | None = None) -> dict[str, Harnes
     return forms
 
 
-def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: bool = False
-                 ) -> dict[str, dict[str, dict]]:
+def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: bool = False,
+                 only: Sequence[str] = ()) -> dict[str, dict[str, dict]]:
     """form → weights (trained | frozen) → per-task pass@1, tool use and prompt tokens on the run's
     test split, or with ``datasets`` on the test split of those datasets of the run's env instead
     (transfer: tasks of kinds the run never trained on; the run's starting harness is a form too).
     With ``arm`` the forms are only the starting harness and the final one (the run as an ablation
-    arm), and a run that trained no adapter is evaluated with the frozen weights alone."""
+    arm), and a run that trained no adapter is evaluated with the frozen weights alone. ``only``:
+    just these forms (every form when empty)."""
     # the run's own config.yaml, typed by the schema (fields an earlier version recorded and this one
     # no longer has are left out)
     cfg = load_run_config(run_dir)
@@ -125,6 +135,11 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: b
         forms = harness_forms(Harness.load(variant), most_scaffolded(run_dir))
         if datasets:
             forms = {"start": start_harness(run_dir), **forms}
+    if only:
+        unknown = sorted(set(only) - set(forms))
+        if unknown:
+            raise SystemExit(f"{run_dir}: no form {unknown}; this run's forms are {sorted(forms)}")
+        forms = {f: h for f, h in forms.items() if f in only}
     seen: dict[str, str] = {}  # harness id -> the first form evaluated with it
     for form, h in forms.items():
         if h.id in seen:  # e.g. the most scaffolded harness without its prefill is the final one
@@ -262,11 +277,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     ap.add_argument("--arms", action="store_true",
                     help="the runs are ablation arms (train.py mode=...): compare each arm's final harness with its "
                          "own weights, and the starting harness with the frozen ones (static), paired over seeds")
+    ap.add_argument("--forms", nargs="+", default=[], help="evaluate only these harness forms (e.g. 'as run' "
+                    "'one demonstration fewer'); every form by default")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or args.runs[0].parent
     command = " ".join(["python scripts/internalisation.py", *map(str, args.runs), "--limit", str(args.limit)]
-                       + (["--datasets", *args.datasets] if args.datasets else []) + (["--arms"] if args.arms else []))
+                       + (["--datasets", *args.datasets] if args.datasets else []) + (["--arms"] if args.arms else [])
+                       + (["--forms", *(repr(f) for f in args.forms)] if args.forms else []))
     name = "transfer" if args.datasets else "internalisation"
     if args.arms:
         evaluated = []
@@ -276,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         summary = summarise_arms(evaluated)
         write_outputs(out, f"{name}-arms", arms_text(summary, command), summary)
         return summary
-    summary = summarise([evaluate_run(run, args.limit, args.datasets) for run in args.runs])
+    summary = summarise([evaluate_run(run, args.limit, args.datasets, only=args.forms) for run in args.runs])
     write_outputs(out, name, report_text(summary, command), summary)
     return summary
 

@@ -23,8 +23,15 @@ from coevo.evolution.reference import gold_reference
 from coevo.evolution.types import Digest, ScaffoldEvidence
 from coevo.harness.defaults import base_harness
 from coevo.harness.harness import Harness
-from coevo.harness.library import ToolChoice
-from coevo.harness.scaffold import outer_scaffold, scaffold_names, without_outer_scaffold, without_scaffold
+from coevo.harness.library import FewShotDemos, ToolChoice
+from coevo.harness.scaffold import (
+    demonstration_count,
+    outer_scaffold,
+    scaffold_names,
+    with_one_demonstration_fewer,
+    without_outer_scaffold,
+    without_scaffold,
+)
 from coevo.loop.round_plan import round_batches
 from coevo.meta.retire import ready
 from coevo.meta.rule import RuleMetaAgent
@@ -54,6 +61,21 @@ def test_scaffolding_comes_off_outermost_first_the_prefill_then_the_demonstratio
     assert {p.kind for p in second.processors} == kinds - {"tool_choice", "few_shot"}
     assert without_outer_scaffold(second) is second and outer_scaffold(second) == []
     assert without_scaffold(h).id == second.id and scaffold_names(second) == []
+
+
+def test_demonstrations_come_off_one_at_a_time_the_one_nearest_the_task_first():
+    h = Harness.load(SCAFFOLDED)
+    turns = h.get("few_shot").config["turns"]
+    assert demonstration_count(h) == 2
+    one = with_one_demonstration_fewer(h)
+    kept = one.get("few_shot").config["turns"]
+    assert demonstration_count(one) == 1 and kept == turns[: len(kept)] and kept[0] == turns[0]
+    assert [t["role"] for t in kept][0] == "user" and all(t["role"] != "user" for t in kept[1:])
+    none = with_one_demonstration_fewer(one)
+    assert "few_shot" not in none and demonstration_count(none) == 0
+    assert with_one_demonstration_fewer(none) is none
+    pairs = base_harness().insert(FewShotDemos(demos=["q1", "a1", "q2", "a2"]), index=0)
+    assert with_one_demonstration_fewer(pairs).get("few_shot").config["demos"] == ["q1", "a1"]
 
 
 def test_evidence_counts_tool_use_and_passes_on_each_side_and_ready_needs_both():

@@ -44,3 +44,35 @@ def without_outer_scaffold(harness: Harness) -> Harness:
 def without_scaffold(harness: Harness) -> Harness:
     """``harness`` with every scaffold processor removed (the same object when it holds none)."""
     return _without(harness, scaffold_names(harness))
+
+
+def _demonstration_starts(turns: list[dict]) -> list[int]:
+    """Indices of the user turns that open each demonstration of a ``few_shot`` ``turns`` list."""
+    return [i for i, t in enumerate(turns) if t.get("role") == "user"]
+
+
+def _shown(config: dict) -> int:
+    """Demonstrations one ``few_shot`` processor's config shows: its pairs and its turn lists."""
+    return len(config["demos"]) // 2 + len(_demonstration_starts(config["turns"]))
+
+
+def demonstration_count(harness: Harness) -> int:
+    """How many worked demonstrations the harness's ``few_shot`` processors show (pairs and turns)."""
+    return sum(_shown(p.config) for p in harness.processors if p.kind == "few_shot")
+
+
+def with_one_demonstration_fewer(harness: Harness) -> Harness:
+    """``harness`` showing one demonstration fewer: the last ``few_shot`` processor's last one (the
+    nearest the task), the processor removed when it showed only that one. The step between
+    keeping every demonstration and removing them all (``without_outer_scaffold``), each costing
+    its tokens on every call; the same object when the harness shows none."""
+    shots = [p for p in harness.processors if p.kind == "few_shot" and _shown(p.config)]
+    if not shots:
+        return harness
+    p = shots[-1]
+    if _shown(p.config) == 1:
+        return harness.remove(p.name)
+    turns = list(p.config["turns"])
+    if turns:
+        return harness.set_param(p.name, "turns", turns[: _demonstration_starts(turns)[-1]])
+    return harness.set_param(p.name, "demos", list(p.config["demos"])[:-2])
