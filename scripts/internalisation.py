@@ -7,7 +7,7 @@ Each RUN_DIR is a ``train.py`` run that trained a LoRA adapter (``model_only`` o
 one per seed. Its final harness (``harness-base.yaml``) is evaluated on the sealed test split in
 three forms: as it is, without its ``tool_choice`` processor (the forced tool-call prefill), and
 without its ``few_shot`` demonstrations. When the run retired scaffolding (its lineage holds a
-harness with more scaffold processors than the final one: ``experiment=retire``), that most
+harness with more scaffold layers (prefills, demonstrations) than the final one: ``experiment=retire``), that most
 scaffolded harness is evaluated too, as it was and without its prefill. Each form runs with the
 trained weights (the run's last checkpoint) and with the frozen ones (the same model with the
 adapter disabled): the tool-use rate says whether the model calls the tool on its own, pass@1
@@ -43,7 +43,7 @@ from coevo.envs.load import make_env
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import (
     demonstration_count,
-    scaffold_names,
+    scaffold_layers,
     with_one_demonstration_fewer,
     without_outer_scaffold,
 )
@@ -60,15 +60,15 @@ FEWER = "one demonstration fewer"
 
 
 def most_scaffolded(run_dir: Path) -> Harness | None:
-    """The base variant's harness with the most scaffold processors in the run's lineage (the
+    """The base variant's harness with the most scaffold layers in the run's lineage (the
     latest of equals), when it holds more than the final one: the harness before a retirement."""
     rows = [json.loads(line) for line in (run_dir / "lineage.jsonl").read_text().splitlines() if line.strip()]
     chain = [Harness.load(run_dir / "lineage" / f"{row['id']}.yaml") for row in rows if row["variant"] == "base"]
     if not chain:
         return None
-    best = max(reversed(chain), key=lambda h: len(scaffold_names(h)))
+    best = max(reversed(chain), key=scaffold_layers)
     final = Harness.load(run_dir / "harness-base.yaml")
-    return best if len(scaffold_names(best)) > len(scaffold_names(final)) else None
+    return best if scaffold_layers(best) > scaffold_layers(final) else None
 
 
 def start_harness(run_dir: Path) -> Harness:

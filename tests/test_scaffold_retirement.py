@@ -22,11 +22,14 @@ from coevo.evolution.meta_agent import PlanContext
 from coevo.evolution.reference import gold_reference
 from coevo.evolution.types import Digest, ScaffoldEvidence
 from coevo.harness.defaults import base_harness
+from coevo.harness.edits import apply_edit
 from coevo.harness.harness import Harness
 from coevo.harness.library import FewShotDemos, ToolChoice
 from coevo.harness.scaffold import (
     demonstration_count,
     outer_scaffold,
+    retire_outer_scaffold,
+    scaffold_layers,
     scaffold_names,
     with_one_demonstration_fewer,
     without_outer_scaffold,
@@ -50,17 +53,25 @@ def _trace(task: str, passed: bool, tool: bool, variant: str = "base") -> Trace:
                  variant=variant, model_version="0", reward=float(passed), passed=passed, tool_calls=calls)
 
 
-def test_scaffolding_comes_off_outermost_first_the_prefill_then_the_demonstrations():
+def test_scaffolding_comes_off_outermost_first_the_prefill_then_each_demonstration():
     h = Harness.load(SCAFFOLDED)
     kinds = {p.kind for p in h.processors}
-    assert {"tool_choice", "few_shot"} <= kinds
+    assert {"tool_choice", "few_shot"} <= kinds and scaffold_layers(h) == 3  # the prefill, two demonstrations
     assert outer_scaffold(h) == ["tool_choice"]
     first = without_outer_scaffold(h)
     assert {p.kind for p in first.processors} == kinds - {"tool_choice"} and first.parent_id == h.id
+    assert outer_scaffold(first) == ["few_shot (its last demonstration)"]
     second = without_outer_scaffold(first)
-    assert {p.kind for p in second.processors} == kinds - {"tool_choice", "few_shot"}
-    assert without_outer_scaffold(second) is second and outer_scaffold(second) == []
-    assert without_scaffold(h).id == second.id and scaffold_names(second) == []
+    assert {p.kind for p in second.processors} == kinds - {"tool_choice"} and demonstration_count(second) == 1
+    third = without_outer_scaffold(second)
+    assert {p.kind for p in third.processors} == kinds - {"tool_choice", "few_shot"}
+    assert without_outer_scaffold(third) is third and outer_scaffold(third) == [] and scaffold_layers(third) == 0
+    assert without_scaffold(h).id == third.id and scaffold_names(third) == []
+    for layer in (h, first, second):  # the retirement's edits build the same harness, layer by layer
+        edited = layer
+        for edit in retire_outer_scaffold(layer):
+            edited = apply_edit(edited, edit)
+        assert edited.processors == without_outer_scaffold(layer).processors
 
 
 def test_demonstrations_come_off_one_at_a_time_the_one_nearest_the_task_first():
@@ -107,6 +118,15 @@ def test_rule_agent_proposes_the_removal_only_when_the_evidence_is_ready():
     assert "called a tool in 90% of 8 episodes" in _digest(ScaffoldEvidence(["tool_choice"], 8, 0.9, 0.7, 1.0, 0.75),
                                                            h).text()
 
+    # demonstrations come off one at a time: the proposal drops the one nearest the task
+    shown = without_outer_scaffold(Harness.load(SCAFFOLDED))
+    layer = outer_scaffold(shown)
+    (fewer,) = agent.propose(_digest(ScaffoldEvidence(layer, 8, 0.9, 0.7, 1.0, 0.75), shown), shown, context)
+    assert [(e.op, e.processor, e.param) for e in fewer.edits] == [("set_param", "few_shot", "turns")]
+    assert "its last demonstration" in fewer.hypothesis
+    # evidence measured without another layer than the harness's outermost proposes nothing
+    assert agent.propose(_digest(ScaffoldEvidence(["tool_choice"], 8, 0.9, 0.7, 1.0, 0.75), shown), shown, context) == []
+
 
 class ForcedOnly(ScriptedPolicy):
     """Calls the calculator only when the harness forces the call's opening; otherwise guesses."""
@@ -120,10 +140,11 @@ class ForcedOnly(ScriptedPolicy):
         return "<answer>7</answer>"
 
 
-def _aegis(env, policy, gate: str = "seesaw") -> AEGIS:
+def _aegis(env, policy, gate: str = "seesaw", start: Harness | None = None) -> AEGIS:
     train = env.tasks("train")
     critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate=gate)
-    return AEGIS(base_harness().insert(ToolChoice(tool="calculator")), RuleMetaAgent(), critic,
+    start = start if start is not None else base_harness().insert(ToolChoice(tool="calculator"))
+    return AEGIS(start, RuleMetaAgent(), critic,
                  tasks={t.task_id: t for t in train}, references={t.task_id: gold_reference(env, t) for t in train[-4:]},
                  tools=["calculator"])
 
@@ -166,6 +187,22 @@ def test_a_removal_judged_by_the_statistical_gate_is_recorded_with_its_noninferi
     evidence = verdict.evidence
     assert evidence.noninferiority and evidence.log_lr is None and evidence.losses == 0
     assert evidence.margin == pytest.approx(0.1) and 0 <= evidence.harm_bound <= 1
+
+
+def test_a_demonstration_shed_is_judged_as_a_removal_and_ships_when_nothing_is_lost():
+    """With two demonstrations and no prefill the outer layer is the demonstration nearest the task;
+    a model that solves without it has the edit that drops it (a set_param of the turns) judged for
+    non-inferiority, like a removal, and shipped."""
+    env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
+    start = without_outer_scaffold(Harness.load(SCAFFOLDED))  # the demonstrations, no prefill
+    aegis = _aegis(env, ScriptedPolicy(solve), gate="stat", start=start)
+    report = _round(aegis, ScriptedPolicy(solve), env, env.tasks("train")[:6])
+    (dig,) = report.digests
+    assert dig.scaffold.scaffold == ["few_shot (its last demonstration)"]
+    (verdict,) = report.verdicts
+    assert [(e.op, e.param) for e in verdict.proposal.edits] == [("set_param", "turns")]
+    assert verdict.ship and verdict.evidence["noninferiority"]
+    assert demonstration_count(aegis.harness("base")) == 1
 
 
 def _buffer(run_dir: Path):

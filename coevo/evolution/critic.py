@@ -59,6 +59,7 @@ from coevo.evolution.stat_gate import (
 )
 from coevo.evolution.types import Proposal, QualityReport, Verdict
 from coevo.harness.harness import Harness
+from coevo.harness.scaffold import without_outer_scaffold
 
 log = logging.getLogger("coevo.evolution")
 
@@ -228,8 +229,10 @@ class Critic:
         if not verdict.quality.passed:
             verdict.gate, verdict.reason = "quality", verdict.quality.reason
             return verdict, candidate
+        # a leaner harness needs no gain to ship, only no harm: processors removed, or a scaffold layer shed
+        removal = proposal.removes_only or candidate.id == without_outer_scaffold(parent).id != parent.id
         if self.gate == "stat":
-            self._judge_stat(verdict, parent, candidate, [known[tid] for tid in evaluated], proposal.removes_only)
+            self._judge_stat(verdict, parent, candidate, [known[tid] for tid in evaluated], removal)
             log.info("critic %s %s: %s", "ships" if verdict.ship else "rejects" if not verdict.undecided
                      else "keeps undecided", candidate.id, verdict.reason)
             return verdict, candidate
@@ -238,7 +241,7 @@ class Critic:
         verdict.before = {tid: list(before[tid]) for tid in evaluated}
         verdict.after = after
         seesaw = seesaw_gate(verdict.before, after, scope=[tid for tid in scope if tid in after],
-                             need_gain=not proposal.removes_only)
+                             need_gain=not removal)
         verdict.fail_to_pass, verdict.pass_to_fail = seesaw.fail_to_pass, seesaw.pass_to_fail
         performance = self._performance(candidate, before, after, recent) if self.gate != "seesaw" else None
         decision = combine(self.gate, seesaw=seesaw, performance=performance)
@@ -263,7 +266,8 @@ class Critic:
                     removal: bool = False) -> None:
         """Stages of ``k`` paired attempts per task until ``stat_gate`` decides or the
         budget is spent; apparent regressions are re-run in between. Fills ``verdict``. A
-        ``removal`` (an edit that only removes processors) is judged by ``noninferiority_gate``,
+        ``removal`` (an edit that only removes processors or sheds a scaffold layer, such as the
+        demonstration nearest the task) is judged by ``noninferiority_gate``,
         which ships only once this judgement's budget is spent."""
         def decide(final: bool, exhausted: bool = False) -> StatResult:
             if removal:

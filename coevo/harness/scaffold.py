@@ -4,14 +4,18 @@ call for the model; demonstrations (``few_shot``) show whole worked episodes. Bo
 every call, and a model that has learned the behaviour no longer needs them.
 
 Scaffolding comes off one layer at a time, outermost first (``SCAFFOLD_KINDS``): the forced prefill,
-then the demonstrations. ``without_outer_scaffold`` is the harness the loop measures the model on
-beside the scaffolded one: its episodes join their tasks' GRPO groups, so the weights learn to do
-unforced what the outer layer forces while the inner layers still show it, and AEGIS proposes
-removing the layer once they show the behaviour (``coevo.meta.retire``).
+then the demonstrations one by one, the one nearest the task first. ``without_outer_scaffold`` is
+the harness the loop measures the model on beside the scaffolded one: its episodes join their
+tasks' GRPO groups, so the weights learn to do unforced what the outer layer forces while the inner
+layers still show it, and AEGIS proposes removing the layer once they show the behaviour
+(``coevo.meta.retire``). Demonstrations come off singly because they are most of a scaffolded
+prompt and a model that cannot yet do without any of them can often do with one fewer: removing
+them all at once would ask for the whole step at once.
 """
 
 from __future__ import annotations
 
+from coevo.harness.edit_record import Edit
 from coevo.harness.harness import Harness
 
 SCAFFOLD_KINDS = ("tool_choice", "few_shot")
@@ -23,10 +27,18 @@ def scaffold_names(harness: Harness) -> list[str]:
     return [p.name for kind in SCAFFOLD_KINDS for p in harness.processors if p.kind == kind]
 
 
+def _outer_kind(harness: Harness) -> str | None:
+    return next((k for k in SCAFFOLD_KINDS if any(p.kind == k for p in harness.processors)), None)
+
+
 def outer_scaffold(harness: Harness) -> list[str]:
-    """Instance names of the outermost scaffold layer the harness holds (every processor of the
-    first kind of ``SCAFFOLD_KINDS`` present); empty when it holds none."""
-    kind = next((k for k in SCAFFOLD_KINDS if any(p.kind == k for p in harness.processors)), None)
+    """What the outermost scaffold layer is, in words a digest shows: the instance names of every
+    forced prefill, or of the ``few_shot`` processor losing a demonstration (with "(its last
+    demonstration)" while it shows more than one); empty when the harness holds no scaffolding."""
+    kind = _outer_kind(harness)
+    if kind == "few_shot":
+        p = [q for q in harness.processors if q.kind == "few_shot" and _shown(q.config)][-1]
+        return [p.name if _shown(p.config) == 1 else f"{p.name} (its last demonstration)"]
     return [p.name for p in harness.processors if p.kind == kind]
 
 
@@ -38,7 +50,28 @@ def _without(harness: Harness, names: list[str]) -> Harness:
 
 def without_outer_scaffold(harness: Harness) -> Harness:
     """``harness`` without its outermost scaffold layer (the same object when it holds none)."""
+    if _outer_kind(harness) == "few_shot":
+        return with_one_demonstration_fewer(harness)
     return _without(harness, outer_scaffold(harness))
+
+
+def retire_outer_scaffold(harness: Harness) -> list[Edit]:
+    """The edits that turn ``harness`` into ``without_outer_scaffold(harness)``: removing each
+    prefill, or the last demonstration (a ``set_param`` of the ``few_shot`` processor's turns or
+    pairs, its removal when it shows only that one); none when it holds no scaffolding."""
+    kind = _outer_kind(harness)
+    if kind != "few_shot":
+        return [Edit("remove", name) for name in outer_scaffold(harness)]
+    p = [q for q in harness.processors if q.kind == "few_shot" and _shown(q.config)][-1]
+    if _shown(p.config) == 1:
+        return [Edit("remove", p.name)]
+    param = "turns" if p.config["turns"] else "demos"
+    return [Edit("set_param", p.name, param=param, value=with_one_demonstration_fewer(harness).get(p.name).config[param])]
+
+
+def scaffold_layers(harness: Harness) -> int:
+    """Layers of scaffolding the harness holds: each prefill and each demonstration."""
+    return sum(p.kind == "tool_choice" for p in harness.processors) + demonstration_count(harness)
 
 
 def without_scaffold(harness: Harness) -> Harness:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from coevo.evolution.meta_agent import PlanContext
 from coevo.evolution.types import Digest, Proposal, ScaffoldEvidence
-from coevo.harness.edit_record import Edit
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import Dimension
+from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold
 
 RETIRE_TOOL_USE = 0.6
 """Unforced tool use at which removal is worth judging: below it the Critic would see the episodes
@@ -33,17 +33,15 @@ def ready(evidence: ScaffoldEvidence | None, tool_use: float = RETIRE_TOOL_USE, 
 
 
 def retirement(digest: Digest, harness: Harness, context: PlanContext) -> Proposal | None:
-    """The proposal that removes every scaffold processor the evidence was measured without, when
-    ``ready``; None otherwise (or when the harness no longer holds them)."""
+    """The proposal that removes the scaffold layer the evidence was measured without (the forced
+    prefill, or the demonstration nearest the task), when ``ready``; None otherwise, or when that
+    layer is no longer the harness's outermost."""
     evidence = digest.scaffold
-    if not ready(evidence):
-        return None
-    names = [n for n in evidence.scaffold if n in harness]
-    if not names:
+    if not ready(evidence) or not evidence.scaffold or evidence.scaffold != outer_scaffold(harness):
         return None
     return Proposal(
         hypothesis=f"retire the scaffolding: {evidence.text()}; without it every call's prompt is shorter",
-        edits=[Edit("remove", name) for name in names],
+        edits=retire_outer_scaffold(harness),
         dimension=Dimension.TOOLS.value,
         at_risk=list(digest.passed_task_ids),
         variant=context.variant,

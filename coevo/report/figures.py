@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from coevo.harness.harness import Harness
-from coevo.harness.scaffold import SCAFFOLD_KINDS, scaffold_names
+from coevo.harness.scaffold import scaffold_layers
 from coevo.report.data import TIME_KEYS, Run, lineage_layout, matrix_source, short, task_matrix
 from coevo.report.result import run_result
 from coevo.rundir.records import LINEAGE_HOWS
@@ -231,8 +231,8 @@ def _draw_time(run: Run) -> Any:
 
 
 def _draw_scaffold(run: Run) -> Any:
-    """Scaffold retirement by round: how many scaffold processors the base harness held after each
-    round (edits that added or removed them marked), beside the tool use and pass rate of the
+    """Scaffold retirement by round: how many scaffold layers (prefills, demonstrations) the base
+    harness held after each round (edits that added or removed them marked), beside the tool use and pass rate of the
     round's episodes with the scaffolding and without its outermost layer."""
     fig = _figure(12, 4.5)
     layers, curve = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
@@ -240,7 +240,7 @@ def _draw_scaffold(run: Run) -> Any:
     held = []
     for r in run.records:
         path = run.run_dir / "lineage" / f"{r.variants.get('base', '')}.yaml"
-        held.append(len(scaffold_names(Harness.load(path))) if path.is_file() else math.nan)
+        held.append(scaffold_layers(Harness.load(path)) if path.is_file() else math.nan)
     layers.step(rounds, held, where="mid", color="tab:purple")
     layers.plot(rounds, held, "o", color="tab:purple")
     for r, n in zip(run.records, held, strict=True):
@@ -248,9 +248,10 @@ def _draw_scaffold(run: Run) -> Any:
             if v.ship:
                 layers.annotate(short(v.describe_edits(), 40), (r.round, n), xytext=(4, 8), textcoords="offset points",
                                 fontsize=7)
-    layers.set_ylim(-0.3, len(SCAFFOLD_KINDS) + 0.7)
-    layers.set_yticks(range(len(SCAFFOLD_KINDS) + 1))
-    layers.set_ylabel("scaffold processors in the harness")
+    top = int(max([n for n in held if not math.isnan(n)], default=0))
+    layers.set_ylim(-0.3, top + 0.7)
+    layers.set_yticks(range(top + 1))
+    layers.set_ylabel("scaffold layers (prefills, demonstrations)")
     layers.set_title("scaffolding in the harness after each round (shipped edits marked)", fontsize=10)
     round_axis(layers, rounds)
     layers.grid(alpha=0.3)
