@@ -30,10 +30,12 @@ Writes ``DIR/internalisation.md`` and ``.json`` (``transfer.*`` with ``--dataset
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -266,6 +268,25 @@ def report_text(summary: dict, command: str) -> str:
     return "\n\n".join(parts) + "\n\nIntervals: paired task bootstrap over seeds, 95%.\n"
 
 
+def kept(out: Path, run: Path, settings: Any, evaluate: Callable[[], dict]) -> dict:
+    """``evaluate()``'s per-task results for ``run``, kept in ``out/evaluations/`` under the run and
+    the evaluation's settings: read back when they are there, so an interrupted table, or one that
+    adds a run to those already evaluated, evaluates each run once. Keyed by the run's last
+    checkpoint too, so a run trained further is evaluated again."""
+    latest = checkpoint.latest(run / "checkpoint")
+    key = hashlib.sha256(json.dumps([str(run.resolve()), str(latest), settings], default=str).encode()).hexdigest()[:12]
+    path = out / "evaluations" / f"{run.name}-{key}.json"
+    if path.is_file():
+        print(f"{run.name}: read back from {path}", flush=True)
+        return json.loads(path.read_text())
+    result = evaluate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, nargs="+", help="run directories that trained a LoRA adapter, one per seed "
@@ -290,11 +311,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         evaluated = []
         for run in args.runs:
             cfg = load_run_config(run)
-            evaluated.append((cfg.mode, cfg.seed, evaluate_run(run, args.limit, args.datasets, arm=True)))
+            evaluated.append((cfg.mode, cfg.seed, kept(out, run, (args.limit, args.datasets, "arm"),
+                                                      lambda: evaluate_run(run, args.limit, args.datasets, arm=True))))
         summary = summarise_arms(evaluated)
         write_outputs(out, f"{name}-arms", arms_text(summary, command), summary)
         return summary
-    summary = summarise([evaluate_run(run, args.limit, args.datasets, only=args.forms) for run in args.runs])
+    summary = summarise([kept(out, run, (args.limit, args.datasets, args.forms),
+                              lambda: evaluate_run(run, args.limit, args.datasets, only=args.forms))
+                         for run in args.runs])
     write_outputs(out, name, report_text(summary, command), summary)
     return summary
 

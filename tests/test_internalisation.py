@@ -11,6 +11,7 @@ import pytest
 import coevo
 from coevo.harness.defaults import base_harness
 from coevo.harness.library.tools import ToolChoice
+from coevo.rundir import checkpoint
 from tests.test_loop import smoke
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,3 +126,20 @@ def test_transfer_evaluates_the_run_on_datasets_it_never_trained_on_with_its_sta
             assert len(figures["pass"]) == 3 and all("/products/" in tid for tid in figures["pass"])
     internalisation.main([str(run_dir), "--limit", "2", "--datasets", "products", "--out", str(tmp_path / "out")])
     assert "--datasets products" in (tmp_path / "out" / "transfer.md").read_text()
+
+
+def test_a_run_is_evaluated_once_and_read_back_until_it_trains_further(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoint" / "round-0000").mkdir(parents=True)
+    (run / "checkpoint" / "round-0000" / "state.json").write_text("{}")
+    (run / "checkpoint" / checkpoint.LATEST).write_text("round-0000")
+    calls = []
+    evaluate = lambda: calls.append(1) or {"as run": {"frozen": {"pass": {"t1": 1.0}}}}  # noqa: E731
+    first = internalisation.kept(tmp_path / "out", run, (10, []), evaluate)
+    assert internalisation.kept(tmp_path / "out", run, (10, []), evaluate) == first and len(calls) == 1
+    internalisation.kept(tmp_path / "out", run, (20, []), evaluate)  # other settings: evaluated again
+    (run / "checkpoint" / "round-0001").mkdir()
+    (run / "checkpoint" / "round-0001" / "state.json").write_text("{}")
+    (run / "checkpoint" / checkpoint.LATEST).write_text("round-0001")
+    internalisation.kept(tmp_path / "out", run, (10, []), evaluate)  # trained further: evaluated again
+    assert len(calls) == 3
