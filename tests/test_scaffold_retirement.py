@@ -20,8 +20,9 @@ from coevo.evolution.digest import scaffold_evidence
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.meta_agent import PlanContext
 from coevo.evolution.reference import gold_reference
-from coevo.evolution.types import Digest, ScaffoldEvidence
+from coevo.evolution.types import Digest, Proposal, ScaffoldEvidence
 from coevo.harness.defaults import base_harness
+from coevo.harness.edit_record import Edit
 from coevo.harness.edits import apply_edit
 from coevo.harness.harness import Harness
 from coevo.harness.library import FewShotDemos, ToolChoice
@@ -173,6 +174,23 @@ def test_aegis_retires_the_prefill_once_the_model_calls_the_tool_unforced(learne
         assert "tool_choice" not in {p.kind for p in aegis.harness("base").processors}
     else:  # nothing failed and nothing is ready: no proposal at all
         assert report.verdicts == [] and "tool_choice" in {p.kind for p in aegis.harness("base").processors}
+
+
+def test_a_ready_retirement_is_judged_before_an_undecided_edit_waiting_for_its_slot():
+    """With one proposal a round, an edit the Critic left undecided is judged again first, except
+    when the scaffolding is ready to come off: the retirement takes the slot (the evidence is this
+    round's) and the undecided edit keeps its place for the next round."""
+    env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
+    aegis = _aegis(env, ScriptedPolicy(solve))
+    aegis.max_proposals = 1
+    parent = aegis.harness("base")
+    waiting = Proposal(hypothesis="a longer budget", edits=[Edit("set_param", "sampling", param="max_new_tokens",
+                                                                 value=96)], dimension="control")
+    aegis.undecided["base"] = [(parent.id, waiting)]
+    report = _round(aegis, ScriptedPolicy(solve), env, env.tasks("train")[:6])
+    (verdict,) = report.verdicts
+    assert [(e.op, e.processor) for e in verdict.proposal.edits] == [("remove", "tool_choice")] and verdict.ship
+    assert [p.key() for _, p in aegis.undecided["base"]] == [waiting.key()]
 
 
 def test_a_removal_judged_by_the_statistical_gate_is_recorded_with_its_noninferiority_evidence():

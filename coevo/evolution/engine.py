@@ -44,10 +44,10 @@ from coevo.evolution.meta_agent import MetaAgent, MetaAgentError, PlanContext, d
 from coevo.evolution.monitors import Monitors
 from coevo.evolution.pool import Patience, SnapshotPool
 from coevo.evolution.reference import fresh_demos
-from coevo.evolution.types import Digest, EvolveReport, HarnessEvent, Proposal, Verdict
+from coevo.evolution.types import Digest, EvolveReport, HarnessEvent, Proposal, Verdict, edits_key
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.harness import Harness
-from coevo.harness.scaffold import outer_scaffold
+from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold
 
 log = logging.getLogger("coevo.evolution")
 
@@ -96,20 +96,17 @@ class AEGIS:
         monitors: Monitors | None = None,
         critic_pool: Mapping[str, Task] | None = None,
     ) -> None:
-        self.meta, self.critic = meta, critic
-        self.tasks = dict(tasks)
+        self.meta, self.critic, self.tasks = meta, critic, dict(tasks)
         self.critic_pool = dict(critic_pool or {})
         self.references = dict(references or {})
         self.tools = list(tools)
         self.variants = VariantSet(base, max_variants=max_variants)
         self.max_proposals, self.max_revisions, self.recent_batches = max_proposals, max_revisions, recent_batches
-        self.patience = patience
-        self.router, self.router_threshold = router, router_threshold
+        self.patience, self.router, self.router_threshold = patience, router, router_threshold
         self.pool = SnapshotPool()
         self.pool.add(base, round=-1, variant=BASE, score=0.0, verdict="starting harness")
         self.monitors = monitors or Monitors()
-        self.design_lessons = LessonStore(lesson_cap)
-        self.routing_lessons = LessonStore(lesson_cap)
+        self.design_lessons, self.routing_lessons = LessonStore(lesson_cap), LessonStore(lesson_cap)
         self.rejected: dict[str, set[str]] = defaultdict(set)  # variant -> Proposal.key()
         self.spent_demos: set[str] = set()  # task texts of demonstrations a rejected edit showed
         self.undecided: dict[str, list[tuple[str, Proposal]]] = defaultdict(list)  # variant -> (parent id, proposal)
@@ -233,12 +230,15 @@ class AEGIS:
         self.undecided[variant] = [(pid, p) for pid, p in self.undecided[variant] if pid == parent.id]
         retry = [p for _, p in self.undecided[variant]][: self.max_proposals]
         fresh: list[Proposal] = []
-        if len(retry) < self.max_proposals:
+        # a ready scaffold retirement goes before re-judgements (an undecided edit keeps its place)
+        shedding = dig.scaffold is not None and dig.scaffold.ready()
+        if len(retry) < self.max_proposals or shedding:
             start = time.perf_counter()
             fresh = self._ask_meta("plan", variant, report, self.meta.propose, dig, parent, context) or []
             report.seconds["plan"] = report.seconds.get("plan", 0.0) + time.perf_counter() - start
-        keys = {p.key() for p in retry}
-        proposals = (retry + [p for p in fresh if p.key() not in keys])[: self.max_proposals]
+        sheds = [p for p in fresh if shedding and p.key() == edits_key(retire_outer_scaffold(parent))]
+        keys = {p.key() for p in retry + sheds}
+        proposals = (sheds + retry + [p for p in fresh if p.key() not in keys])[: self.max_proposals]
         tasks = {tid: self.tasks[tid] for tid in before}
         # never a task whose reference may be (or, for a retried edit, may have been) a demonstration
         extra = {tid: t for tid, t in self.critic_pool.items()

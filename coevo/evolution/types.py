@@ -13,6 +13,8 @@ literal dict, so the rule meta-agent and the Digester share one source of truth.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -96,6 +98,20 @@ class Cluster:
         return asdict(self)
 
 
+def edits_key(edits: Sequence[Edit]) -> str:
+    """Identity of a change (its edits without their manifests): equal for equal changes."""
+    return json.dumps([e.to_dict() | {"manifest": None} for e in edits], sort_keys=True, default=str)
+
+
+RETIRE_TOOL_USE = 0.6
+"""Unforced tool use at which removing a scaffold layer is worth judging: below it the Critic would
+see the episodes that answer without the tool fail, and the proposal would spend its budget to be
+rejected."""
+RETIRE_KEEP = 0.8
+"""Unforced pass rate, as a share of the scaffolded one, at which removal is worth judging (the
+Critic's paired gate, not this threshold, decides whether it ships)."""
+
+
 @dataclass
 class ScaffoldEvidence:
     """How the model behaves on a variant's tasks with and without the harness's outermost scaffold
@@ -108,6 +124,11 @@ class ScaffoldEvidence:
     pass_rate: float
     scaffolded_tool_use: float  # the variant's own episodes, with the scaffolding
     scaffolded_pass_rate: float
+
+    def ready(self, tool_use: float = RETIRE_TOOL_USE, keep: float = RETIRE_KEEP) -> bool:
+        """Whether the episodes without the layer show the behaviour it forces: the tool called in at
+        least ``tool_use`` of them and a pass rate at least ``keep`` times the scaffolded one."""
+        return self.tool_use >= tool_use and self.pass_rate >= keep * self.scaffolded_pass_rate - 1e-9
 
     def text(self) -> str:
         return (f"without its scaffolding {', '.join(self.scaffold)} the model called a tool in "
@@ -204,9 +225,7 @@ class Proposal:
 
     def key(self) -> str:
         """Identity of the change itself (edits only), to avoid proposing a rejected edit again."""
-        import json
-
-        return json.dumps([e.to_dict() | {"manifest": None} for e in self.edits], sort_keys=True, default=str)
+        return edits_key(self.edits)
 
     def to_dict(self) -> dict[str, Any]:
         return self.manifest() | {"edits": [e.to_dict() for e in self.edits], "variant": self.variant}

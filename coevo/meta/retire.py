@@ -12,24 +12,15 @@ the gate's bound.
 from __future__ import annotations
 
 from coevo.evolution.meta_agent import PlanContext
-from coevo.evolution.types import Digest, Proposal, ScaffoldEvidence
+from coevo.evolution.types import RETIRE_KEEP, RETIRE_TOOL_USE, Digest, Proposal, ScaffoldEvidence
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import Dimension
 from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold
 
-RETIRE_TOOL_USE = 0.6
-"""Unforced tool use at which removal is worth judging: below it the Critic would see the episodes
-that answer without the tool fail, and the proposal would spend its budget to be rejected."""
-
-RETIRE_KEEP = 0.8
-"""Unforced pass rate, as a share of the scaffolded one, at which removal is worth judging (the
-Critic's paired gate, not this threshold, decides whether it ships)."""
-
-
 def ready(evidence: ScaffoldEvidence | None, tool_use: float = RETIRE_TOOL_USE, keep: float = RETIRE_KEEP) -> bool:
-    """Whether the episodes without the scaffolding show the behaviour it forces (see the constants)."""
-    return (evidence is not None and evidence.tool_use >= tool_use
-            and evidence.pass_rate >= keep * evidence.scaffolded_pass_rate - 1e-9)  # rates are counts / episodes
+    """Whether the episodes without the scaffolding show the behaviour it forces
+    (``ScaffoldEvidence.ready``); False without evidence."""
+    return evidence is not None and evidence.ready(tool_use, keep)
 
 
 def retirement(digest: Digest, harness: Harness, context: PlanContext) -> Proposal | None:
