@@ -88,6 +88,8 @@ def test_demonstrations_come_off_one_at_a_time_the_one_nearest_the_task_first():
     assert with_one_demonstration_fewer(none) is none
     pairs = base_harness().insert(FewShotDemos(demos=["q1", "a1", "q2", "a2"]), index=0)
     assert with_one_demonstration_fewer(pairs).get("few_shot").config["demos"] == ["q1", "a1"]
+    empty = base_harness().insert(FewShotDemos(), index=0)  # a few_shot that shows nothing is no layer
+    assert outer_scaffold(empty) == [] and without_outer_scaffold(empty) is empty and retire_outer_scaffold(empty) == []
 
 
 def test_evidence_counts_tool_use_and_passes_on_each_side_and_ready_needs_both():

@@ -28,7 +28,10 @@ def scaffold_names(harness: Harness) -> list[str]:
 
 
 def _outer_kind(harness: Harness) -> str | None:
-    return next((k for k in SCAFFOLD_KINDS if any(p.kind == k for p in harness.processors)), None)
+    """The kind of the outermost scaffold layer held: a ``few_shot`` processor counts only while it
+    shows a demonstration."""
+    held = {p.kind for p in harness.processors if p.kind != "few_shot" or _shown(p.config)}
+    return next((k for k in SCAFFOLD_KINDS if k in held), None)
 
 
 def outer_scaffold(harness: Harness) -> list[str]:
