@@ -7,12 +7,12 @@ Each RUN_DIR is a ``train.py`` run that trained a LoRA adapter (``model_only`` o
 one per seed. Its final harness (``harness-base.yaml``) is evaluated on the sealed test split in
 three forms: as it is, without its ``tool_choice`` processor (the forced tool-call prefill), and
 without its ``few_shot`` demonstrations. When the run retired scaffolding (its lineage holds a
-harness with more scaffold layers (prefills, demonstrations) than the final one: ``experiment=retire``), that most
-scaffolded harness is evaluated too, as it was and without its prefill. Each form runs with the
-trained weights (the run's last checkpoint) and with the frozen ones (the same model with the
-adapter disabled): the tool-use rate says whether the model calls the tool on its own, pass@1
-whether that pays, prompt tokens per episode what the harness costs. Differences trained − frozen
-are paired task bootstraps over seeds (``coevo.report.stats.bootstrap``).
+harness with more scaffold layers, prefills and demonstrations, than the final one:
+``experiment=retire``), that most scaffolded harness is evaluated too, as it was and without its
+prefill. Each form runs with the trained weights (the run's last checkpoint) and with the frozen
+ones (the same model with the adapter disabled): the tool-use rate says whether the model calls
+the tool on its own, pass@1 whether that pays, prompt tokens per episode what the harness costs.
+Differences trained − frozen are paired task bootstraps over seeds (``coevo.report.stats.bootstrap``).
 
 With ``--datasets D [D ...]`` the same table is measured on the test split of other datasets of
 the run's env (transfer: kinds of task the run never trained on), with the run's starting harness
@@ -106,8 +106,8 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: b
     """form → weights (trained | frozen) → per-task pass@1, tool use and prompt tokens on the run's
     test split, or with ``datasets`` on the test split of those datasets of the run's env instead
     (transfer: tasks of kinds the run never trained on; the run's starting harness is a form too).
-    With ``arm`` the forms are only the starting harness and the final one (the run as an ablation
-    arm), and a run that trained no adapter is evaluated with the frozen weights alone. ``only``:
+    With ``arm`` only what an ablation arm needs: the starting harness under the frozen weights and
+    the final one under the run's own (a run that trained no adapter has only the frozen ones). ``only``:
     just these forms (every form when empty)."""
     # the run's own config.yaml, typed by the schema (fields an earlier version recorded and this one
     # no longer has are left out)
@@ -142,24 +142,27 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: b
         if unknown:
             raise SystemExit(f"{run_dir}: no form {unknown}; this run's forms are {sorted(forms)}")
         forms = {f: h for f, h in forms.items() if f in only}
-    seen: dict[str, str] = {}  # harness id -> the first form evaluated with it
+    both = ("trained", "frozen") if trained else ("frozen",)
+    # an arm needs its starting harness under the frozen weights (static) and its final one under its own
+    wanted = {"start": ("frozen",), "as run": ("trained",) if trained else ("frozen",)} if arm else {}
+    done: dict[tuple[str, str], dict] = {}  # (harness id, weights) -> scores: each pair evaluated once
     for form, h in forms.items():
-        if h.id in seen:  # e.g. the most scaffolded harness without its prefill is the final one
-            out[form] = out[seen[h.id]]
-            continue
-        seen[h.id] = form
-        for weights in ("trained", "frozen") if trained else ("frozen",):
-            policy.model_version = f"internalisation-{weights}"  # a new version: no prefix cache crosses weights
-            with model.disable_adapter() if trained and weights == "frozen" else nullcontext():
-                done = rollouts.run(h, tasks, attempts=1, phase="test", round=10**6, label=f"{form}, {weights}")
-            by_task = {t.task_id: [tr for tr in done.traces if tr.task_id == t.task_id] for t in tasks}
-            out.setdefault(form, {})[weights] = {
-                "pass": {k: float(np.mean([tr.passed for tr in v])) for k, v in by_task.items()},
-                "tool_use": {k: tool_use_rate(v) for k, v in by_task.items()},
-                "prompt_tokens": {k: float(np.mean([tr.cost.get("prompt_tokens", 0) for tr in v]))
-                                  for k, v in by_task.items()}}
-            print(f"{run_dir.name}: {form}, {weights}: pass@1 {np.mean(list(out[form][weights]['pass'].values())):.3f}"
-                  f", tool use {np.mean(list(out[form][weights]['tool_use'].values())):.3f}", flush=True)
+        for weights in wanted.get(form, both):
+            key = (h.id, weights)  # e.g. the most scaffolded harness without its prefill is the final one
+            if key not in done:
+                policy.model_version = f"internalisation-{weights}"  # a new version: no prefix cache crosses weights
+                with model.disable_adapter() if trained and weights == "frozen" else nullcontext():
+                    traces = rollouts.run(h, tasks, attempts=1, phase="test", round=10**6,
+                                          label=f"{form}, {weights}").traces
+                by_task = {t.task_id: [tr for tr in traces if tr.task_id == t.task_id] for t in tasks}
+                done[key] = {
+                    "pass": {k: float(np.mean([tr.passed for tr in v])) for k, v in by_task.items()},
+                    "tool_use": {k: tool_use_rate(v) for k, v in by_task.items()},
+                    "prompt_tokens": {k: float(np.mean([tr.cost.get("prompt_tokens", 0) for tr in v]))
+                                      for k, v in by_task.items()}}
+                print(f"{run_dir.name}: {form}, {weights}: pass@1 {np.mean(list(done[key]['pass'].values())):.3f}"
+                      f", tool use {np.mean(list(done[key]['tool_use'].values())):.3f}", flush=True)
+            out.setdefault(form, {})[weights] = done[key]
     close = getattr(env, "close", None)
     if close is not None:
         close()
@@ -214,7 +217,8 @@ def summarise_arms(evaluated: Sequence[tuple[str, int, dict]], seed: int = 0) ->
     rng = np.random.default_rng(seed)
     agents: dict[str, dict[int, dict]] = {}
     for mode, s, ev in evaluated:
-        agents.setdefault(mode, {})[s] = ev["as run"].get("trained", ev["as run"]["frozen"])
+        own = ev["as run"]
+        agents.setdefault(mode, {})[s] = own["trained"] if "trained" in own else own["frozen"]
         agents.setdefault("static", {}).setdefault(s, ev["start"]["frozen"])
     arms = [m for m in ARMS if m in agents]
     seeds = sorted(set.intersection(*(set(agents[m]) for m in arms)))
@@ -229,7 +233,8 @@ def summarise_arms(evaluated: Sequence[tuple[str, int, dict]], seed: int = 0) ->
         for name, d in paired_differences(scores, DIFFERENCES, rng).items():
             out["differences"].setdefault(name, {})[metric] = d["points"]
     for m in arms:
-        out["arms"][m]["prompt_tokens"] = float(np.mean([agents[m][s]["prompt_tokens"][t] for s in seeds for t in tasks]))
+        tokens = [agents[m][s]["prompt_tokens"][t] for s in seeds for t in tasks]
+        out["arms"][m]["prompt_tokens"] = float(np.mean(tokens))
     return out
 
 
@@ -237,7 +242,8 @@ def arms_text(summary: dict, command: str) -> str:
     return "\n\n".join([
         f"# Ablation arms (seeds {', '.join(map(str, summary['seeds']))}; "
         f"{summary['tasks']} tasks)", f"```bash\n{command}\n```",
-        markdown_table(["arm (final harness, its own weights)", "pass@1 (%)", "tool use (%)", "prompt tokens per episode"],
+        markdown_table(["arm (final harness, its own weights)", "pass@1 (%)", "tool use (%)",
+                        "prompt tokens per episode"],
                        [[m, interval(a["pass"]), interval(a["tool_use"]), f"{a['prompt_tokens']:.0f}"]
                         for m, a in summary["arms"].items()]),
         markdown_table(["difference (points)", "pass@1", "tool use"],

@@ -222,8 +222,8 @@ class AEGIS:
         parent = self.variants.harnesses[variant]
         exclude = set(before) | withheld
         context = PlanContext(
-            round=report.round, variant=variant, priorities=self.monitors.priorities(),
-            rejected=set(self.rejected[variant]), demos=fresh_demos(self.references, exclude, self.spent_demos), tools=self.tools,
+            round=report.round, variant=variant, priorities=self.monitors.priorities(), tools=self.tools,
+            rejected=set(self.rejected[variant]), demos=fresh_demos(self.references, exclude, self.spent_demos),
             lessons=list(self.design_lessons.items), max_proposals=self.max_proposals,
         )
         # undecided edits of this parent are judged again first; those of a replaced parent are dropped
@@ -231,12 +231,12 @@ class AEGIS:
         retry = [p for _, p in self.undecided[variant]][: self.max_proposals]
         fresh: list[Proposal] = []
         # a ready scaffold retirement goes before re-judgements (an undecided edit keeps its place)
-        shedding = dig.scaffold is not None and dig.scaffold.ready()
-        if len(retry) < self.max_proposals or shedding:
+        shed = edits_key(retire_outer_scaffold(parent)) if dig.scaffold is not None and dig.scaffold.ready() else None
+        if len(retry) < self.max_proposals or shed:
             start = time.perf_counter()
             fresh = self._ask_meta("plan", variant, report, self.meta.propose, dig, parent, context) or []
             report.seconds["plan"] = report.seconds.get("plan", 0.0) + time.perf_counter() - start
-        sheds = [p for p in fresh if shedding and p.key() == edits_key(retire_outer_scaffold(parent))]
+        sheds = [p for p in fresh if p.key() == shed]
         keys = {p.key() for p in retry + sheds}
         proposals = (sheds + retry + [p for p in fresh if p.key() not in keys])[: self.max_proposals]
         tasks = {tid: self.tasks[tid] for tid in before}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from coevo.harness.edit_record import Edit
 from coevo.harness.harness import Harness
+from coevo.harness.processor import Processor
 
 SCAFFOLD_KINDS = ("tool_choice", "few_shot")
 """Processor kinds that force or demonstrate behaviour, outermost (retired first) first."""
@@ -40,7 +41,7 @@ def outer_scaffold(harness: Harness) -> list[str]:
     demonstration)" while it shows more than one); empty when the harness holds no scaffolding."""
     kind = _outer_kind(harness)
     if kind == "few_shot":
-        p = [q for q in harness.processors if q.kind == "few_shot" and _shown(q.config)][-1]
+        p = _nearest_shots(harness)
         return [p.name if _shown(p.config) == 1 else f"{p.name} (its last demonstration)"]
     return [p.name for p in harness.processors if p.kind == kind]
 
@@ -62,14 +63,13 @@ def retire_outer_scaffold(harness: Harness) -> list[Edit]:
     """The edits that turn ``harness`` into ``without_outer_scaffold(harness)``: removing each
     prefill, or the last demonstration (a ``set_param`` of the ``few_shot`` processor's turns or
     pairs, its removal when it shows only that one); none when it holds no scaffolding."""
-    kind = _outer_kind(harness)
-    if kind != "few_shot":
+    if _outer_kind(harness) != "few_shot":
         return [Edit("remove", name) for name in outer_scaffold(harness)]
-    p = [q for q in harness.processors if q.kind == "few_shot" and _shown(q.config)][-1]
+    p = _nearest_shots(harness)
     if _shown(p.config) == 1:
         return [Edit("remove", p.name)]
-    param = "turns" if p.config["turns"] else "demos"
-    return [Edit("set_param", p.name, param=param, value=with_one_demonstration_fewer(harness).get(p.name).config[param])]
+    param, value = _fewer(p.config)
+    return [Edit("set_param", p.name, param=param, value=value)]
 
 
 def scaffold_layers(harness: Harness) -> int:
@@ -102,13 +102,24 @@ def with_one_demonstration_fewer(harness: Harness) -> Harness:
     nearest the task), the processor removed when it showed only that one. The step between
     keeping every demonstration and removing them all (``without_outer_scaffold``), each costing
     its tokens on every call; the same object when the harness shows none."""
-    shots = [p for p in harness.processors if p.kind == "few_shot" and _shown(p.config)]
-    if not shots:
+    p = _nearest_shots(harness)
+    if p is None:
         return harness
-    p = shots[-1]
     if _shown(p.config) == 1:
         return harness.remove(p.name)
-    turns = list(p.config["turns"])
+    return harness.set_param(p.name, *_fewer(p.config))
+
+
+def _nearest_shots(harness: Harness) -> Processor | None:
+    """The ``few_shot`` processor whose last demonstration is nearest the task (the last one that
+    shows any), or None."""
+    return next((p for p in reversed(harness.processors) if p.kind == "few_shot" and _shown(p.config)), None)
+
+
+def _fewer(config: dict) -> tuple[str, list]:
+    """(param, value): a ``few_shot`` config's demonstrations without the last one (turn lists come
+    after the pairs, so the last is a turn list's when it holds any)."""
+    turns = list(config["turns"])
     if turns:
-        return harness.set_param(p.name, "turns", turns[: _demonstration_starts(turns)[-1]])
-    return harness.set_param(p.name, "demos", list(p.config["demos"])[:-2])
+        return "turns", turns[: _demonstration_starts(turns)[-1]]
+    return "demos", list(config["demos"])[:-2]

@@ -17,6 +17,7 @@ from coevo.harness.harness import Harness
 from coevo.harness.hooks import Dimension
 from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold
 
+
 def ready(evidence: ScaffoldEvidence | None, tool_use: float = RETIRE_TOOL_USE, keep: float = RETIRE_KEEP) -> bool:
     """Whether the episodes without the scaffolding show the behaviour it forces
     (``ScaffoldEvidence.ready``); False without evidence."""

@@ -232,8 +232,8 @@ def _draw_time(run: Run) -> Any:
 
 def _draw_scaffold(run: Run) -> Any:
     """Scaffold retirement by round: how many scaffold layers (prefills, demonstrations) the base
-    harness held after each round (edits that added or removed them marked), beside the tool use and pass rate of the
-    round's episodes with the scaffolding and without its outermost layer."""
+    harness held after each round (edits that added or removed them marked), beside the tool use
+    and pass rate of the round's episodes with the scaffolding and without its outermost layer."""
     fig = _figure(12, 4.5)
     layers, curve = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     rounds = run.rounds
