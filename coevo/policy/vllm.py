@@ -8,7 +8,8 @@ temperature-scaled distribution (vLLM's default, raw log-probs, would bias impor
 (``coevo.policy.hf.render_prompt``), so it is prefilled, not generated.
 
 After each trainer update, ``sync_weights(model)`` pushes the new weights into the engine (a
-LoRA adapter is merged for the copy and unmerged afterwards) and bumps ``model_version``. Both
+LoRA layer's merged weight W + scale·B·A is computed aside as it is sent; the trainer's parameters
+are never written) and bumps ``model_version``. Both
 engines load them through vLLM's own in-place reload (``reload_weights``), which runs the model's
 checkpoint loader and so handles backends that repack weights after loading (vLLM's CPU backend
 does; writing into ``model.load_weights`` directly, as TRL's colocated mode does, fails there).
@@ -58,17 +59,47 @@ class Engine(Protocol):
 
 
 def named_weights(model: Any) -> Iterator[tuple[str, Any]]:
-    """(name, tensor) pairs in the base model's naming. For a PEFT model the adapter must already
-    be merged (``VLLMPolicy.sync_weights`` does that): LoRA factors and frozen originals of
+    """(name, tensor) pairs in the base model's naming, one layer at a time. For a PEFT model each
+    LoRA layer's weight is sent merged, W + scale·B·A for its active adapters, computed in a new
+    tensor (``merged_lora_weight``): merging in place and unmerging afterwards would leave the
+    trainer's weights changed by roundoff on every sync. LoRA factors and frozen originals of
     ``modules_to_save`` are skipped, and the trained copies take the original names."""
     is_peft = hasattr(model, "peft_config")
+    lora_layers = lora_layers_by_weight(model) if is_peft else {}
     for name, tensor in model.state_dict().items():
         if is_peft:
             if "lora_" in name or ".original_module." in name:
                 continue
+            if name in lora_layers:
+                tensor = merged_lora_weight(lora_layers[name])
             name = name.removeprefix("base_model.model.").replace(".base_layer", "")
             name = re.sub(r"\.modules_to_save\.[^.]+", "", name)
         yield name, tensor.detach()
+
+
+def lora_layers_by_weight(model: Any) -> dict[str, Any]:
+    """{state-dict name of a LoRA layer's base weight: the layer} for a PEFT model."""
+    from peft.tuners.lora import LoraLayer
+
+    return {f"{name}.base_layer.weight": module for name, module in model.named_modules()
+            if isinstance(module, LoraLayer)}
+
+
+def merged_lora_weight(layer: Any) -> Any:
+    """The weight ``layer`` computes with, W + Σ scale·B·A over its active adapters ([out, in]), as a
+    new tensor; ``layer`` and its base weight are left as they are. A layer PEFT has already merged
+    holds the merged weight itself."""
+    import torch
+
+    base = layer.get_base_layer().weight
+    if layer.merged:
+        return base
+    with torch.no_grad():
+        merged = base.detach().clone()
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A:
+                merged += layer.get_delta_weight(adapter).to(merged.dtype)
+    return merged
 
 
 class ColocatedEngine:
@@ -272,13 +303,7 @@ class VLLMPolicy:
         self.engine.release()
 
     def sync_weights(self, model: Any, model_version: str) -> None:
-        """Copy the trainer's current weights into the engine; rollouts after this use them."""
-        is_peft = hasattr(model, "merge_adapter")
-        if is_peft:
-            model.merge_adapter()
-        try:
-            self.engine.load_weights(named_weights(model))
-        finally:
-            if is_peft:
-                model.unmerge_adapter()
+        """Copy the trainer's current weights into the engine; rollouts after this use them. The
+        trainer's parameters are only read (``named_weights``)."""
+        self.engine.load_weights(named_weights(model))
         self.model_version = model_version

@@ -142,12 +142,14 @@ def test_colocated_weight_sync_makes_vllm_score_as_the_trainer(colocated, traine
     lora = perturbed_lora(model, seed=1)
     target = hf_logprobs(lora, prompt, completion)
     assert (target - before).abs().max() > 0.05  # the change is visible at all
+    params = {name: p.detach().clone() for name, p in lora.named_parameters()}
     policy.sync_weights(lora, "1")
+    assert all(torch.equal(p, params[name]) for name, p in lora.named_parameters())  # read, never written
     after = colocated_logprobs(policy.engine, prompt, completion)
     assert torch.allclose(after, target, atol=2e-3), (after - target).abs().max()
     assert policy.model_version == "1"
     assert not any("lora_" in n for n, _ in lora.named_parameters() if "base_layer" in n)
-    # the adapter was unmerged after the copy: the trainer's model still scores as before the sync
+    # so the trainer's model scores as before the sync
     assert torch.allclose(hf_logprobs(lora, prompt, completion), target, atol=1e-6)
 
     policy.sync_weights(model, "2")  # back to the original weights: the engine's scores return exactly
@@ -210,6 +212,8 @@ def test_server_generates_as_the_colocated_engine_and_syncs_weights(server, colo
     lora = perturbed_lora(model, seed=2)
     target = hf_logprobs(lora, prompt, completion)
     assert (target - before).abs().max() > 0.05
+    params = {name: p.detach().clone() for name, p in lora.named_parameters()}
     policy.sync_weights(lora, "1")
+    assert all(torch.equal(p, params[name]) for name, p in lora.named_parameters())  # read, never written
     assert (server.sync_dir / "model.safetensors").is_file()
     assert torch.allclose(server_logprobs(server, prompt, completion), target, atol=2e-3)
