@@ -186,6 +186,12 @@ class ReplayBuffer:
             traces.append(decode_trace(store.read(ref)))
         return traces
 
+    @property
+    def damaged_segments(self) -> list[str]:
+        """What is wrong with a damaged newest segment this opening left out (set aside as ``.corrupt``,
+        or skipped when read-only), naming its file; empty when every segment file was intact."""
+        return list(self._open_store().damaged)
+
     def verify(self) -> list[str]:
         """Check the CRC of every stored trace's payload (``SegmentStore.verify``): one line per damaged
         trace, naming its segment file; empty when all are intact."""

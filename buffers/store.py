@@ -57,6 +57,7 @@ class SegmentStore:
         self._lock_fd: int | None = _lock(directory, shared=read_only)
         self._fds: dict[int, int] = {}
         self._segments: dict[int, SegmentHeader] = {}  # by number, oldest first
+        self.damaged: list[str] = []  # what is wrong with a damaged newest segment left out, naming its file
         try:
             self._recover()
         except BaseException:
@@ -194,6 +195,7 @@ class SegmentStore:
                     raise CorruptBufferError(f"segment {path.name} is damaged and is not the newest: {exc}") from exc
                 # Only a filesystem that broke fsync/rename ordering can leave this; the commit it
                 # held never completed, so it is set aside (not deleted) and the buffer goes on.
+                self.damaged.append(str(exc))
                 if self.read_only:
                     warnings.warn(f"replay buffer: skipped damaged newest segment {path.name} (left as it is): {exc}",
                                   stacklevel=3)

@@ -107,8 +107,11 @@ def test_a_damaged_newest_segment_the_checkpoint_counts_stops_the_resume(finishe
     segment = newest_segment(run_dir)
     segment.write_bytes(segment.read_bytes()[:-10])  # a copy that lost its tail
     with pytest.warns(UserWarning, match="set aside damaged newest segment"), \
-            pytest.raises(CheckpointError, match=rf"set aside as damaged: {segment.name}.corrupt"):
+            pytest.raises(CheckpointError,
+                          match=rf"\(damaged: [^)]*{segment.name}: \d+ bytes where the header promises \d+\)"):
         coevo.run(smoke(run_dir))
+    with pytest.raises(CheckpointError, match=rf"set aside as damaged: {segment.name}.corrupt"):
+        coevo.run(smoke(run_dir))  # started again: the file an earlier opening set aside is named
 
 
 @pytest.mark.parametrize("damage", ["truncated", "binary", "empty", "non_integer_round"])
@@ -272,9 +275,12 @@ def test_export_never_changes_the_run_directory(finished, tmp_path):
     (run_dir / "buffer" / "LOCK").unlink()  # a copied run: no lock file (a reader must not create one)
     before = snapshot(run_dir)
     with pytest.warns(UserWarning, match=f"skipped damaged newest segment {segment.name} \\(left as it is\\)"), \
-            pytest.warns(UserWarning, match=f"holds {intact} traces .* counts"):
+            pytest.warns(UserWarning, match=f"holds {intact} traces .* counts .*damaged: .*{segment.name}: .*promises"):
         written = export(run_dir, tmp_path / "out.jsonl", "jsonl", partial=True)
     assert written == intact  # the intact segments' traces
+    with pytest.warns(UserWarning, match="skipped damaged newest segment"), \
+            pytest.raises(CheckpointError, match=rf"\(damaged: [^)]*{segment.name}: \d+ bytes where the header"):
+        export(run_dir, tmp_path / "whole.jsonl", "jsonl")  # without partial=True: refused, naming the damage
     assert snapshot(run_dir) == before
 
 

@@ -68,8 +68,10 @@ def check_buffer(buffer: Any, state: dict[str, Any], directory: Path, *, partial
     committed_seq = state.get("buffer_next_seq")
     have = buffer_next_seq(buffer)
     if committed_seq is not None and have < committed_seq:
-        aside = sorted(p.name for p in buffer.path.glob("*.corrupt"))
-        where = f"set aside as damaged: {', '.join(aside)}" if aside else "the newest segment files are missing"
+        found = buffer.damaged_segments  # what this opening found damaged (and left out) names the cause
+        aside = sorted(p.name for p in buffer.path.glob("*.corrupt"))  # or an earlier opening set it aside
+        where = (f"damaged: {'; '.join(found)}" if found else
+                 f"set aside as damaged: {', '.join(aside)}" if aside else "the newest segment files are missing")
         message = (f"replay buffer {buffer.path} holds {have} traces (by sequence number), but the checkpoint of "
                    f"round {state['next_round'] - 1} counts {committed_seq} ({where})")
         if partial:
