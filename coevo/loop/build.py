@@ -97,7 +97,7 @@ def run(cfg: Any) -> Path:
     import torch
 
     from coevo.envs.load import make_env
-    from coevo.loop.launch import launch_accelerator, with_launch_sharding
+    from coevo.loop.launch import launch_accelerator, torn_down_on_exit, with_launch_sharding
     from coevo.safety.secrets import install_log_redaction, remember_secrets
 
     cfg = to_config(cfg)
@@ -111,19 +111,20 @@ def run(cfg: Any) -> Path:
     mixed = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "no"
     # what the launch asked for (DeepSpeed, FSDP, N processes) or a one-line ValueError, never another strategy
     accelerator, sharding, reshard = launch_accelerator(device, mixed)
-    cfg = with_launch_sharding(cfg, sharding)  # an FSDP2 / ZeRO-3 launch sets trainer.sharding
-    check(cfg)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    with torn_down_on_exit(accelerator):  # a multi-process launch's process group, on every exit path
+        cfg = with_launch_sharding(cfg, sharding)  # an FSDP2 / ZeRO-3 launch sets trainer.sharding
+        check(cfg)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
 
-    # the env and the starting harness come before the run directory and the model: a value only
-    # they can check (batch_tasks against the train split, a harness YAML's parameters) stops the
-    # run before config.yaml records it and before minutes of model loading
-    env = make_env(cfg.env.name, cfg.env.args)
-    try:
-        return run_on_env(cfg, env, accelerator, reshard_after_forward=reshard)
-    finally:  # every exit path, a failing start included: a TextWorld env's JVMs must not outlive the run
-        close_env(env)
+        # the env and the starting harness come before the run directory and the model: a value only
+        # they can check (batch_tasks against the train split, a harness YAML's parameters) stops the
+        # run before config.yaml records it and before minutes of model loading
+        env = make_env(cfg.env.name, cfg.env.args)
+        try:
+            return run_on_env(cfg, env, accelerator, reshard_after_forward=reshard)
+        finally:  # every exit path, a failing start included: a TextWorld env's JVMs must not outlive the run
+            close_env(env)
 
 
 def close_env(env: Any) -> None:

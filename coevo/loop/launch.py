@@ -12,7 +12,8 @@ what was asked, and refuses a mismatch in one line.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 from coevo.errors import UsageError
 from coevo.loop.config_check import check_distributed, launch_request
@@ -58,6 +59,29 @@ def launch_accelerator(device: str, mixed_precision: str, environ: Mapping[str, 
 
         zero.plain_transformers(ds)
     return accelerator, sharding, reshard
+
+
+@contextmanager
+def torn_down_on_exit(accelerator: Any) -> Iterator[None]:
+    """Around a multi-process run's work: on the way out, however it leaves, the process group is
+    destroyed while the interpreter is whole. Left to interpreter shutdown, gloo's worker threads
+    can still hold async work (ZeRO-3's prefetching all-gathers, DDP's bucket reductions) whose
+    tensors are freed after Python is gone, and the process aborts with "terminate called without
+    an active exception" (exit -6) after its work succeeded; under load, where a rank's last
+    collective finishes late, that was an occasional failure of every two-rank test. On a clean
+    exit the ranks first meet at a barrier, so no rank tears down while a peer still sends to it;
+    after an exception there is no barrier (a peer may never arrive: the launcher ends it)."""
+    import torch.distributed as dist
+
+    clean = False
+    try:
+        yield
+        clean = True
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            if clean:
+                accelerator.wait_for_everyone()
+            dist.destroy_process_group()
 
 
 def with_launch_sharding(cfg: Any, sharding: str | None) -> Any:

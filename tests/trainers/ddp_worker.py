@@ -6,12 +6,18 @@ import sys
 import torch
 from accelerate import Accelerator
 
+from coevo.loop.launch import torn_down_on_exit
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from tests.trainers.helpers import make_trainer, synthetic_traces
 
 
 def main(out: str, micro_batch_size: int) -> None:
     accelerator = Accelerator(cpu=True)
+    with torn_down_on_exit(accelerator):  # as train.py: the process group is destroyed before the interpreter goes
+        steps(accelerator, out, micro_batch_size)
+
+
+def steps(accelerator, out: str, micro_batch_size: int) -> None:
     tok = tiny_tokenizer()
     model = tiny_model(tok, seed=0)
     trainer = make_trainer(model, tok, accelerator=accelerator, lr=0.5, optimizer="sgd", max_grad_norm=1e9,

@@ -12,6 +12,7 @@ import argparse
 import torch
 from accelerate import Accelerator
 
+from coevo.loop.launch import torn_down_on_exit
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from coevo.trainers import sharding
 from tests.trainers.helpers import synthetic_traces, worker_trainer
@@ -30,6 +31,11 @@ def main() -> None:
     ap.add_argument("--resume")
     args = ap.parse_args()
     accelerator = Accelerator(cpu=True)
+    with torn_down_on_exit(accelerator):  # as train.py: the process group is destroyed before the interpreter goes
+        steps(accelerator, args)
+
+
+def steps(accelerator, args: argparse.Namespace) -> None:
     tok = tiny_tokenizer()
     trainer = worker_trainer(tok, accelerator, lora=args.lora, adamw=args.adamw, micro_batch_size=args.micro_batch_size,
                              sharding="fsdp2" if args.sharded else "none", total_steps=STEPS)

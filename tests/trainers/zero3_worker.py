@@ -16,6 +16,7 @@ import json
 
 import torch
 
+from coevo.loop.launch import launch_accelerator, torn_down_on_exit
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from coevo.trainers import grpo, sharding, zero
 from tests.trainers.helpers import synthetic_traces, worker_trainer
@@ -48,13 +49,16 @@ def main() -> None:
     ap.add_argument("--resume")
     args = ap.parse_args()
     if args.zero3:
-        from coevo.loop.launch import launch_accelerator
-
         accelerator, strategy, _ = launch_accelerator("cpu", "no")  # train.py's path
     else:
         from accelerate import Accelerator
 
         accelerator, strategy = Accelerator(cpu=True), None
+    with torn_down_on_exit(accelerator):  # as train.py: the process group is destroyed before the interpreter goes
+        steps(accelerator, strategy, args)
+
+
+def steps(accelerator, strategy: str | None, args: argparse.Namespace) -> None:
     tok = tiny_tokenizer()
     trainer = worker_trainer(tok, accelerator, lora=args.lora, adamw=args.adamw, micro_batch_size=args.micro_batch_size,
                              sharding=strategy or "none", total_steps=STEPS, beta=args.beta)
