@@ -13,16 +13,18 @@ Installed as ``coevo.kernels`` (see pyproject's package-dir). Modules, one job e
 - ``spec``: the per-token inputs (``Tokens``), input checks, the ``GRPOLossOutput`` tuple;
 - ``reference``: the plain version (full logits, autograd) — baseline and float64 ground truth;
 - ``rows_torch`` / ``triton_grpo``: row kernels turning a logits tile into token terms and dL/dlogits;
-- ``chunked``: the autograd function that walks row tiles and accumulates the gradients.
+- ``chunked``: the autograd function that walks row tiles and accumulates the gradients;
+- ``select``: which path ``impl="auto"`` runs (on a GPU, the fastest that fits, measured once per shape class).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .chunked import DEFAULT_CHUNK_SIZE, grpo_loss_chunked
+from .chunked import DEFAULT_CHUNK_SIZE, DEFAULT_WORKSPACE_MIB, grpo_loss_chunked
 from .objective import AGGREGATIONS, KL_ESTIMATORS, VARIANTS, LossParams, token_loss, token_weights
 from .reference import grpo_loss_reference
+from .select import auto_impl
 from .spec import GRPOLossOutput, Tokens
 from .triton_grpo import TRITON_AVAILABLE, grpo_loss_triton
 
@@ -31,10 +33,12 @@ IMPLS = ("auto", "reference", "chunked", "triton")
 __all__ = [
     "AGGREGATIONS",
     "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_WORKSPACE_MIB",
     "IMPLS",
     "KL_ESTIMATORS",
     "TRITON_AVAILABLE",
     "VARIANTS",
+    "auto_impl",
     "GRPOLossOutput",
     "LossParams",
     "Tokens",
@@ -42,19 +46,9 @@ __all__ = [
     "grpo_loss_chunked",
     "grpo_loss_reference",
     "grpo_loss_triton",
-    "resolve_impl",
     "token_loss",
     "token_weights",
 ]
-
-
-def resolve_impl(impl: str, device: torch.device) -> str:
-    """The concrete path "auto" means on this device: Triton on CUDA when installed, chunked torch otherwise."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl != "auto":
-        return impl
-    return "triton" if TRITON_AVAILABLE and device.type == "cuda" else "chunked"
 
 
 def grpo_loss(
@@ -69,7 +63,8 @@ def grpo_loss(
     temperature: float | torch.Tensor = 1.0,  # one T for every token, or [N]: the T that sampled each
     params: LossParams = LossParams(),
     impl: str = "auto",
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
+    workspace_mib: float = DEFAULT_WORKSPACE_MIB,
 ) -> GRPOLossOutput:
     """GRPO loss Σ_i token_weights_i · ℓ_i, differentiable w.r.t. hidden and weight.
 
@@ -79,13 +74,18 @@ def grpo_loss(
 
     Aggregation (``objective.token_weights``) is entirely the caller's choice of ``token_weights``,
     so one kernel serves every mode and micro-batching cannot change the loss. ``impl``: "reference"
-    materialises the logits; "chunked" (CPU default) and "triton" (CUDA default) never do;
-    ``chunk_size`` rows form one logits tile in the chunked paths.
+    materialises the logits; "chunked" and "triton" never do; "auto" is chunked on a CPU and on a
+    GPU the fastest path that fits (``select.auto_impl``). ``chunk_size`` rows form one logits tile
+    in the chunked paths; None sizes it for the device (``chunked.tile_rows``: 128 rows on a CPU, on
+    a GPU what fits in ``workspace_mib``).
     """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     tokens = Tokens(targets, old_logp, advantages, token_weights, ref_logp, temperature)
-    resolved = resolve_impl(impl, hidden.device)
+    resolved = auto_impl(hidden, weight, params) if impl == "auto" else impl
     if resolved == "reference":
         return grpo_loss_reference(hidden, weight, tokens, params)
+    tiles = {"chunk_size": chunk_size, "workspace_mib": workspace_mib}
     if resolved == "triton":
-        return grpo_loss_triton(hidden, weight, tokens, params, chunk_size=chunk_size)
-    return grpo_loss_chunked(hidden, weight, tokens, params, chunk_size=chunk_size)
+        return grpo_loss_triton(hidden, weight, tokens, params, **tiles)
+    return grpo_loss_chunked(hidden, weight, tokens, params, **tiles)

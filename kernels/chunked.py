@@ -24,12 +24,25 @@ instead of a pass over the [chunk × V] tile; by the chain rule grad_weight = G�
 scaled rows and grad_hidden = (G · W) / T. T may differ per row (each token at the temperature that
 sampled it): the scale is then a [chunk × 1] column, and the row kernels never see T at all.
 
-Gradients accumulate in float32 (float64 for float64 inputs) and are cast to the inputs' dtype once
-at the end, so half-precision inputs do not round every chunk's contribution.
+Precision and the tensor cores. All three GEMMs run in the inputs' dtype: in bf16/fp16 that is the
+tensor cores' format, and the GEMM sums its products in float32 inside (cuBLAS, oneDNN). The row
+kernels work in float32 and hand dL/dz back in the tile's dtype (the same rounding the reference's
+bf16 logits get), so no float32 copy of a [rows × V] tile ever feeds a GEMM. The weight gradient
+sums over chunks in float32 (float64 for float64 inputs): on CUDA each chunk's GEMM writes into it
+directly (``addmm`` with ``out_dtype=float32``), elsewhere the chunk's product is added to it. It is
+cast to the inputs' dtype once at the end, so half-precision inputs do not round every chunk's sum.
+
+Tile height. On a CPU, 128 rows (``DEFAULT_CHUNK_SIZE``: the measured optimum below). On a GPU the
+tile is sized from a memory budget (``workspace_mib``, 512 MiB by default): the rows whose tile, with
+the row kernel's float32 work copy where it makes one, fit in it. Per-chunk overhead (three GEMM
+launches, two row kernels, a thin GEMM's poor tensor-core occupancy) is then paid a handful of times
+per batch instead of once per 128 rows: at 8,192 tokens and V=151936 in bf16, 1,728-row tiles make
+5 chunks where 128 rows made 64.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Protocol
 
 import torch
@@ -43,6 +56,56 @@ from .spec import GRPOLossOutput, Tokens, check_inputs
 # same machine and shape as above: 256 rows ~6 % faster at 676 MiB = 0.38x, 512 rows ~15 % faster at 826 MiB
 # = 0.46x), so this is the tallest tile that keeps the peak near a third of the naive path's.
 DEFAULT_CHUNK_SIZE = 128
+# A GPU's tile budget: the logits tile (and a float32 work copy where the row kernel makes one). At V=151936 in
+# bf16, 512 MiB is 1,728 rows (a multiple of TILE_ALIGN) beside the 545 MiB float32 weight gradient.
+DEFAULT_WORKSPACE_MIB = 512
+TILE_ALIGN = 64  # GPU tile heights are multiples of this: whole tensor-core tiles for the GEMMs' M dimension
+
+
+def tile_rows(n_rows: int, vocab: int, dtype: torch.dtype, device: torch.device, *,
+              workspace_mib: float = DEFAULT_WORKSPACE_MIB, float32_work: bool = False) -> int:
+    """Rows per logits tile: ``DEFAULT_CHUNK_SIZE`` on a CPU; on other devices as many as fit in
+    ``workspace_mib`` (whole multiples of ``TILE_ALIGN``, at least one multiple), counting
+    ``float32_work``: the row kernel's float32 copy of a half-precision tile (the torch row kernel
+    makes one; the Triton one works in the tile). Never more than ``n_rows`` (at least 1)."""
+    if workspace_mib <= 0:
+        raise ValueError(f"workspace_mib must be > 0, got {workspace_mib}")
+    if device.type == "cpu":
+        return max(1, min(DEFAULT_CHUNK_SIZE, n_rows))
+    size = torch.empty(0, dtype=dtype).element_size()
+    per_row = vocab * (size + (4 if float32_work and size < 4 else 0))
+    rows = int(workspace_mib * 2**20) // max(per_row, 1) // TILE_ALIGN * TILE_ALIGN
+    return max(1, min(max(rows, TILE_ALIGN), n_rows))
+
+
+@functools.cache
+def wide_output_gemm(device: torch.device) -> bool:
+    """Whether ``torch.addmm(..., out_dtype=torch.float32)`` runs on half-precision inputs on this
+    device, writing into its float32 input (CUDA builds of torch ≥ 2.8; a CPU build has no such
+    kernel). Tried once per device on a 2×2 product, so an older torch falls back instead of failing."""
+    if device.type != "cuda":
+        return False
+    try:
+        a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+        out = torch.ones(2, 2, device=device)
+        torch.addmm(out, a, a, out_dtype=torch.float32, out=out)
+        return bool((out == 3).all())
+    except (RuntimeError, TypeError):
+        return False
+
+
+def mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, accumulate: bool) -> None:
+    """``out`` = a · b (``accumulate``: ``out`` += a · b), the GEMM in a's and b's dtype with the result
+    kept in ``out``'s wider one: a half-precision GEMM on the tensor cores, never a float32 copy of a or b."""
+    beta = 1 if accumulate else 0
+    if a.dtype == out.dtype:
+        out.addmm_(a, b, beta=beta)
+    elif wide_output_gemm(out.device):
+        torch.addmm(out, a, b, out_dtype=out.dtype, beta=beta, out=out)
+    elif accumulate:
+        out.add_(torch.mm(a, b))  # the product rounded once to a's dtype, then summed in out's
+    else:
+        out.copy_(torch.mm(a, b))
 
 
 class RowKernel(Protocol):
@@ -97,6 +160,8 @@ def chunk_pass(
         else:
             tile = torch.mm(h_scaled, weight.t(), out=tile_storage[: n * vocab].view(n, vocab))  # [n, V]
         terms, grad = rows(tile, tokens.rows(rows_), params, with_grad)
+        if grad is not None and grad.dtype != tile.dtype:  # a float32 work tile: back to the GEMMs' dtype,
+            grad = tile.copy_(grad)  # written over the logits tile it came from, not into a new buffer
         out["logp"][rows_] = terms.logp
         out["ratio"][rows_] = terms.ratio
         out["loss"][rows_] = terms.loss
@@ -106,13 +171,15 @@ def chunk_pass(
             kl[rows_] = terms.kl
         if grad is None:
             continue
-        if grad_hidden is not None:
-            # dL/dh = (dL/dz · W) / T, formed as (Wᵀ · dL/dzᵀ)ᵀ: MKL runs that orientation ~15 % faster
-            grad_hidden_t = torch.mm(weight.t(), grad.t().to(weight.dtype))  # [H, n]
-            torch.mul(grad_hidden_t.t(), inv_t_rows, out=grad_hidden[rows_])
+        if grad_hidden is not None:  # dL/dh = (dL/dz · W) / T   [n, H]
+            if vocab_major:  # formed as (Wᵀ · dL/dzᵀ)ᵀ: MKL runs that orientation ~15 % faster
+                torch.mul(torch.mm(weight.t(), grad.t()).t(), inv_t_rows, out=grad_hidden[rows_])
+            else:
+                mm_into(grad_hidden[rows_], grad, weight, accumulate=False)
+                grad_hidden[rows_] *= inv_t_rows
         if grad_weight is not None:
             # dL/dW += (dL/dz)ᵀ · (h / T)   [V, H]; the first chunk overwrites, so no zero-fill pass
-            grad_weight.addmm_(grad.t().to(acc), h_scaled.to(acc), beta=0 if start == 0 else 1)
+            mm_into(grad_weight, grad.t(), h_scaled, accumulate=start > 0)
     return TokenTerms(out["logp"], out["ratio"], clipped, kl, out["loss"], out["slope"])
 
 
@@ -165,11 +232,16 @@ def grpo_loss_chunked(
     tokens: Tokens,  # [N] each
     params: LossParams,
     *,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
+    workspace_mib: float = DEFAULT_WORKSPACE_MIB,
     rows: RowKernel = torch_rows,
 ) -> GRPOLossOutput:
-    """The GRPO loss over ``chunk_size``-row tiles; gradients only when autograd will ask for them."""
+    """The GRPO loss over ``chunk_size``-row tiles (None: ``tile_rows`` for this device, sized on a GPU
+    from ``workspace_mib``); gradients only when autograd will ask for them."""
     check_inputs(hidden, weight, tokens, params)
+    if chunk_size is None:
+        chunk_size = tile_rows(hidden.shape[0], weight.shape[0], hidden.dtype, hidden.device,
+                               workspace_mib=workspace_mib, float32_work=rows is torch_rows)
     grad_enabled = torch.is_grad_enabled()
     loss, logp, ratio, clipped, kl = _ChunkedGRPOLoss.apply(
         hidden, weight, tokens, params, rows, chunk_size,

@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from .chunked import DEFAULT_CHUNK_SIZE, grpo_loss_chunked
+from .chunked import DEFAULT_WORKSPACE_MIB, grpo_loss_chunked
 from .objective import LossParams, TokenTerms
 from .spec import GRPOLossOutput, Tokens
 
@@ -203,7 +203,8 @@ def grpo_loss_triton(
     tokens: Tokens,  # [N] each (the chunked pass applies the temperature)
     params: LossParams,
     *,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
+    workspace_mib: float = DEFAULT_WORKSPACE_MIB,
 ) -> GRPOLossOutput:
     """The chunked GRPO loss with the Triton row kernels (see the module docstring)."""
     if not TRITON_AVAILABLE:
@@ -214,4 +215,5 @@ def grpo_loss_triton(
             f"impl='triton' needs CUDA tensors (got {hidden.device}); set TRITON_INTERPRET=1 before importing "
             "coevo.kernels to run on CPU, or use impl='chunked'"
         )
-    return grpo_loss_chunked(hidden, weight, tokens, params, chunk_size=chunk_size, rows=triton_rows)
+    return grpo_loss_chunked(hidden, weight, tokens, params, chunk_size=chunk_size, workspace_mib=workspace_mib,
+                             rows=triton_rows)

@@ -159,7 +159,7 @@ class GRPOTrainer:
             self.model, self.optimizer = self.accelerator.prepare(model, opt)
         self.ref_model, self.pad_id, self.config, self.max_grad_norm = ref_model, pad_id, config, c.max_grad_norm
         self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, c.micro_batch_tokens
-        self.loss_params, self.kernel = loss_params, c.kernel
+        self.loss_params, self.kernel = loss_params, {"impl": c.kernel, "workspace_mib": c.loss_workspace_mib}
         self.beta, self.tis_cap, self.credit_prefill = c.beta, c.tis_cap, c.credit_prefill
         self.loss_horizon = loss_horizon
         self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, c.scale_by_std, drop_zero_variance
@@ -267,7 +267,7 @@ class GRPOTrainer:
             tis = torch.exp(batch.old_logp - batch.sampler_logp).clamp(max=self.tis_cap)  # [N]
             weights = weights * torch.nan_to_num(tis, nan=1.0)  # a forced token was not sampled: no correction
         return grpo_loss(hidden, weight, batch.targets, batch.old_logp, batch.advantages, weights, ref_logp=ref,
-                         temperature=temperature, params=self.loss_params, impl=self.kernel)
+                         temperature=temperature, params=self.loss_params, **self.kernel)
 
     def _backward(self, loss: torch.Tensor) -> None:
         """accelerate's backward; under ZeRO-3 the engine's own (accelerate's would also step it)."""

@@ -176,7 +176,10 @@ class TrainerConfig:
                            "sums / (sequences x rollout.max_new_tokens))",
                            choices="coevo.kernels.objective:AGGREGATIONS")
     scale_by_std: bool = opt(True, "divide advantages by the group std (False: Dr. GRPO's advantage)")
-    kernel: str = opt("auto", "GRPO loss path: auto | chunked | reference | triton", choices="coevo.kernels:IMPLS")
+    kernel: str = opt("auto", "GRPO loss path: auto (chunked on CPU; on a GPU the fastest that fits, timed once per "
+                      "shape) | chunked | reference | triton", choices="coevo.kernels:IMPLS")
+    loss_workspace_mib: int = opt(512, "GPU memory for one logits tile of the fused loss (its height follows; a CPU "
+                                  "keeps 128 rows)", ge=1)
     sharding: str = opt("none", "none (whole parameters on every rank: one process or DDP) | fsdp2 (parameters, "
                         "gradients and optimizer state sharded over the ranks by FSDP2; an FSDP launch config's "
                         "fsdp_reshard_after_forward applies) | zero3 (the same by DeepSpeed ZeRO-3; set by a "
