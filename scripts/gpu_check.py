@@ -13,10 +13,17 @@ Checks, each printed as one JSON line (and collected into DIR/gpu_check.json whe
 3. GRPO loss kernels on CUDA: Triton and chunked paths against the float64 reference (loss and
    gradients w.r.t. hidden and weight, odd shape, vocab 151936, fp32 and bf16; and with a third of
    the tokens forced by the harness: behaviour log-prob nan, ``trainer.credit_prefill``), then
-   forward + backward median time and peak memory above the inputs at B=4, T=256, H=896 and
-   B=8, T=1024, H=896, for reference (full logits), chunked torch, Triton and Liger (when installed).
+   forward + backward median time and peak memory above the inputs at B=4, T=256, H=896,
+   B=8, T=1024, H=896 and B=8, T=1024, H=3584 (a 7B model's width), fp32 and bf16, for reference
+   (full logits), chunked torch, Triton and Liger (when installed), each fused path's time and
+   memory as a ratio of the reference's, and what ``auto`` picks for each shape.
 4. GRPO trainer steps on CUDA with the model + LoRA: the Triton and chunked kernels give the same
    loss on the same batch, every adapter parameter moves, and the seconds a step takes.
+5. One ``train.py`` round of the main job on the device (``rounds=1 test=false``): seconds by phase
+   (rollout with the model's generate share, behaviour log-probs, GRPO, AEGIS's Critic, the rest)
+   and the loss kernel's share of the GRPO phase (its calls timed with a device sync on each side).
+
+``--checks`` runs a subset (e.g. ``--checks kernels,round``).
 
 ``--model DIR`` may hold only a config and a tokenizer (no weights): the model is then built with
 random weights from that config (the contract, kernel and step checks hold for any weights; a
@@ -38,12 +45,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # coevo and tests, from a checkout
 
 from coevo.agent.policy import ChatRequest
 from coevo.harness.events import SamplingParams
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS: list[dict] = []
+SHAPES = {"B4_T256_H896": (4, 256, 896), "B8_T1024_H896": (8, 1024, 896), "B8_T1024_H3584": (8, 1024, 3584)}
+CHECKS = ("policies", "kernels", "trainer", "round")
 DEVICE = "cuda"  # the kernel and trainer checks' device (a CPU dry run of the script sets "cpu")
 
 
@@ -217,7 +227,7 @@ def check_kernels() -> None:
             report("kernel_vs_float64", impl=impl, dtype=str(dtype), forced_tokens=forced, relative_errors=errs,
                    passed=bool(max(errs.values()) < tol))
     methods = {"reference": "reference", "chunked": "chunked", "triton": "triton"}
-    for name, (b, t, h) in {"B4_T256_H896": (4, 256, 896), "B8_T1024_H896": (8, 1024, 896)}.items():
+    for name, (b, t, h) in SHAPES.items():
         for dtype in (torch.float32, torch.bfloat16):
             row = {}
             for label, impl in list(methods.items()) + [("liger", None)]:
@@ -255,7 +265,19 @@ def check_kernels() -> None:
                 row[label] = {"ms": 1000 * sorted(times[1:])[1], "peak_mib": round(peak, 1)}
                 del x
                 torch.cuda.empty_cache()
-            report("kernel_timing", shape=name, dtype=str(dtype), results=row)
+            ref = row["reference"]
+            ratios = {k: {"time": round(v["ms"] / ref["ms"], 3), "memory": round(v["peak_mib"] / ref["peak_mib"], 3)}
+                      for k, v in row.items() if k != "reference"}
+            x = _kernel_inputs(b * t, h, 151936, dtype)
+            from coevo.kernels import LossParams, auto_impl
+
+            picked = auto_impl(x["hidden"], x["weight"], LossParams())
+            del x
+            torch.cuda.empty_cache()
+            report("kernel_timing", shape=name, dtype=str(dtype), results=row, vs_reference=ratios, auto=picked)
+    from coevo.kernels.select import choices
+
+    report("kernel_auto", choices={str(tuple(k)): {"impl": c.impl, "ms": c.ms} for k, c in choices().items()})
 
 
 def check_trainer_step(model_name: str) -> None:
@@ -294,6 +316,53 @@ def check_trainer_step(model_name: str) -> None:
                passed=bool(abs(losses["chunked"] - losses["triton"]) <= 1e-4 * max(1.0, abs(losses["chunked"]))))
 
 
+def check_round(model_name: str, device: str, overrides: list[str]) -> None:
+    """One round of the main job through ``coevo.run`` on ``device``: rounds.jsonl's phase seconds,
+    and the loss kernel's seconds inside the GRPO phase (each call synchronised on both sides; the
+    fused paths form their gradients in the forward, so a call holds the kernel's whole work)."""
+    import tempfile
+
+    from hydra import compose, initialize_config_dir
+
+    import coevo
+    from coevo.config.schema import register
+    from coevo.trainers import grpo
+
+    calls: list[tuple[str, float, int]] = []
+    original = grpo.grpo_loss
+
+    def timed(hidden, weight, *args, impl, **kwargs):
+        synchronize()
+        start = time.perf_counter()
+        out = original(hidden, weight, *args, impl=impl, **kwargs)
+        synchronize()
+        calls.append((impl, time.perf_counter() - start, hidden.shape[0]))
+        return out
+
+    register()
+    run_dir = Path(tempfile.mkdtemp(prefix="gpu-round-")) / "run"
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"model.name={model_name}", f"model.device={device}", "rounds=1",
+                                          "test=false", f"run_dir={run_dir}", *overrides])
+    grpo.grpo_loss = timed
+    try:
+        start = time.perf_counter()
+        coevo.run(cfg)
+        wall = time.perf_counter() - start
+    finally:
+        grpo.grpo_loss = original
+    record = json.loads((run_dir / "rounds.jsonl").read_text().splitlines()[-1])
+    phases = {k: round(v, 2) for k, v in record["seconds"].items()}
+    loss_s = sum(c[1] for c in calls)
+    from coevo.kernels.select import choices
+
+    report("gpu_round", device=device, overrides=overrides, wall_seconds=round(wall, 1), phases=phases,
+           generation_seconds=round(record.get("generation_seconds", 0.0), 2),
+           loss_calls=len(calls), loss_tokens=sum(c[2] for c in calls), loss_seconds=round(loss_s, 3),
+           loss_share_of_grpo=round(loss_s / phases["grpo"], 3) if phases.get("grpo") else None,
+           auto_choices={str(tuple(k)): c.impl for k, c in choices().items()}, passed=bool(phases.get("total")))
+
+
 def guarded(check, *args) -> None:
     """Run one check; an exception is that check's failure, reported, and the others still run."""
     try:
@@ -307,7 +376,13 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the checks a CPU can run")
+    ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
+    ap.add_argument("--round-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Hydra override for the round check (repeatable), e.g. experiment=smoke")
     args = ap.parse_args()
+    checks = set(args.checks.split(","))
+    if not checks <= set(CHECKS):
+        ap.error(f"--checks: unknown {sorted(checks - set(CHECKS))}; choose from {','.join(CHECKS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device; run this on a machine with an NVIDIA GPU, or pass --device cpu")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -320,13 +395,18 @@ def main() -> None:
         hf_model, tok = check_transformers(model_name, args.device)
         check_vllm(model_name, hf_model, tok)
 
-    guarded(check_policies)
+    if "policies" in checks:
+        guarded(check_policies)
     if args.device == "cuda":
         torch.cuda.empty_cache()
-        guarded(check_kernels)
-        guarded(check_trainer_step, model_name)
-    else:
+        if "kernels" in checks:
+            guarded(check_kernels)
+        if "trainer" in checks:
+            guarded(check_trainer_step, model_name)
+    elif checks & {"kernels", "trainer"}:
         report("kernels", skipped="CUDA kernels; tests/kernels runs them on CPU under TRITON_INTERPRET=1")
+    if "round" in checks:
+        guarded(check_round, model_name, args.device, args.round_override)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "gpu_check.json").write_text(json.dumps(RESULTS, indent=2))
