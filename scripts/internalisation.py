@@ -17,6 +17,8 @@ Differences trained − frozen are paired task bootstraps over seeds (``coevo.re
 With ``--datasets D [D ...]`` the same table is measured on the test split of other datasets of
 the run's env (transfer: kinds of task the run never trained on), with the run's starting harness
 as one more form, so the rows say how much of the harness's and the weights' gain carries over.
+The sample holds the same number of tasks from each named dataset (``--limit`` in all; a dataset
+with no test task stops the evaluation), and each dataset gets its own table beside the pooled one.
 
 With ``--arms`` the runs are the arms of an ablation (``train.py mode=...``, several seeds each, any
 mode): each arm's agent, its final harness with its own weights, and ``static``, the starting harness
@@ -41,6 +43,7 @@ import numpy as np
 
 from coevo.agent.rollouts import RolloutService, tool_use_rate
 from coevo.config.schema import load_run_config
+from coevo.envs.base import skill_of, stratified
 from coevo.envs.load import make_env
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import (
@@ -125,7 +128,10 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: b
     if trained and not hasattr(model, "disable_adapter"):
         raise SystemExit(f"{run_dir}: the run trained no LoRA adapter; the frozen model is not recoverable from it")
     env = make_env(cfg.env.name, {**cfg.env.args, "datasets": list(datasets)} if datasets else cfg.env.args)
-    tasks = env.tasks("test")[:limit]
+    try:  # named datasets: the same number of tasks from each (the split lists them dataset by dataset)
+        tasks = stratified(env.tasks("test"), datasets, limit) if datasets else env.tasks("test")[:limit]
+    except ValueError as err:
+        raise SystemExit(f"{run_dir}: --datasets {' '.join(datasets)} --limit {limit}: {err}") from None
     policy, _ = build_policy(cfg, model, tok)
     rollouts = RolloutService(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
                               workers=cfg.rollout.workers, seed=cfg.seed)
@@ -166,6 +172,21 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: b
     close = getattr(env, "close", None)
     if close is not None:
         close()
+    if datasets:
+        out[SKILLS] = {t.task_id: skill_of(t) for t in tasks}
+    return out
+
+
+SKILLS = "_datasets"  # in a transfer evaluation's result: task id -> the dataset it came from
+
+
+def per_dataset(results: Sequence[dict], datasets: Sequence[str]) -> dict[str, list[dict]]:
+    """dataset -> the results restricted to its tasks (evaluate_run's shape, without SKILLS)."""
+    out = {}
+    for d in datasets:
+        out[d] = [{form: {w: {metric: {t: v for t, v in per_task.items() if r[SKILLS][t] == d}
+                                for metric, per_task in scores.items()} for w, scores in weights.items()}
+                   for form, weights in r.items() if form != SKILLS} for r in results]
     return out
 
 
@@ -313,19 +334,31 @@ def main(argv: Sequence[str] | None = None) -> dict:
                        + (["--datasets", *args.datasets] if args.datasets else []) + (["--arms"] if args.arms else [])
                        + (["--forms", *(repr(f) for f in args.forms)] if args.forms else []))
     name = "transfer" if args.datasets else "internalisation"
+    settings = ("stratified", args.limit, args.datasets)  # "stratified": no earlier first-N evaluation is read back
     if args.arms:
-        evaluated = []
+        modes, results = [], []
         for run in args.runs:
             cfg = load_run_config(run)
-            evaluated.append((cfg.mode, cfg.seed, kept(out, run, (args.limit, args.datasets, "arm"),
-                                                      lambda: evaluate_run(run, args.limit, args.datasets, arm=True))))
-        summary = summarise_arms(evaluated)
-        write_outputs(out, f"{name}-arms", arms_text(summary, command), summary)
+            modes.append((cfg.mode, cfg.seed))
+            results.append(kept(out, run, (*settings, "arm"),
+                                lambda: evaluate_run(run, args.limit, args.datasets, arm=True)))
+        summary = summarise_arms([(m, s, {f: r for f, r in res.items() if f != SKILLS})
+                                  for (m, s), res in zip(modes, results, strict=True)])
+        texts = [arms_text(summary, command)]
+        if args.datasets:  # each dataset on its own: a zero stays a zero, not averaged into another's rate
+            summary["by_dataset"] = {d: summarise_arms([(m, s, r) for (m, s), r in zip(modes, rs, strict=True)])
+                                     for d, rs in per_dataset(results, args.datasets).items()}
+            texts += [arms_text(sub, f"dataset {d}") for d, sub in summary["by_dataset"].items()]
+        write_outputs(out, f"{name}-arms", "\n".join(texts), summary)
         return summary
-    summary = summarise([kept(out, run, (args.limit, args.datasets, args.forms),
-                              lambda: evaluate_run(run, args.limit, args.datasets, only=args.forms))
-                         for run in args.runs])
-    write_outputs(out, name, report_text(summary, command), summary)
+    results = [kept(out, run, (*settings, args.forms), lambda: evaluate_run(run, args.limit, args.datasets,
+                                                                              only=args.forms)) for run in args.runs]
+    summary = summarise([{f: r for f, r in res.items() if f != SKILLS} for res in results])
+    texts = [report_text(summary, command)]
+    if args.datasets:
+        summary["by_dataset"] = {d: summarise(rs) for d, rs in per_dataset(results, args.datasets).items()}
+        texts += [report_text(sub, f"dataset {d}") for d, sub in summary["by_dataset"].items()]
+    write_outputs(out, name, "\n".join(texts), summary)
     return summary
 
 

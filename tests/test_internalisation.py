@@ -119,13 +119,20 @@ def test_transfer_evaluates_the_run_on_datasets_it_never_trained_on_with_its_sta
                                    "env=reasoning", "+env.args.datasets=[basic_arithmetic]", "env.args.n_per_dataset=20",
                                    "~env.args.max_terms", "~env.args.max_operand", "~env.args.partial_credit",
                                    "~env.args.n_tasks")))
-    per_form = internalisation.evaluate_run(run_dir, 3, ["products"])
+    per_form = internalisation.evaluate_run(run_dir, 4, ["products", "leg_counting"])
+    skills = per_form.pop(internalisation.SKILLS)
+    assert sorted(skills.values()) == ["leg_counting", "leg_counting", "products", "products"]  # two of each
     assert list(per_form)[0] == "start"
     for weights in per_form.values():
         for figures in weights.values():
-            assert len(figures["pass"]) == 3 and all("/products/" in tid for tid in figures["pass"])
-    internalisation.main([str(run_dir), "--limit", "2", "--datasets", "products", "--out", str(tmp_path / "out")])
-    assert "--datasets products" in (tmp_path / "out" / "transfer.md").read_text()
+            assert sorted(figures["pass"]) == sorted(skills)
+    summary = internalisation.main([str(run_dir), "--limit", "4", "--datasets", "products", "leg_counting",
+                                    "--out", str(tmp_path / "out")])
+    text = (tmp_path / "out" / "transfer.md").read_text()
+    assert "--datasets products leg_counting" in text and "dataset products" in text and "dataset leg_counting" in text
+    assert {d: sub["forms"]["start"]["tasks"] for d, sub in summary["by_dataset"].items()} == \
+        {"products": 2, "leg_counting": 2}
+    assert summary["forms"]["start"]["tasks"] == 4
 
 
 def test_a_run_is_evaluated_once_and_read_back_until_it_trains_further(tmp_path):

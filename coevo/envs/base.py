@@ -97,3 +97,25 @@ def session_tools(env: Env, task: Task) -> list[str]:
         return sorted(session.tools)
     finally:
         session.close()
+
+
+def skill_of(task: Task) -> str | None:
+    """The dataset (or game) a task was drawn from: its ``skill:<name>`` capability, None without one."""
+    return next((c.removeprefix("skill:") for c in task.capabilities if c.startswith("skill:")), None)
+
+
+def stratified(tasks: Sequence[Task], skills: Sequence[str], limit: int) -> list[Task]:
+    """The same number of tasks from each of ``skills`` (the first of each, in ``tasks``' order), at
+    most ``limit`` in all. The first ``limit`` tasks of a mixed split can all be one dataset (an env
+    lists its tasks dataset by dataset), so a sample that names several must be drawn per dataset.
+    A ValueError names every skill without a task, or a ``limit`` below one task per skill: a
+    transfer table must never measure fewer datasets than it names."""
+    if limit < len(skills):
+        raise ValueError(f"limit {limit} is fewer than the {len(skills)} datasets named; it needs one task from each")
+    by_skill = {s: [t for t in tasks if skill_of(t) == s] for s in skills}
+    missing = [s for s, found in by_skill.items() if not found]
+    if missing:
+        present = sorted({s for t in tasks if (s := skill_of(t)) is not None})
+        raise ValueError(f"no task of {missing} in this split (its datasets: {present})")
+    each = min(limit // len(skills), *(len(found) for found in by_skill.values()))
+    return [t for s in skills for t in by_skill[s][:each]]
