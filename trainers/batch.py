@@ -39,7 +39,7 @@ class TrainSequence:
 
 
 def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
-                       credit_prefill: bool = False) -> list[TrainSequence]:
+                       credit_prefill: bool = False, distill_demos: bool = False) -> list[TrainSequence]:
     """Flatten the trainable, non-empty model calls of trainable traces into sequences, each scored at
     the temperature that sampled it. A call recorded without one (a record of an earlier coevo,
     before model calls kept their sampling parameters; reading such a run still works) is a
@@ -47,11 +47,16 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
 
     ``credit_prefill``: a call whose reply the harness prefilled (a forced tool call) and whose
     trace has a positive advantage is trained with the prefix as actions, under the prompt without
-    it (``credit_forced``): the decision the harness forced, credited where it led to success."""
+    it (``credit_forced``): the decision the harness forced, credited where it led to success.
+
+    ``distill_demos``: each call of a trace with a positive advantage whose prompt held the harness's
+    demonstrations (``ModelCall.demo_span``) is trained a second time under the prompt without them
+    (``distilled``), after the trace's own calls (so chained calls still pack)."""
     out: list[TrainSequence] = []
     for i, (trace, adv) in enumerate(zip(traces, advantages.tolist(), strict=True)):
         if not trace.trainable:
             continue
+        copies: list[TrainSequence] = []
         if trace.behaviour_logprobs is None:
             raise ValueError(f"trace {trace.trace_id} has no behaviour log-probs; insert it through the replay buffer")
         for k, call in enumerate(trace.model_calls):
@@ -71,7 +76,11 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
                                  "coevo): it cannot be trained at the temperature that sampled it")
             seq = TrainSequence(i, call.prompt_ids, call.completion_ids, old, sampler, float(adv), call.loss_weight,
                                 temperature)
-            out.append(credit_forced(seq, call.prefix_tokens) if credit_prefill and adv > 0 else seq)
+            seq = credit_forced(seq, call.prefix_tokens) if credit_prefill and adv > 0 else seq
+            out.append(seq)
+            if distill_demos and adv > 0 and call.demo_span is not None:
+                copies.append(distilled(seq, call.demo_span))
+        out.extend(copies)
     return out
 
 
@@ -101,6 +110,22 @@ def credit_forced(seq: TrainSequence, prefix_tokens: int) -> TrainSequence:
         seq, prompt_ids=seq.prompt_ids[:-prefix_tokens],
         completion_ids=seq.prompt_ids[-prefix_tokens:] + seq.completion_ids, old_logp=forced + list(seq.old_logp),
         sampler_logp=None if seq.sampler_logp is None else forced + list(seq.sampler_logp))
+
+
+def distilled(seq: TrainSequence, demo_span: Sequence[int]) -> TrainSequence:
+    """``seq`` under its prompt without the demonstration tokens ``prompt_ids[start:end]``, every
+    completion token ``FORCED`` (context distillation). The behaviour log-probs were those of the
+    prompt with the demonstrations; under the prompt without them no policy sampled these tokens, so
+    they are rated against the current policy, as forced tokens are: the gradient is the advantage
+    times ∇log π(reply | prompt without demonstrations), which moves the bare prompt's policy toward
+    what the demonstrations made it do where that succeeded. A forced prefix already moved into the
+    completion (``credit_forced``) lies after the span and stays."""
+    start, end = demo_span
+    if not 0 <= start < end <= len(seq.prompt_ids):
+        raise ValueError(f"demonstration span [{start}, {end}) outside a prompt of {len(seq.prompt_ids)} tokens")
+    forced = [FORCED] * len(seq.completion_ids)
+    return dataclasses.replace(seq, prompt_ids=seq.prompt_ids[:start] + seq.prompt_ids[end:], old_logp=forced,
+                               sampler_logp=None if seq.sampler_logp is None else forced)
 
 
 @dataclass(frozen=True)

@@ -160,8 +160,8 @@ class GRPOTrainer:
         self.ref_model, self.pad_id, self.config, self.max_grad_norm = ref_model, pad_id, config, c.max_grad_norm
         self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, c.micro_batch_tokens
         self.loss_params, self.kernel = loss_params, {"impl": c.kernel, "workspace_mib": c.loss_workspace_mib}
-        self.beta, self.tis_cap, self.credit_prefill = c.beta, c.tis_cap, c.credit_prefill
-        self.loss_horizon = loss_horizon
+        self.beta, self.tis_cap, self.loss_horizon = c.beta, c.tis_cap, loss_horizon
+        self.crediting = {"credit_prefill": c.credit_prefill, "distill_demos": c.distill_demos}  # training_sequences'
         self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, c.scale_by_std, drop_zero_variance
         self.pack_calls, self.share_prefix = pack_calls, share_prefix
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
@@ -181,7 +181,7 @@ class GRPOTrainer:
         adv, signal, stats = group_advantages([t.task_id for t in traces], [t.reward for t in traces],
                                               scale_by_std=self.scale_by_std, members=members)
         keep = [i for i in range(len(traces)) if members[i] and (signal[i] or not self.drop_zero_variance)]
-        seqs = training_sequences([traces[i] for i in keep], adv[keep], credit_prefill=self.credit_prefill)
+        seqs = training_sequences([traces[i] for i in keep], adv[keep], **self.crediting)
         staleness = dict(Counter(self.version - v for v in versions)) if versions is not None else {}
         excluded = (stats.excluded_traces, sum(t.infra_failure for t in traces))
         rewards = torch.tensor([t.reward for t, m in zip(traces, members) if m], dtype=torch.float64)

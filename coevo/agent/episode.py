@@ -176,6 +176,7 @@ class EpisodeRun:
                 reply_prefix=prefix,
                 prefix_tokens=generation.prefix_tokens,
                 agent=self.agent,
+                demo_span=generation.demo_span,
             )
             self.trace.model_calls.append(call)
             reply = call.reply  # a prefilled prefix is part of the reply the parser and the history see

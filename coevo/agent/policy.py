@@ -39,6 +39,7 @@ class Generation:
     logprobs: list[float] | None  # sampler log-prob of each completion token, after temperature
     finish_reason: str = "stop"  # "stop" (EOS or stop string) | "length"
     prefix_tokens: int = 0  # how many of prompt_ids (its last ones) are the request's reply_prefix
+    demo_span: list[int] | None = None  # [start, end) of prompt_ids that are demonstration turns (coevo.agent.demos)
 
 
 @runtime_checkable

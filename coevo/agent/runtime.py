@@ -13,6 +13,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from coevo.agent.demos import with_demo_spans
 from coevo.agent.episode import RESET_TIMEOUT_S, TOOL_TIMEOUT_S, EpisodeRun, Job
 from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.agent.trace import Trace
@@ -93,6 +94,7 @@ def run_episodes(
                 generations: list[Generation | BaseException] = list(policy.generate(requests))
                 if len(generations) != len(requests):
                     raise RuntimeError(f"policy returned {len(generations)} generations for {len(requests)} requests")
+                generations = with_demo_spans(policy, requests, generations)
             except Exception as err:
                 generations = [err] * len(ids)
             list(pool.map(lambda pair: advance(*pair), zip(ids, generations, strict=True)))

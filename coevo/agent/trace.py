@@ -40,6 +40,9 @@ class ModelCall:
     reply_prefix: str = ""  # "": nothing prefilled (and every call recorded before prefixes existed)
     prefix_tokens: int = 0  # the last prefix_tokens of prompt_ids are reply_prefix's (0: unknown or none)
     agent: str = ""  # "": the lead agent; else the specialist whose delegated sub-episode made the call
+    # [start, end) of prompt_ids that are the harness's demonstration turns, when removing them leaves exactly the
+    # prompt the policy renders without them (None: no demonstrations, or not a contiguous cut)
+    demo_span: list[int] | None = None
 
     @property
     def reply(self) -> str:

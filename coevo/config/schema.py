@@ -171,6 +171,9 @@ class TrainerConfig:
     credit_prefill: bool = opt(False, "train the tokens a harness prefilled (a forced tool call) as actions of the "
                                "episodes with a positive advantage, under the prompt without them, so the weights "
                                "learn the decision the scaffold forces")
+    distill_demos: bool = opt(False, "train the replies of successful episodes whose prompt held the harness's "
+                              "demonstrations again under the prompt without them (context distillation), so the "
+                              "weights learn to act without the example in context")
     aggregation: str = opt("token_mean", "token weights of the step loss: token_mean (DAPO's token-level mean over "
                            "the step) | sequence_mean (GRPO's mean of sequence means) | dr_grpo (Dr. GRPO: token "
                            "sums / (sequences x rollout.max_new_tokens))",

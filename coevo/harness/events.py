@@ -26,6 +26,13 @@ task's user: a conversation's user turns and the harness's nudges stay apart in 
 the model sees the nudge marked (``[harness]``, ``coevo.policy.hf.to_template_messages``)."""
 
 
+DEMO = "demo"
+"""A message key the few_shot processor sets on each turn it inserts: a worked demonstration, not
+the episode's own conversation. Chat templates never see it (``coevo.policy.hf.to_template_messages``
+keeps role and content); the runtime renders a request without these turns to find their tokens
+(``coevo.agent.demos``), so the trainer can train a reply under the prompt without them."""
+
+
 def harness_note(content: str) -> Message:
     """A user-role message the harness, not the user, says."""
     return {"role": "user", "name": HARNESS, "content": content}

@@ -104,7 +104,9 @@ def test_few_shot_turns_put_tool_turns_where_the_runtime_puts_them():
     s = state(messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "What is 2 + 3?"}])
     FewShotDemos(demos=["What is 1+1?", "<answer>2</answer>"], turns=TOOL_DEMO).process(ev.TaskStartEvent(s))
     assert [m["role"] for m in s.messages] == ["system", "user", "assistant", *[t["role"] for t in TOOL_DEMO], "user"]
-    assert s.messages[3:7] == TOOL_DEMO and s.messages[-1]["content"] == "What is 2 + 3?"
+    # each inserted turn marked as a demonstration (coevo.agent.demos finds its tokens); the task is not
+    assert s.messages[3:7] == [{**t, ev.DEMO: True} for t in TOOL_DEMO] and s.messages[-1]["content"] == "What is 2 + 3?"
+    assert all(m.get(ev.DEMO) for m in s.messages[1:7]) and not any(ev.DEMO in m for m in (s.messages[0], s.messages[-1]))
     s.messages[5]["content"] = "changed"  # the processor's own value is never handed out to be mutated
     assert FewShotDemos(turns=TOOL_DEMO).config["turns"][2]["content"] == "9"
     h = base_harness().insert(FewShotDemos(turns=TOOL_DEMO))
@@ -250,6 +252,27 @@ def test_a_compact_tool_listing_names_every_tool_in_a_fraction_of_the_schema_lis
     assert len(compact) < len(full) / 4
 
 
+def test_a_compact_listing_keeps_the_sentence_that_tells_each_tool_apart():
+    """BFCL-shaped: every tool of a class opens with the same boilerplate sentence; the compact line
+    shows the first sentence that is the tool's own, and a tool with none keeps its first."""
+    from coevo.harness.library.tools import compact_listing
+
+    shared = "This tool belongs to the Message API, which is used to manage user-to-user messages."
+    own = {"send_message": "Send a message to a user.", "delete_message": "Delete the latest message sent to a "
+           "receiver.", "view_messages_sent": "View all historical messages sent by the current user."}
+    specs = [ev.ToolSpec(name, f"{shared} {text} Returns a status.", {"properties": {"receiver_id": {}},
+                                                                         "required": ["receiver_id"]})
+             for name, text in own.items()] + [ev.ToolSpec("calc", "Computes. Returns a status.")]
+    lines = compact_listing(specs)
+    assert lines[:3] == [f"- {name}(receiver_id): {text.rstrip('.')}" for name, text in own.items()]
+    assert lines[3] == "- calc(): Computes"
+    assert len(set(line.split(": ", 1)[1] for line in lines)) == 4  # no two tools read alike
+    alone = compact_listing([ev.ToolSpec("only", f"{shared} Returns a status.")])
+    assert alone == ["- only(): This tool belongs to the Message API, which is used to manage user-to-user messages"]
+    same = compact_listing([ev.ToolSpec("a", "Same words."), ev.ToolSpec("b", "Same words.")])
+    assert same == ["- a(): Same words", "- b(): Same words"]  # nothing of its own: the first sentence
+
+
 def request(step=0, tools=("calculator", "python")):
     s = state(step=step)
     s.tools = {n: ev.ToolSpec(n, "") for n in tools}
@@ -331,11 +354,11 @@ def test_tool_whitelist_blocks_with_message():
 
 # --- execution
 def test_python_executor_registers_and_runs_with_limits():
-    p = PythonExecutor(timeout_s=2.0)
+    p = PythonExecutor(timeout_s=60.0)  # a cell starting under load can take seconds
     s = state()
     p.process(ev.TaskStartEvent(s))
     assert s.available_tools["python"].provider == "python_executor"
-    assert p.call_tool("python", {"code": "print(6*7)"}, 5.0).output.strip() == "42"
+    assert p.call_tool("python", {"code": "print(6*7)"}, 60.0).output.strip() == "42"
     slow = p.call_tool("python", {"code": "while True: pass"}, 0.5)
     assert slow.error is not None and "timed out" in slow.error
     assert p.call_tool("python", {}, 1.0).error == "python needs a string argument 'code'"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coevo.harness.errors import ParamError
-from coevo.harness.events import Message, TaskStartEvent
+from coevo.harness.events import DEMO, Message, TaskStartEvent
 from coevo.harness.hooks import Dimension, Hook
 from coevo.harness.processor import Param, Processor
 
@@ -116,6 +116,7 @@ class FewShotDemos(Processor):
         demos = self.config["demos"]
         turns = [pair_demo(demos[k], demos[k + 1]) for k in range(0, len(demos), 2)]
         flat = [turn for demo in turns for turn in demo] + [dict(t) for t in self.config["turns"]]
+        flat = [{**turn, DEMO: True} for turn in flat]  # marked: coevo.agent.demos finds their tokens
         msgs = event.state.messages
         i = first_user_index(msgs)
         event.state.messages = msgs[:i] + flat + msgs[i:]

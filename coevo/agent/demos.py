@@ -1,0 +1,51 @@
+"""Where a request's demonstration turns sit in its prompt ids.
+
+The few_shot processor marks the turns it inserts (``coevo.harness.events.DEMO``). After a batch is
+generated, each request that holds marked turns is rendered again without them by the same policy;
+when the ids without them are exactly the prompt ids with one contiguous span removed (chat
+templates render turn by turn, so they are), that span is the demonstrations' and is recorded on
+the call. A trainer can then train the reply under the prompt the harness would show without its
+demonstrations (``coevo.trainers.batch.distilled``) without ever re-tokenising text: the ids are
+the ones the policy rendered, now or at generation time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from coevo.agent.policy import ChatRequest, Generation
+from coevo.harness.events import DEMO, Message
+
+
+def without_demos(messages: Sequence[Message]) -> list[Message]:
+    return [m for m in messages if not m.get(DEMO)]
+
+
+def cut_span(prompt_ids: Sequence[int], bare_ids: Sequence[int]) -> list[int] | None:
+    """[start, end) such that ``prompt_ids[:start] + prompt_ids[end:] == bare_ids``, or None when no
+    single cut gives ``bare_ids`` (or nothing would be cut)."""
+    n, m = len(prompt_ids), len(bare_ids)
+    if m >= n:
+        return None
+    start = 0
+    while start < m and prompt_ids[start] == bare_ids[start]:
+        start += 1
+    end = n - (m - start)
+    return [start, end] if list(prompt_ids[end:]) == list(bare_ids[start:]) else None
+
+
+def with_demo_spans(policy: object, requests: Sequence[ChatRequest],
+                    generations: list[Generation | BaseException]) -> list[Generation | BaseException]:
+    """``generations`` with ``demo_span`` set where the request held demonstration turns and the
+    policy renders prompts (``prompt_ids``; a scripted policy does not)."""
+    render = getattr(policy, "prompt_ids", None)
+    if render is None:
+        return generations
+    out = []
+    for request, gen in zip(requests, generations, strict=True):
+        if isinstance(gen, Generation) and any(m.get(DEMO) for m in request.messages):
+            bare = render(without_demos(request.messages), request.reply_prefix)
+            gen = dataclasses.replace(gen, demo_span=cut_span(gen.prompt_ids, bare))
+        out.append(gen)
+    return out
