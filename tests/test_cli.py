@@ -222,3 +222,25 @@ def test_eval_notes_a_harness_evolved_on_another_env(tmp_path):
     base_harness().save(evolved, evolved_on="arithmetic")
     assert "was evolved on" not in runner.invoke(app, args).output
     assert Harness.load(evolved).id == base_harness().id  # the note is outside the spec and the id
+
+
+def test_harness_set_writes_a_harness_file_with_parameters_changed(tmp_path):
+    """``coevo harness set``: each PROCESSOR.PARAM=VALUE a set_param edit (the value read as YAML),
+    --compact-tools swaps the tool listing, bad names fail in one line naming what exists."""
+    from typer.testing import CliRunner
+
+    from coevo.cli.main import app
+    from coevo.harness.harness import Harness
+
+    out = tmp_path / "h.yaml"
+    done = CliRunner().invoke(app, ["harness", "set", "function_calling", "sampling.max_new_tokens=256",
+                                    "parse_retry.max_retries=1", "--compact-tools", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    h = Harness.load(out)
+    assert h.get("sampling").config["max_new_tokens"] == 256 and h.get("parse_retry").config["max_retries"] == 1
+    assert "{tools_compact}" in h.get("tool_schema_hint").config["template"]
+    assert "<answer>" not in h.get("parse_retry").config["message"]  # function_calling's own rule: plain text
+    bad = CliRunner().invoke(app, ["harness", "set", "function_calling", "sampling.nope=1", "--out", str(out)])
+    assert bad.exit_code == 2 and "sampling takes ['max_new_tokens'" in bad.output
+    bad = CliRunner().invoke(app, ["harness", "set", "base", "max_new_tokens=1", "--out", str(out)])
+    assert bad.exit_code == 2 and "PROCESSOR.PARAM=VALUE" in bad.output

@@ -1,4 +1,5 @@
-"""``coevo harness ...``: inspect and compare harness specs (show, diff, id, the processor kinds)."""
+"""``coevo harness ...``: inspect and compare harness specs (show, diff, id, the processor kinds), and
+write a harness file with parameters changed (set)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coevo.harness import PROCESSORS, Harness, format_diff
+from coevo.harness.errors import CompositionError
 from coevo.harness.defaults import BUILTIN_HARNESSES
 from coevo.harness.hooks import HOOK_ORDER, Dimension
 
@@ -85,6 +87,48 @@ def harness_diff(
     ignored = ("sampling",) if ignore_sampling else ()
     text = format_diff(load_harness(a), load_harness(b), ignore_params_of=ignored)
     console.print(text, markup=False, highlight=False)
+
+
+@harness_app.command("set")
+def harness_set(
+    spec: str = typer.Argument(..., help="harness YAML path or built-in name"),
+    assignments: list[str] = typer.Argument(None, help="PROCESSOR.PARAM=VALUE, the value read as YAML "
+                                            "(e.g. sampling.max_new_tokens=256, few_shot.demos='[]')"),
+    out: Path = typer.Option(..., "--out", help="the harness YAML file to write"),
+    compact_tools: bool = typer.Option(False, "--compact-tools", help="list the tools in tool_schema_hint's template "
+                                       "by {tools_compact} (one short line a tool) instead of {tools} (their schemas)"),
+) -> None:
+    """Write a harness file: SPEC with each PROCESSOR.PARAM set to VALUE (a set_param edit each, so
+    the file's lineage says what changed), checked as any harness is."""
+    import yaml
+
+    h = load_harness(spec)
+    changes: list[tuple[str, str, object]] = []
+    for item in assignments or []:
+        key, sep, text = item.partition("=")
+        name, dot, param = key.partition(".")
+        if not sep or not dot or not name or not param:
+            raise typer.BadParameter(f"{item!r}: write PROCESSOR.PARAM=VALUE, e.g. sampling.max_new_tokens=256")
+        try:
+            changes.append((name, param, yaml.safe_load(text)))
+        except yaml.YAMLError as err:
+            raise typer.BadParameter(f"{item!r}: the value is not YAML ({err})") from None
+    if compact_tools:
+        if "tool_schema_hint" not in h:
+            raise typer.BadParameter(f"--compact-tools: {spec} has no tool_schema_hint processor to list tools")
+        template = h.get("tool_schema_hint").config["template"]
+        if "{tools}" not in template:
+            raise typer.BadParameter("--compact-tools: tool_schema_hint's template has no {tools} to replace")
+        changes.append(("tool_schema_hint", "template", template.replace("{tools}", "{tools_compact}")))
+    if not changes:
+        raise typer.BadParameter("nothing to set: give PROCESSOR.PARAM=VALUE or --compact-tools")
+    for name, param, value in changes:
+        try:
+            h = h.set_param(name, param, value)
+        except (CompositionError, KeyError, TypeError, ValueError) as err:
+            raise typer.BadParameter(f"{name}.{param}={value!r}: {err}") from None
+    h.save(out)
+    print(f"wrote {out} (harness {h.id}; {len(changes)} parameter(s) set on {spec})")
 
 
 @harness_app.command("id")

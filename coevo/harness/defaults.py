@@ -78,13 +78,21 @@ FUNCTION_CALLING_SYSTEM_PROMPT = (
 )
 
 
+FUNCTION_CALLING_RETRY = (
+    "I could not read the tool call in your reply. Call a tool with "
+    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>, or reply to the user in plain text.'
+)
+
+
 def function_calling_harness() -> Harness:
     """The conversation harness of function-calling benchmarks (BFCL's multi-turn categories): a
     reply without a tool call is the turn's reply as written (``answer_extraction.plain_text``),
     not a format error to retry, so no reminder interrupts the user's conversation; tool calls
-    and answer tags read as in ``base``."""
+    and answer tags read as in ``base``. A reply whose tool call does not parse is retried with a
+    note that states this harness's rule (a tool call, or plain text), not base's answer tags."""
     h = (base_harness().set_param("system_prompt", "template", FUNCTION_CALLING_SYSTEM_PROMPT)
-         .set_param("answer_extraction", "plain_text", True))
+         .set_param("answer_extraction", "plain_text", True)
+         .set_param("parse_retry", "message", FUNCTION_CALLING_RETRY))
     return Harness(h.processors, name="function_calling")
 
 

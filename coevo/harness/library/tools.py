@@ -93,14 +93,31 @@ def tool_hint_line(spec: ToolSpec) -> str:
     return line + (f". Returns: {json.dumps(spec.returns)}" if spec.returns else "")
 
 
-def compact_hint_line(spec: ToolSpec) -> str:
-    """One tool in a few tokens: ``- name(a, b, c?): first sentence of its description`` (``?`` marks
-    an optional argument). For tool sets whose full schemas would fill the context window."""
-    properties = (spec.parameters or {}).get("properties", {}) or {}
-    required = set((spec.parameters or {}).get("required") or ())
-    args = ", ".join(k if k in required else f"{k}?" for k in properties)
-    first = spec.description.strip().split(". ")[0].rstrip(".")
-    return f"- {spec.name}({args}): {first}"
+def sentences(text: str) -> list[str]:
+    """``text``'s sentences, each without its final period."""
+    return [x.rstrip(".") for x in re.split(r"(?<=[.!?])\s+", text.strip()) if x.strip()]
+
+
+def compact_listing(specs: list[ToolSpec]) -> list[str]:
+    """Each tool in a few tokens: ``- name(a, b, c?): sentence`` (``?`` marks an optional argument),
+    for tool sets whose full schemas would fill the context window. The sentence is the first of the
+    tool's description that no other tool of the listing also has: benchmark tool sets open every
+    description of a class with the same boilerplate ("This tool belongs to the Message API, ..."),
+    and a first sentence shared by all of them would leave the tools told apart by name alone. A
+    description with no sentence of its own keeps its first."""
+    said = [sentences(spec.description) for spec in specs]
+    counts: dict[str, int] = {}
+    for own in said:
+        for sentence in set(own):
+            counts[sentence] = counts.get(sentence, 0) + 1
+    lines = []
+    for spec, own in zip(specs, said, strict=True):
+        properties = (spec.parameters or {}).get("properties", {}) or {}
+        required = set((spec.parameters or {}).get("required") or ())
+        args = ", ".join(k if k in required else f"{k}?" for k in properties)
+        telling = next((x for x in own if counts[x] == 1), own[0] if own else "")
+        lines.append(f"- {spec.name}({args}): {telling}")
+    return lines
 
 
 class ToolSchemaHint(Processor):
@@ -114,8 +131,8 @@ class ToolSchemaHint(Processor):
     consumes = produces = TaskStartEvent
     runs_after = frozenset({"system_prompt", "tool_registry"})
     params = (Param("template", "prompt", DEFAULT_HINT, "{tools} is replaced by one line per tool with its JSON "
-                    "schema; {tools_compact} by one short line per tool (name, argument names, first sentence of "
-                    "its description): for tool sets whose schemas would fill the context"),)
+                    "schema; {tools_compact} by one short line per tool (name, argument names, the first sentence "
+                    "of its description no other tool shares): for tool sets whose schemas would fill the context"),)
 
     def process(self, event: TaskStartEvent) -> TaskStartEvent:
         tools = event.state.tools
@@ -123,7 +140,7 @@ class ToolSchemaHint(Processor):
             return event
         hint = self.config["template"]
         if "{tools_compact}" in hint:
-            hint = hint.replace("{tools_compact}", "\n".join(compact_hint_line(t) for t in tools.values()))
+            hint = hint.replace("{tools_compact}", "\n".join(compact_listing(list(tools.values()))))
         if "{tools}" in hint:
             hint = hint.replace("{tools}", "\n".join(tool_hint_line(t) for t in tools.values()))
         msgs = event.state.messages
