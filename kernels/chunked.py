@@ -57,7 +57,7 @@ from .spec import GRPOLossOutput, Tokens, check_inputs
 # = 0.46x), so this is the tallest tile that keeps the peak near a third of the naive path's.
 DEFAULT_CHUNK_SIZE = 128
 # A GPU's tile budget: the logits tile (and a float32 work copy where the row kernel makes one). At V=151936 in
-# bf16, 512 MiB is 1,728 rows (a multiple of TILE_ALIGN) beside the 545 MiB float32 weight gradient.
+# bf16, 512 MiB is 1,728 rows (a multiple of TILE_ALIGN) beside the 519 MiB float32 weight gradient.
 DEFAULT_WORKSPACE_MIB = 512
 TILE_ALIGN = 64  # GPU tile heights are multiples of this: whole tensor-core tiles for the GEMMs' M dimension
 
