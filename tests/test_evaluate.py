@@ -89,3 +89,30 @@ def test_an_evaluation_stopped_halfway_keeps_the_traces_of_the_episodes_it_finis
         evaluate(base_harness(), rollouts, "val", on_trace=log.append)
     kept = [json.loads(line) for line in (tmp_path / "traces.jsonl").read_text().splitlines()]
     assert len(kept) == 2 and all(t["passed"] for t in kept)  # two episodes of two calls each had ended
+
+
+def test_a_stopped_evaluation_reports_the_episodes_that_ended(tmp_path):
+    """Stopped after some episodes ended, ``on_partial`` gets their report (``partial=True``, only the
+    tasks with an ended episode) before the stop propagates; ``write_eval`` marks it in report.md."""
+    from coevo.agent.evaluate import write_eval
+
+    env = ArithmeticEnv(n_tasks=20)
+    seen = {"n": 0}
+
+    def respond(messages):  # the seventh model call stops the evaluation: three episodes of two calls ended
+        seen["n"] += 1
+        if seen["n"] == 7:
+            raise KeyboardInterrupt
+        return calculator_solver(messages)
+
+    got = []
+    rollouts = RolloutService(ScriptedPolicy(respond), env, batch_size=1, max_steps=6, workers=1, seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(base_harness(), rollouts, "val", on_partial=lambda r, t: got.append((r, t)))
+    (report, traces), = got
+    assert report.partial and report.n_tasks == 3 and len(traces) == 3 and report.pass_at_1 == 1.0
+    assert [t.task_id for t in traces] == [t.task_id for t in env.tasks("val")[:3]]
+    write_eval(tmp_path, base_harness(), report, traces)
+    assert "**Partial**" in (tmp_path / "report.md").read_text()
+    full, _ = evaluate(base_harness(), scripted(env), "val", limit=2)
+    assert not full.partial and "Partial" not in markdown_report(full, _)

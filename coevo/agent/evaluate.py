@@ -11,7 +11,7 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coevo.agent.rollouts import RolloutService
+from coevo.agent.rollouts import Rollout, RolloutService
 from coevo.agent.trace import Trace
 from coevo.envs.base import check_split
 from coevo.harness.harness import Harness
@@ -35,6 +35,7 @@ class EvalReport:
     prompt_tokens: int
     completion_tokens: int
     outcomes: dict[str, list[bool]]
+    partial: bool = False  # stopped before every episode ended: the figures are those of the episodes that did
 
 
 def evaluate(
@@ -45,10 +46,13 @@ def evaluate(
     attempts: int = 1,
     limit: int | None = None,
     on_trace: Callable[[Trace], None] | None = None,
+    on_partial: Callable[[EvalReport, list[Trace]], None] | None = None,
 ) -> tuple[EvalReport, list[Trace]]:
     """Run every task of ``split`` (the first ``limit``) ``attempts`` times on ``harness``, through
     ``rollouts`` (its policy, env, batching, step limit and progress display); ``on_trace`` gets each
-    trace as its episode ends (``TraceLog.append`` keeps them on disk as they come).
+    trace as its episode ends (``TraceLog.append`` keeps them on disk as they come). Stopped
+    (Ctrl-C, or SIGTERM where the caller raises on it) after some episodes ended, ``on_partial``
+    gets the report of those episodes (``partial=True``) before the stop propagates.
 
     ``limit`` is passed on to the env when its ``tasks`` takes a ``limit`` keyword
     (``tasks(split, limit=None)``), so an env whose tasks are expensive to list (a benchmark that
@@ -61,27 +65,35 @@ def evaluate(
     if not tasks:
         raise ValueError(f"env {env.name!r} has no tasks in split {split!r}")
     start = time.perf_counter()
-    done = rollouts.run(harness, tasks, attempts=attempts, phase=None, label=f"{env.name}/{split} episodes",
-                        on_trace=on_trace)
-    traces, outcomes = done.traces, done.outcomes()
-    p1, pk = done.pass_at_1, done.pass_at_k
-    report = EvalReport(
-        env=env.name,
-        split=split,
-        harness_id=harness.id,
-        model_version=policy.model_version,
-        attempts=attempts,
-        n_tasks=len(tasks),
-        pass_at_1=p1,
-        pass_at_k=pk,
-        mean_reward=sum(t.reward for t in traces) / len(traces),
-        errors=sum(t.error is not None for t in traces),
-        seconds=round(time.perf_counter() - start, 3),
-        prompt_tokens=int(sum(t.cost.get("prompt_tokens", 0) for t in traces)),
-        completion_tokens=int(sum(t.cost.get("completion_tokens", 0) for t in traces)),
-        outcomes=outcomes,
-    )
-    return report, traces
+    ended: list[Trace] = []
+
+    def keep(trace: Trace) -> None:
+        ended.append(trace)
+        if on_trace is not None:
+            on_trace(trace)
+
+    def report_of(done: Rollout, partial: bool) -> EvalReport:
+        traces = done.traces
+        return EvalReport(
+            env=env.name, split=split, harness_id=harness.id, model_version=policy.model_version,
+            attempts=attempts, n_tasks=len(done.task_ids), pass_at_1=done.pass_at_1, pass_at_k=done.pass_at_k,
+            mean_reward=sum(t.reward for t in traces) / len(traces), errors=sum(t.error is not None for t in traces),
+            seconds=round(time.perf_counter() - start, 3),
+            prompt_tokens=int(sum(t.cost.get("prompt_tokens", 0) for t in traces)),
+            completion_tokens=int(sum(t.cost.get("completion_tokens", 0) for t in traces)),
+            outcomes=done.outcomes(), partial=partial)
+
+    try:
+        done = rollouts.run(harness, tasks, attempts=attempts, phase=None, label=f"{env.name}/{split} episodes",
+                            on_trace=keep)
+    except (KeyboardInterrupt, SystemExit):
+        if ended and on_partial is not None:  # the tasks with an ended episode, in the split's order
+            seen = {t.task_id for t in ended}
+            order = [t.task_id for t in tasks if t.task_id in seen]
+            ended.sort(key=lambda t: order.index(t.task_id))
+            on_partial(report_of(Rollout(list(ended), order, attempts), partial=True), list(ended))
+        raise
+    return report_of(done, partial=False), done.traces
 
 
 class TraceLog:
@@ -125,6 +137,7 @@ def markdown_report(report: EvalReport, traces: Sequence[Trace]) -> str:
         "",
         f"harness `{report.harness_id}`, policy `{report.model_version}`, {report.n_tasks} tasks x {k} attempts",
         "",
+        *(["**Partial**: the evaluation was stopped; these are the episodes that ended.", ""] if report.partial else []),
         f"| pass@1 | {pass_k_head}mean reward | errors | prompt tokens | completion tokens | seconds |",
         "|---|---|---|---|---|---|" + ("---|" if k > 1 else ""),
         f"| {report.pass_at_1:.3f} | {pass_k}{report.mean_reward:.3f} | {report.errors} | "

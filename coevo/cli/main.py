@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
@@ -57,6 +57,7 @@ def eval_cmd(
 ) -> None:
     """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
     from coevo.agent.evaluate import TraceLog, evaluate, write_eval
+    from coevo.loop.termination import sigterm_raises
     from coevo.agent.rollouts import RolloutService
     from coevo.envs.base import SPLITS
     from coevo.report.progress import RichProgress
@@ -84,7 +85,15 @@ def eval_cmd(
         out = out or Path("runs") / time.strftime(f"eval-{env.name}-%Y%m%d-%H%M%S")
         log = TraceLog(out / "traces.jsonl", tokenizer=getattr(policy, "tokenizer", None))
         console.print(f"traces: {log.path} (appended as episodes end)", soft_wrap=True)
-        report, traces = evaluate(h, rollouts, split, attempts=attempts, limit=limit, on_trace=log.append)
+        tokenizer = getattr(policy, "tokenizer", None)
+
+        def write_partial(report: Any, traces: list) -> None:
+            write_eval(out, h, report, traces, tokenizer=tokenizer)
+            console.print(f"stopped: a partial report of {len(traces)} ended episode(s) in {out / 'report.md'}")
+
+        with sigterm_raises():  # a SIGTERM (a scheduler, `timeout`, `kill`) stops it as Ctrl-C does
+            report, traces = evaluate(h, rollouts, split, attempts=attempts, limit=limit, on_trace=log.append,
+                                      on_partial=write_partial)
     finally:
         close = getattr(env, "close", None)
         if close is not None:
