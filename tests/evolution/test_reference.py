@@ -219,6 +219,7 @@ def test_a_demo_shows_the_turns_a_real_episode_with_the_same_tool_call_produces(
     """The demonstration equals, turn for turn, the history of a real episode whose model writes the
     same replies; the few_shot processor puts exactly those turns before the next task, where the
     policy's chat rendering shows them as it shows a real episode's."""
+    from coevo.harness.events import DEMO
     from coevo.harness.library import FewShotDemos
     from coevo.harness.library.context import first_user_index
     from coevo.policy.hf import to_template_messages
@@ -237,7 +238,9 @@ def test_a_demo_shows_the_turns_a_real_episode_with_the_same_tool_call_produces(
                          ScriptedPolicy(solve_current), env)[0]
     request = shown.model_calls[0].messages
     assert shown.passed and request[0]["role"] == "system"
-    assert request[1 : 1 + len(demo)] == demo and request[1 + len(demo)]["content"] == other.instruction
+    shown_demo = request[1 : 1 + len(demo)]
+    assert all(m.pop(DEMO) for m in shown_demo)  # each marked as a demonstration (coevo.agent.demos)
+    assert shown_demo == demo and request[1 + len(demo)]["content"] == other.instruction
     for tool_role in (False, True):
         assert to_template_messages(request[1 : 1 + len(demo)], tool_role) == to_template_messages(real, tool_role)
 
