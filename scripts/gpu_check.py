@@ -243,7 +243,7 @@ def check_kernels() -> None:
 
                     def run(x=x, liger=liger, b=b, t=t):
                         return liger(x["hidden"].view(b, t, -1), x["weight"], x["targets"].view(b, t),
-                                     torch.ones(b, t, dtype=torch.long, device="cuda"),
+                                     torch.ones(b, t, dtype=torch.long, device=DEVICE),
                                      x["advantages"].view(b, t)[:, 0], old_per_token_logps=x["old_logp"].view(b, t))[0]
                 else:
                     from coevo.kernels import grpo_loss
@@ -266,7 +266,8 @@ def check_kernels() -> None:
                 del x
                 torch.cuda.empty_cache()
             ref = row["reference"]
-            ratios = {k: {"time": round(v["ms"] / ref["ms"], 3), "memory": round(v["peak_mib"] / ref["peak_mib"], 3)}
+            ratios = {k: {"time": round(v["ms"] / ref["ms"], 3) if ref["ms"] else None,
+                          "memory": round(v["peak_mib"] / ref["peak_mib"], 3) if ref["peak_mib"] else None}
                       for k, v in row.items() if k != "reference"}
             x = _kernel_inputs(b * t, h, 151936, dtype)
             from coevo.kernels import LossParams, auto_impl
