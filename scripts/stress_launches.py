@@ -92,7 +92,8 @@ def run_round(tests: list[str], keyword: str | None, xml: Path) -> list[dict]:
         failed = case.find("failure") is not None or case.find("error") is not None
         skipped = case.find("skipped") is not None
         text = "".join((e.text or "") + (e.get("message") or "") for e in case)
-        rows.append({"test": f"{Path(case.get('file') or case.get('classname', '')).stem}::{case.get('name')}",
+        module = (case.get("classname") or "").rsplit(".", 1)[-1]  # junit's classname: tests.trainers.test_zero3
+        rows.append({"test": f"{module}::{case.get('name')}",
                      "outcome": "skipped" if skipped else "failed" if failed else "passed",
                      "abort": bool(failed and ABORT.search(text)), "seconds": float(case.get("time", 0))})
     return rows
