@@ -137,7 +137,8 @@ def markdown_report(report: EvalReport, traces: Sequence[Trace]) -> str:
         "",
         f"harness `{report.harness_id}`, policy `{report.model_version}`, {report.n_tasks} tasks x {k} attempts",
         "",
-        *(["**Partial**: the evaluation was stopped; these are the episodes that ended.", ""] if report.partial else []),
+        *(["**Partial**: the evaluation was stopped; these are the episodes that ended.", ""]
+          if report.partial else []),
         f"| pass@1 | {pass_k_head}mean reward | errors | prompt tokens | completion tokens | seconds |",
         "|---|---|---|---|---|---|" + ("---|" if k > 1 else ""),
         f"| {report.pass_at_1:.3f} | {pass_k}{report.mean_reward:.3f} | {report.errors} | "

@@ -21,7 +21,8 @@ def test_each_named_dataset_gives_the_same_number_of_tasks():
 
 def test_a_named_dataset_without_a_task_fails_loudly():
     tasks = [task(i, "products") for i in range(10)]
-    with pytest.raises(ValueError, match=r"no task of \['leg_counting'\] in this split \(its datasets: \['products'\]\)"):
+    missing = r"no task of \['leg_counting'\] in this split \(its datasets: \['products'\]\)"
+    with pytest.raises(ValueError, match=missing):
         stratified(tasks, ["products", "leg_counting"], 10)
     with pytest.raises(ValueError, match="limit 1 is fewer than the 2 datasets"):
         stratified(tasks, ["products", "leg_counting"], 1)

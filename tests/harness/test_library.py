@@ -105,8 +105,10 @@ def test_few_shot_turns_put_tool_turns_where_the_runtime_puts_them():
     FewShotDemos(demos=["What is 1+1?", "<answer>2</answer>"], turns=TOOL_DEMO).process(ev.TaskStartEvent(s))
     assert [m["role"] for m in s.messages] == ["system", "user", "assistant", *[t["role"] for t in TOOL_DEMO], "user"]
     # each inserted turn marked as a demonstration (coevo.agent.demos finds its tokens); the task is not
-    assert s.messages[3:7] == [{**t, ev.DEMO: True} for t in TOOL_DEMO] and s.messages[-1]["content"] == "What is 2 + 3?"
-    assert all(m.get(ev.DEMO) for m in s.messages[1:7]) and not any(ev.DEMO in m for m in (s.messages[0], s.messages[-1]))
+    assert s.messages[3:7] == [{**t, ev.DEMO: True} for t in TOOL_DEMO]
+    assert s.messages[-1]["content"] == "What is 2 + 3?"
+    assert all(m.get(ev.DEMO) for m in s.messages[1:7])
+    assert not any(ev.DEMO in m for m in (s.messages[0], s.messages[-1]))
     s.messages[5]["content"] = "changed"  # the processor's own value is never handed out to be mutated
     assert FewShotDemos(turns=TOOL_DEMO).config["turns"][2]["content"] == "9"
     h = base_harness().insert(FewShotDemos(turns=TOOL_DEMO))
