@@ -149,7 +149,8 @@ class EpisodeRun:
             request = fire(
                 harness,
                 Hook.BEFORE_MODEL,
-                ev.ModelRequestEvent(state, messages=copy.deepcopy(state.messages), sampling=copy.deepcopy(state.sampling)),
+                ev.ModelRequestEvent(state, messages=copy.deepcopy(state.messages),
+                                     sampling=copy.deepcopy(state.sampling)),
                 log,
             )
             sampling = copy.deepcopy(request.sampling)  # what the policy is asked for, kept on the call
@@ -157,7 +158,8 @@ class EpisodeRun:
             if not isinstance(prefix, str):
                 err = ProcessorContractError(f"reply_prefix must be a str, got {type(prefix).__name__}")
                 raise EpisodeError(f"processors at {Hook.BEFORE_MODEL.value}", err, "processor")
-            generation = yield ChatRequest(request.messages, request.sampling, prefix, self.job.task.task_id, self.agent,
+            generation = yield ChatRequest(request.messages, request.sampling, prefix, self.job.task.task_id,
+                                           self.agent,
                                            len(state.replies), self.trace.trace_id)
             self._count("model_calls")
             self._count("prompt_tokens", len(generation.prompt_ids))

@@ -156,7 +156,8 @@ def markdown_report(report: EvalReport, traces: Sequence[Trace]) -> str:
         errors = "; ".join(sorted({t.error for t in ts if t.error}))[:120]
         lines.append(
             f"| {task_id} | {sum(t.passed for t in ts)}/{len(ts)} | {sum(t.reward for t in ts) / len(ts):.2f} | "
-            f"{sum(t.cost.get('completion_tokens', 0) for t in ts)} | {sum(t.cost.get('seconds', 0) for t in ts):.1f} | "
+            f"{sum(t.cost.get('completion_tokens', 0) for t in ts)} | "
+            f"{sum(t.cost.get('seconds', 0) for t in ts):.1f} | "
             f"{', '.join(sorted({str(t.stop_reason) for t in ts}))} | {errors.replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"

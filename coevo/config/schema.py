@@ -86,7 +86,7 @@ class RolloutConfig:
     batch_size: int = opt(32, "model calls per generate() batch", ge=1)
     workers: int = opt(8, "threads that run tools and processors between model calls", ge=1)
     vllm_mode: str = opt("colocate", "vllm backend: colocate (engine in the trainer process) | server (vllm serve, "
-                                         "started with VLLM_SERVER_DEV_MODE=1; weights synced through <run_dir>/vllm_sync)",
+                         "started with VLLM_SERVER_DEV_MODE=1; weights synced through <run_dir>/vllm_sync)",
                          choices=("colocate", "server"))
     vllm_server_url: str = opt("http://127.0.0.1:8000", "vllm server mode: URL of the vllm serve process")
     vllm_gpu_memory_utilization: float = opt(0.3, "vllm colocate: share of GPU memory for the engine", gt=0, le=1,
@@ -99,7 +99,8 @@ class RolloutConfig:
 class EnvConfig:
     name: str = opt("???", "environment: reasoning | arithmetic | textworld_express, or the import path "
                     "package.module:ClassName of your own (docs/environments.md)")
-    args: dict[str, Any] = opt({}, "keyword arguments of the env constructor (datasets, n_per_dataset, seed, ...)")  # noqa: RUF009 - opt returns a field()
+    args: dict[str, Any] = opt({}, "keyword arguments of the env constructor (datasets, n_per_dataset, seed, "
+                                   "...)")  # noqa: RUF009 - opt returns a field()
 
 
 @dataclass
@@ -268,7 +269,8 @@ def describe(schema: type, prefix: str = "") -> list[tuple[str, str, str]]:
         if is_dataclass(f.type) or (isinstance(f.type, str) and f.type in {c.__name__ for c in GROUPS.values()}):
             rows += describe(GROUPS[f.name], key + ".")
             continue
-        default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else "???")
+        factory = f.default_factory() if f.default_factory is not MISSING else "???"
+        default = f.default if f.default is not MISSING else factory
         rows.append((key, repr(default), f.metadata.get("help", "")))
     return rows
 

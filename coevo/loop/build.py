@@ -75,7 +75,8 @@ def check_resumable(run_dir: Path, cfg: TrainConfig) -> dict[str, Any]:
             raise UsageError(f"{run_dir} holds a run recorded by an earlier coevo whose config sets fields this "
                              f"version no longer has ({', '.join(stale)}); it cannot be resumed (coevo report and "
                              "scripts read it as it is): choose another name= / run_dir=")
-        changed = sorted(k for k in set(saved) | set(data) if saved.get(k) != data.get(k) and k not in RESUMABLE_CHANGES)
+        changed = sorted(k for k in set(saved) | set(data)
+                         if saved.get(k) != data.get(k) and k not in RESUMABLE_CHANGES)
         if changed:
             raise UsageError(f"{run_dir} holds a run with a different config (keys {changed}); resume it with the same "
                              "config, or choose another name= / run_dir=")
@@ -246,7 +247,8 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_fo
     loop = Coevolution(
         mode=cfg.mode, rollouts=rollouts, aegis=aegis, run_dir=run_dir, schedule=schedule, training=training,
         processes=processes, tracker=tracker, progress=progress,
-        splits=Splits(train, env.tasks("val")[: cfg.val_limit], env.tasks("test")[: cfg.test_limit] if cfg.test else ()))
+        splits=Splits(train, env.tasks("val")[: cfg.val_limit],
+                      env.tasks("test")[: cfg.test_limit] if cfg.test else ()))
     try:
         loop.run()
     finally:
@@ -360,7 +362,8 @@ def scripted_policy(name: str, env: Any, env_name: str, *, delegate: bool = Fals
 
         tasks = [t for split in ("train", "val", "test") for t in env.tasks(split)]
         return GoldPolicy(tasks, answer=getattr(env, "gold_answer", None),
-                          owner=getattr(env, "tool_owners", None) if delegate else None, model_version=f"gold-{env.name}")
+                          owner=getattr(env, "tool_owners", None) if delegate else None,
+                          model_version=f"gold-{env.name}")
     solver = scripted_solver(env_name)
     if solver is None:
         raise UsageError(f"env {env_name!r} has no scripted solver; use a model")

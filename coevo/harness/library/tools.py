@@ -203,7 +203,8 @@ class JsonToolCallParser(Processor):
             calls = calls[:limit]
         for k, c in enumerate(calls):
             c.call_id = f"s{event.state.step}c{k}"
-        fields = {k: getattr(event, k) for k in ("state", "text", "finish_reason", "call_index", "trainable", "loss_weight")}
+        names = ("state", "text", "finish_reason", "call_index", "trainable", "loss_weight")
+        fields = {k: getattr(event, k) for k in names}
         return ParsedOutputEvent(**fields, tool_calls=calls, parse_error=error, followup=followup)
 
 
