@@ -137,13 +137,15 @@ def check_transformers(model_name: str, device: str):
         policy.reseed(0)  # both engines draw the same noise (coevo.policy.decode.RaceSampling) from here on
         hf.reseed(0)
         a, b = policy.generate(first), hf.generate(first)
-        second = [ChatRequest([*r.messages, {"role": "assistant", "content": g.text}, {"role": "user", "content": "Again."}],
+        again = [{"role": "user", "content": "Again."}]
+        second = [ChatRequest([*r.messages, {"role": "assistant", "content": g.text}, *again],
                           r.sampling) for r, g in zip(first, a, strict=True)]
         a2, b2 = policy.generate(second), hf.generate(second)
         same = all(x.completion_ids == y.completion_ids for x, y in zip(a + a2, b + b2, strict=True))
         err = max(abs(u - v) for x, y in zip(a + a2, b + b2, strict=True) for u, v in zip(x.logprobs, y.logprobs))
         report("cached_engine_vs_generate", temperature=temperature, identical_ids=same, max_abs_logprob_diff=err,
-               prompt_tokens=policy.prompt_tokens, computed=policy.prompt_tokens_computed, passed=bool(same and err < 1e-4))
+               prompt_tokens=policy.prompt_tokens, computed=policy.prompt_tokens_computed,
+               passed=bool(same and err < 1e-4))
     policy.generate(requests(2, 0.0))  # warm-up
     single = sum(throughput(policy, [r]) for r in requests(4, 0.0)) / 4
     report("transformers_tokens_per_s", batch1=single, batch16=throughput(policy, requests(16, 0.0)),
@@ -183,7 +185,8 @@ def check_vllm(model_name: str, hf_model, tok) -> None:
     synced_err = max_logprob_error(hf_model, policy.generate(requests(4, 1.0)), 1.0)
     report("vllm_weight_sync", error_before_sync=stale_err, error_after_sync=synced_err,
            passed=bool(synced_err < 2e-2 and synced_err < stale_err))
-    report("vllm_tokens_per_s", batch16=throughput(policy, requests(16, 0.0)), batch64=throughput(policy, requests(64, 0.0)))
+    report("vllm_tokens_per_s", batch16=throughput(policy, requests(16, 0.0)),
+           batch64=throughput(policy, requests(64, 0.0)))
 
 
 def _kernel_inputs(n: int, h: int, v: int, dtype: torch.dtype, seed: int = 0, forced: bool = False) -> dict:
@@ -196,7 +199,8 @@ def _kernel_inputs(n: int, h: int, v: int, dtype: torch.dtype, seed: int = 0, fo
         old[::3] = float("nan")
     adv = torch.randn(n, device=DEVICE, generator=g)
     tw = torch.full((n,), 1.0 / n, device=DEVICE)
-    return {"hidden": hidden, "weight": weight, "targets": targets, "old_logp": old, "advantages": adv, "token_weights": tw}
+    return {"hidden": hidden, "weight": weight, "targets": targets, "old_logp": old, "advantages": adv,
+            "token_weights": tw}
 
 
 def _loss_and_grads(impl: str, x: dict) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -211,12 +215,14 @@ def _loss_and_grads(impl: str, x: dict) -> tuple[float, torch.Tensor, torch.Tens
 
 
 def check_kernels() -> None:
-    from coevo.kernels import TRITON_AVAILABLE
+    from coevo.kernels import TRITON_AVAILABLE, LossParams, auto_impl
+    from coevo.kernels.select import choices
 
     impls = ["chunked"] + (["triton"] if TRITON_AVAILABLE else [])
     if not TRITON_AVAILABLE:
         report("triton", skipped="triton not importable")
-    for dtype, tol, forced in ((torch.float32, 2e-4, False), (torch.bfloat16, 3e-2, False), (torch.float32, 2e-4, True)):
+    cases = ((torch.float32, 2e-4, False), (torch.bfloat16, 3e-2, False), (torch.float32, 2e-4, True))
+    for dtype, tol, forced in cases:
         x = _kernel_inputs(509, 896, 151936, dtype, forced=forced)
         ref = _loss_and_grads("reference", {k: (v.double() if v.is_floating_point() else v) for k, v in x.items()})
         for impl in impls:
@@ -270,14 +276,10 @@ def check_kernels() -> None:
                           "memory": round(v["peak_mib"] / ref["peak_mib"], 3) if ref["peak_mib"] else None}
                       for k, v in row.items() if k != "reference"}
             x = _kernel_inputs(b * t, h, 151936, dtype)
-            from coevo.kernels import LossParams, auto_impl
-
             picked = auto_impl(x["hidden"], x["weight"], LossParams())
             del x
             torch.cuda.empty_cache()
             report("kernel_timing", shape=name, dtype=str(dtype), results=row, vs_reference=ratios, auto=picked)
-    from coevo.kernels.select import choices
-
     report("kernel_auto", choices={str(tuple(k)): {"impl": c.impl, "ms": c.ms} for k, c in choices().items()})
 
 

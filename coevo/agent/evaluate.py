@@ -90,7 +90,8 @@ def evaluate(
         if ended and on_partial is not None:  # the tasks with an ended episode, in the split's order
             seen = {t.task_id for t in ended}
             order = [t.task_id for t in tasks if t.task_id in seen]
-            ended.sort(key=lambda t: order.index(t.task_id))
+            rank = {task_id: i for i, task_id in enumerate(order)}
+            ended.sort(key=lambda t: rank[t.task_id])
             on_partial(report_of(Rollout(list(ended), order, attempts), partial=True), list(ended))
         raise
     return report_of(done, partial=False), done.traces

@@ -156,7 +156,8 @@ def test_summary_memory_compresses_older_messages():
 
 # --- tools
 def _offered(s):
-    s.available_tools = {n: ev.ToolSpec(n, f"does {n}", {"properties": {"x": {"type": "string"}}}) for n in ("a", "b", "c")}
+    schema = {"properties": {"x": {"type": "string"}}}
+    s.available_tools = {n: ev.ToolSpec(n, f"does {n}", schema) for n in ("a", "b", "c")}
 
 
 def test_tool_registry_and_schema_hint():
@@ -176,7 +177,8 @@ def test_tool_registry_and_schema_hint():
     "text,names,error",
     [
         ('<tool_call>{"name": "calc", "arguments": {"e": "1+1"}}</tool_call>', ["calc"], None),
-        ('a<tool_call>{"name": "a", "arguments": {}}</tool_call> b <tool_call>{"name": "b", "arguments": "{\\"k\\": 1}"}</tool_call>', ["a", "b"], None),
+        ('a<tool_call>{"name": "a", "arguments": {}}</tool_call> b '
+         '<tool_call>{"name": "b", "arguments": "{\\"k\\": 1}"}</tool_call>', ["a", "b"], None),
         ('<tool_call>{"name": calc}</tool_call>', [], "could not parse"),
         ('I will use {"name": "calc", "arguments": {"e": "2"}} now', ["calc"], None),
         ("no call here {not json}", [], None),
@@ -463,7 +465,8 @@ def test_parse_retry_counts_and_gives_up():
 
 def test_argument_guard():
     s = state()
-    bad = ArgumentGuard().process(ev.ToolCallEvent(s, call=ev.ToolCall("python", {"code": "import os\nos.system('x')"})))
+    call = ev.ToolCall("python", {"code": "import os\nos.system('x')"})
+    bad = ArgumentGuard().process(ev.ToolCallEvent(s, call=call))
     assert "blocked" in bad.result.error
     good = ArgumentGuard().process(ev.ToolCallEvent(s, call=ev.ToolCall("python", {"code": "import math"})))
     assert good.result is None

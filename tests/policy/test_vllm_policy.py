@@ -63,7 +63,8 @@ def test_contract_ids_text_logprobs_and_grouping(setup):
         assert tok.decode(g.completion_ids, skip_special_tokens=True) == g.text
         assert g.prompt_ids == policy.prompt_ids(r.messages)
         with torch.no_grad():
-            logits = model(torch.tensor([g.prompt_ids + g.completion_ids])).logits[0, len(g.prompt_ids) - 1 : -1].double()
+            out = model(torch.tensor([g.prompt_ids + g.completion_ids]))
+            logits = out.logits[0, len(g.prompt_ids) - 1 : -1].double()
         ref = torch.log_softmax(logits / r.sampling.temperature, -1).gather(-1, torch.tensor(g.completion_ids)[:, None])
         assert torch.allclose(torch.tensor(g.logprobs, dtype=torch.float64), ref.squeeze(-1), atol=1e-4)
 
@@ -94,7 +95,8 @@ def test_sync_weights_plain_and_peft(setup):
     policy.sync_weights(model, "m1")
     assert policy.model_version == "m1"
     assert set(policy.engine.loaded) == set(model.state_dict())
-    peft_model = get_peft_model(tiny_model(tok, seed=0), LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    lora = LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    peft_model = get_peft_model(tiny_model(tok, seed=0), lora)
     before = {k: v.clone() for k, v in peft_model.state_dict().items()}
     policy.sync_weights(peft_model, "m2")
     loaded = policy.engine.loaded
@@ -138,8 +140,8 @@ def _fake_vllm(monkeypatch, log: list, *, sleep_mode: bool = True, cpu: bool = F
 
     class Out:
         def __init__(self, n):
-            self.outputs = [types.SimpleNamespace(token_ids=[7] * n, logprobs=[{7: types.SimpleNamespace(logprob=-0.5)}] * n,
-                                                  finish_reason="length")]
+            step = {7: types.SimpleNamespace(logprob=-0.5)}
+            self.outputs = [types.SimpleNamespace(token_ids=[7] * n, logprobs=[step] * n, finish_reason="length")]
 
     class LLM:
         def __init__(self, **kwargs):
