@@ -111,11 +111,13 @@ def test_evolve_with_a_scripted_policy_writes_rounds_harnesses_and_summary(tmp_p
     assert result.exit_code == 0, result.output
     # a train.py run directory of mode=harness_only: the same round, records and report
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
-    assert [(r["round"], r["mode"], r["grpo"]) for r in rounds] == [(0, "harness_only", None), (1, "harness_only", None)]
+    expected = [(0, "harness_only", None), (1, "harness_only", None)]
+    assert [(r["round"], r["mode"], r["grpo"]) for r in rounds] == expected
     assert rounds[0]["evolve"]["digests"][0]["n_traces"] == 8 and rounds[0]["evolve"]["digests"][0]["n_failed"] == 0
     assert (out / "harness-base.yaml").is_file() and (out / "report" / "summary.md").is_file()
     config = yaml.safe_load((out / "config.yaml").read_text())
-    assert (config["mode"], config["rollout"]["attempts"], config["evolution"]["critic_attempts"]) == ("harness_only", 2, 2)
+    settings = (config["mode"], config["rollout"]["attempts"], config["evolution"]["critic_attempts"])
+    assert settings == ("harness_only", 2, 2)
     start = json.loads((out / "start.json").read_text())
     assert len(start["val"]["outcomes"]) == 4 and len(start["test"]["outcomes"]) == 3
     summary = json.loads((out / "summary.json").read_text())

@@ -116,7 +116,8 @@ def test_a_run_that_retired_its_prefill_is_measured_against_its_most_scaffolded_
 
 def test_transfer_evaluates_the_run_on_datasets_it_never_trained_on_with_its_starting_harness(tmp_path):
     run_dir = Path(coevo.run(smoke(tmp_path / "s0", "mode=model_only", "rounds=1", "model.lora=true",
-                                   "env=reasoning", "+env.args.datasets=[basic_arithmetic]", "env.args.n_per_dataset=20",
+                                   "env=reasoning", "+env.args.datasets=[basic_arithmetic]",
+                                   "env.args.n_per_dataset=20",
                                    "~env.args.max_terms", "~env.args.max_operand", "~env.args.partial_credit",
                                    "~env.args.n_tasks")))
     per_form = internalisation.evaluate_run(run_dir, 4, ["products", "leg_counting"])

@@ -204,7 +204,8 @@ def test_a_garbled_payload_stops_resume_and_export_naming_the_segment(finished, 
     run_dir = copy_of(finished, tmp_path)
     segment = sorted((run_dir / "buffer").glob("*.seg"))[0]  # the older one: its header check passes
     garble_payload(segment)
-    message = rf"replay buffer {run_dir / 'buffer'}: 1 stored trace\(s\) fail their CRC \({segment}: .*restore the segment"
+    message = (rf"replay buffer {run_dir / 'buffer'}: 1 stored trace\(s\) fail their CRC \({segment}: "
+               r".*restore the segment")
     with pytest.raises(CheckpointError, match=message):
         coevo.run(smoke(run_dir))
     with pytest.raises(CheckpointError, match=message):
@@ -254,7 +255,8 @@ def test_a_lost_round_in_rounds_jsonl_stops_report_and_export_and_a_resume_rewri
     rounds = run_dir / "rounds.jsonl"
     whole = rounds.read_text()
     rounds.write_text("".join(whole.splitlines(keepends=True)[:-1]))
-    lost = rf"{rounds} holds 1 rounds but the checkpoint round-0001 holds 2 \(missing: rounds \[1\]\); start the run again"
+    lost = (rf"{rounds} holds 1 rounds but the checkpoint round-0001 holds 2 \(missing: rounds \[1\]\); "
+            r"start the run again")
     with pytest.raises(CheckpointError, match=lost):
         write_report(run_dir)
     with pytest.raises(CheckpointError, match=lost):
