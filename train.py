@@ -19,6 +19,7 @@ import hydra
 
 from coevo.config.schema import register
 from coevo.errors import reported_as_one_line
+from coevo.loop.launch import end_rank
 
 register()
 
@@ -36,3 +37,4 @@ def main(cfg) -> None:  # cfg: a DictConfig
 
 if __name__ == "__main__":
     main()
+    end_rank()  # a rank of a multi-process launch skips interpreter finalization (coevo.loop.launch)

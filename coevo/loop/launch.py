@@ -12,6 +12,7 @@ what was asked, and refuses a mismatch in one line.
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
@@ -71,6 +72,8 @@ def torn_down_on_exit(accelerator: Any) -> Iterator[None]:
     collective finishes late, that was an occasional failure of every two-rank test. On a clean
     exit the ranks first meet at a barrier, so no rank tears down while a peer still sends to it;
     after an exception there is no barrier (a peer may never arrive: the launcher ends it)."""
+    import gc
+
     import torch.distributed as dist
 
     clean = False
@@ -81,7 +84,28 @@ def torn_down_on_exit(accelerator: Any) -> Iterator[None]:
         if dist.is_available() and dist.is_initialized():
             if clean:
                 accelerator.wait_for_everyone()
+            gc.collect()  # collective handles held in reference cycles (DeepSpeed's hooks) go while all is alive
             dist.destroy_process_group()
+
+
+def end_rank() -> None:
+    """End one rank of a multi-process launch (``WORLD_SIZE`` > 1) after its work and its
+    teardown, without interpreter finalization: logs and standard streams are flushed, then the
+    process exits 0 at once. ``destroy_process_group`` only drops torch's own references to a
+    group; DeepSpeed keeps others (its engine, ZeRO-3's parameter coordinator), so the gloo groups
+    and the work they hold die during finalization, where freeing a tensor from a gloo thread
+    that needs the interpreter aborts the process ("terminate called without an active
+    exception", exit -6) after its work succeeded. PyTorch's attempt to do this teardown at exit
+    (pytorch#179291) was abandoned as harder than it looked; a rank has nothing left to finalise
+    (its files are closed, the tracker finished), so it skips the step. A single process returns."""
+    import logging
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def with_launch_sharding(cfg: Any, sharding: str | None) -> Any:

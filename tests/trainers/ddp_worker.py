@@ -6,7 +6,7 @@ import sys
 import torch
 from accelerate import Accelerator
 
-from coevo.loop.launch import torn_down_on_exit
+from coevo.loop.launch import end_rank, torn_down_on_exit
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from tests.trainers.helpers import make_trainer, synthetic_traces
 
@@ -35,3 +35,4 @@ def steps(accelerator, out: str, micro_batch_size: int) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))
+    end_rank()  # as train.py

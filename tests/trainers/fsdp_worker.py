@@ -12,7 +12,7 @@ import argparse
 import torch
 from accelerate import Accelerator
 
-from coevo.loop.launch import torn_down_on_exit
+from coevo.loop.launch import end_rank, torn_down_on_exit
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from coevo.trainers import sharding
 from tests.trainers.helpers import synthetic_traces, worker_trainer
@@ -60,3 +60,4 @@ def steps(accelerator, args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     main()
+    end_rank()  # as train.py

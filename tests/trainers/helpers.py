@@ -73,3 +73,13 @@ def worker_trainer(tok, accelerator, *, lora: bool, adamw: bool, micro_batch_siz
                         optimizer="adamw" if adamw else "sgd", max_grad_norm=1.0 if adamw else 1e9,
                         micro_batch_size=micro_batch_size, aggregation="token_mean", kernel="chunked",
                         sharding=sharding, total_steps=total_steps, **hyper)
+
+
+def launch_failure(done) -> str:
+    """What a failed launch said, for the assertion: the end of its stdout (did each rank finish its
+    work?) and stderr from the first abort report on (with PYTHONFAULTHANDLER=1 in the launch's
+    environment, every thread's Python stack at the abort), else stderr's end."""
+    err = done.stderr
+    starts = [i for i in (err.find("Fatal Python error"), err.find("terminate called")) if i >= 0]
+    tail = err[min(starts):][:6000] if starts else err[-3000:]
+    return f"rc {done.returncode}\n--- stdout (end) ---\n{done.stdout[-800:]}\n--- stderr ---\n{tail}"

@@ -11,20 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainers.helpers import launch_failure
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_two_processes_equal_one_with_doubled_accumulation(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     one = subprocess.run([sys.executable, "-m", "tests.trainers.ddp_worker", str(tmp_path / "one.pt"), "4"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
+    assert one.returncode == 0, launch_failure(one)
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
               "29517", "-m", "tests.trainers.ddp_worker", str(tmp_path / "two.pt"), "2"]
     two = subprocess.run(launch, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.returncode == 0, launch_failure(two)
     assert "rank 1 of 2 done" in two.stdout and "rank 0 of 2 done" in two.stdout
     one_steps, two_steps = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     initial = __import__("coevo.policy.tiny", fromlist=["tiny_model"])

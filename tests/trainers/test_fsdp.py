@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainers.helpers import launch_failure
+
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 def _one(out: Path, *flags: str) -> None:
     done = subprocess.run([sys.executable, "-m", "tests.trainers.fsdp_worker", str(out), "4", *flags],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, launch_failure(done)
 
 
 def _two(out: Path, port: int, *flags: str) -> None:
@@ -24,7 +26,7 @@ def _two(out: Path, port: int, *flags: str) -> None:
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
               str(port), "-m", "tests.trainers.fsdp_worker", str(out), "2", "--sharded", *flags]
     done = subprocess.run(launch, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, launch_failure(done)
     assert "rank 0 of 2 done" in done.stdout and "rank 1 of 2 done" in done.stdout
 
 

@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainers.helpers import launch_failure
+
 pytest.importorskip("deepspeed", reason="the deepspeed extra (scripts/bootstrap.sh installs it without a GPU)")
 
 ROOT = Path(__file__).resolve().parents[2]
 # the venv's bin first: DeepSpeed JIT-compiles its CPU shm comm op at start-up (30-80 s here) and compiles it
 # again whenever another ninja builds it (the system's vs the one deepspeed installs); one ninja keeps it cached
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "WANDB_SILENT": "true",
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", "DS_ACCELERATOR": "cpu", "WANDB_SILENT": "true",
        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
 ZERO3 = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
          str(ROOT / "configs" / "accelerate" / "zero3.yaml"), "--num_processes", "2"]  # the config's mixed_precision (bf16) is left to coevo, which asks for none on CPU
@@ -28,14 +30,14 @@ ZERO3 = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
 def _one(out: Path, *flags: str) -> None:
     done = subprocess.run([sys.executable, "-m", "tests.trainers.zero3_worker", str(out), "4", *flags],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, launch_failure(done)
 
 
 def _two(out: Path, port: int, *flags: str) -> list[dict]:
     launch = [*ZERO3, "--main_process_port", str(port), "-m", "tests.trainers.zero3_worker", str(out), "2", "--zero3",
               *flags]
     done = subprocess.run(launch, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, launch_failure(done)
     assert "rank 0 of 2 done" in done.stdout and "rank 1 of 2 done" in done.stdout
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in (0, 1)]
 
@@ -136,7 +138,7 @@ def test_train_py_under_the_zero3_launch_config_trains_zero3(tmp_path):
     cmd = [*ZERO3, "--main_process_port", "29691", str(ROOT / "train.py"), "experiment=smoke", "rounds=2",
            "trainer.lr=1e-2", f"hydra.run.dir={run}"]
     done = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, launch_failure(done)
     import yaml
 
     assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["sharding"] == "zero3"

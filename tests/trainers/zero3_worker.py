@@ -16,7 +16,7 @@ import json
 
 import torch
 
-from coevo.loop.launch import launch_accelerator, torn_down_on_exit
+from coevo.loop.launch import end_rank, launch_accelerator, torn_down_on_exit
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from coevo.trainers import grpo, sharding, zero
 from tests.trainers.helpers import synthetic_traces, worker_trainer
@@ -98,3 +98,4 @@ def steps(accelerator, strategy: str | None, args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     main()
+    end_rank()  # as train.py
