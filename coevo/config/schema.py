@@ -154,9 +154,12 @@ class TrainerConfig:
                                   "a round's groups are split over its steps as PPO minibatches, wrapping around "
                                   "(None: every step takes the whole round)")
     micro_batch_size: int = opt(8, "sequences per forward/backward (gradient accumulation beyond)", ge=1)
-    micro_batch_tokens: int | None = opt(None, "at most this many padded tokens (rows x the longest) per "
+    micro_batch_tokens: int | None = opt(2048, "at most this many padded tokens (rows x the longest) per "
                                          "forward/backward as well; a longer row goes alone (None: rows only)",
                                          ge=1, none="rows only")
+    # Activations set a step's peak memory (~1.3 MB a token for SmolLM2 in fp32: 48 retire traces
+    # peaked at 5.8 GB with rows only, 4.2 GB at 2048); the step loss is a sum over its tokens, so
+    # how its rows are split into micro-batches leaves it unchanged (docs/PERF.md, "Memory").
     eps_low: float = opt(0.2, "clip: ratio lower bound 1 - eps_low", ge=0, lt=1,
                          why="the clip's lower ratio bound 1 - eps_low")
     eps_high: float = opt(0.28, "clip: ratio upper bound 1 + eps_high", ge=0)
