@@ -43,6 +43,40 @@ TOOLS = {t.name: t for t in (
 )}
 
 
+API_CLASSES = {
+    "Message": "This tool belongs to the Message API, which is used to manage user-to-user messaging in a "
+               "workspace, with contacts, inboxes and message history.",
+    "Ticket": "This tool belongs to the Ticket API, which provides functionality for creating, reading, "
+              "updating and resolving support tickets in a help-desk system.",
+    "Trading": "This tool belongs to the Trading Bot API, which provides functionality for managing "
+               "stock watchlists, orders, account balances and market data.",
+    "Travel": "This tool belongs to the Travel Booking API, which provides functionality for booking "
+              "flights, managing credit cards, insurance and travel budgets.",
+}
+ACTIONS = ["get", "list", "add", "remove", "update", "search", "send", "cancel", "view", "set"]
+OBJECTS = ["contact", "message", "ticket", "order", "watchlist", "booking", "card", "budget", "invoice",
+           "reminder", "account", "alert"]
+
+
+def bfcl_like_tools(n: int) -> dict[str, ToolSpec]:
+    """``n`` tools shaped like BFCL's multi-turn APIs, none of them this env's: every description of a
+    class opens with the same sentence (BFCL's boilerplate), then says what the tool does; 3-4
+    described arguments each. They make the listing as long as BFCL's (40 tools: ~4.5k tokens)."""
+    rng = random.Random(f"bfcl_like_tools:{n}")
+    out: dict[str, ToolSpec] = {}
+    classes = sorted(API_CLASSES)
+    for i in range(n):
+        api = classes[i % len(classes)]
+        action, obj = ACTIONS[(i // len(classes)) % len(ACTIONS)], OBJECTS[i % len(OBJECTS)]
+        name = f"{api.lower()}_{action}_{obj}"
+        args = {f"{obj}_{field}": f"The {field.replace('_', ' ')} of the {obj}, as the user gave it; required "
+                f"when the {obj} is not the current one."
+                for field in rng.sample(["id", "name", "owner", "date", "amount", "status", "note"], rng.randint(3, 4))}
+        out[name] = _spec(name, f"{API_CLASSES[api]} Tool description: {action.capitalize()} a {obj} of the "
+                          f"user's {api.lower()} account and return its details.", **args)
+    return out
+
+
 class FileSystem:
     """Folders of files; bad input is an error result."""
 
@@ -51,7 +85,7 @@ class FileSystem:
 
     def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         if name not in TOOLS:
-            return ToolResult("", error=f"unknown tool {name!r}; tools: {sorted(TOOLS)}")
+            return ToolResult("", error=f"{name!r} is not a file-system tool; this task's calls go to {sorted(TOOLS)}")
         args = [arguments.get(k) for k in TOOLS[name].parameters["required"]]
         if not all(isinstance(a, str) and a.strip() for a in args):
             return ToolResult("", error=f"{name} needs the string arguments {TOOLS[name].parameters['required']}")
@@ -80,9 +114,8 @@ class FileSystem:
 
 
 class FunctionCallingSession:
-    tools = TOOLS
-
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task, extra_tools: dict[str, ToolSpec] | None = None) -> None:
+        self.tools = {**TOOLS, **(extra_tools or {})}
         self.task, self.done, self.replies = task, False, []
         self.fs = FileSystem(task.metadata["tree"])
         self.turns = list(task.metadata["user_turns"][1:])
@@ -123,10 +156,15 @@ def conversation(rng: random.Random, tree: dict[str, dict[str, str]]) -> tuple[l
 class FunctionCallingEnv:
     name = "function_calling"
 
-    def __init__(self, n_tasks: int = 30, seed: int = 0) -> None:
+    def __init__(self, n_tasks: int = 30, seed: int = 0, api_tools: int = 0) -> None:
+        """``api_tools``: that many more tools in every session, from other APIs (``bfcl_like_tools``), as
+        BFCL lists a whole API's tools whatever the turn needs; a call to one is an error result."""
         if n_tasks < 1:
             raise ValueError(f"n_tasks >= 1, got {n_tasks}")
+        if api_tools < 0:
+            raise ValueError(f"api_tools >= 0, got {api_tools}")
         self.seed = seed
+        self.extra_tools = bfcl_like_tools(api_tools)
         self._tasks = [self._make(i) for i in range(n_tasks)]
 
     def _make(self, i: int) -> Task:
@@ -148,7 +186,7 @@ class FunctionCallingEnv:
         return [t for t in self._tasks if t.split == split]
 
     def reset(self, task: Task) -> FunctionCallingSession:
-        return FunctionCallingSession(task)
+        return FunctionCallingSession(task, self.extra_tools)
 
     @staticmethod
     def gold_answer(task: Task) -> str:

@@ -123,3 +123,25 @@ def test_every_builtin_env_is_named_in_the_cli_help():
     from coevo.envs import ENVS
 
     assert all(name in ENV_HELP for name in ENVS) and "office" in ENV_HELP
+
+
+def test_a_bfcl_sized_listing_keeps_the_gold_replay_and_compacts_to_distinct_lines():
+    """With 40 tools of other APIs (BFCL lists a whole API whatever the turn needs) the listing is
+    BFCL's size, the gold replay still passes, a call to another API's tool is an error result, and the
+    compact listing tells every tool apart though each class's descriptions open alike."""
+    from coevo.harness.library.tools import compact_listing
+
+    big = FunctionCallingEnv(n_tasks=8, api_tools=40)
+    tasks = big.tasks("train")[:2]
+    session = big.reset(tasks[0])
+    assert len(session.tools) == len(TOOLS) + 40
+    assert session.call_tool("message_get_contact", {}).error
+    assert [t.passed for t in replay("function_calling", tasks, big)] == [True, True]
+    extra = [spec for name, spec in session.tools.items() if name not in TOOLS]
+    openings = {spec.description.split(". ")[0] for spec in extra}
+    assert len(openings) == 4  # four API classes, one boilerplate opening each
+    lines = compact_listing(extra)
+    said = [line.split("): ", 1)[1] for line in lines]
+    assert len(set(said)) == len(said) and not any(s in openings for s in said)
+    with pytest.raises(ValueError, match="api_tools >= 0"):
+        FunctionCallingEnv(api_tools=-1)

@@ -109,6 +109,8 @@ class RolloutService:
                  progress: Any | None = None, reset_timeout_s: float = RESET_TIMEOUT_S,
                  tool_timeout_s: float = TOOL_TIMEOUT_S, tokenizer: Any | None = None) -> None:
         self.policy, self.env, self.seed, self.progress = policy, env, seed, progress
+        if progress is not None and hasattr(policy, "on_progress"):  # a long model call says how far it is
+            policy.on_progress = progress.message
         self.batch_size, self.max_steps, self.workers = batch_size, max_steps, workers
         self.timeouts = {"reset_timeout_s": reset_timeout_s, "tool_timeout_s": tool_timeout_s}
         self.tokenizer = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)

@@ -23,6 +23,12 @@ logits, not on how its prompt was split into cached and uncached parts, and ``tr
 The past lives in buffers allocated once for the whole call (``PreallocatedLayer``): a growing
 cache that concatenates a column per step copies the whole past every step, which measured more
 than half of a decode step's time at 12 rows x 700 tokens on a CPU.
+
+Memory stays flat in prompt length: the uncached prompt is read in chunks of ``PREFILL_CHUNK``
+columns (one forward holds a chunk's activations, not the whole prompt's), and a caller that splits
+a call's rows into several ``decode`` calls (to bound the past's size, ``kv_bytes_per_token``) gives
+each the call's noise rows (``noise_rows`` of ``noise_width``) and an equally seeded generator, so
+every row samples what it would have sampled in one batch.
 """
 
 from __future__ import annotations
@@ -36,6 +42,14 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from coevo.policy.prefix_cache import LayerKV
+
+PREFILL_CHUNK = 512
+"""Prompt columns read per forward: a chunk's activations (``[rows, chunk, 1536]`` in SmolLM2's MLP)
+instead of the whole prompt's, at a few forwards more for prompts longer than it."""
+
+Report = Callable[[str, int, int], None]
+"""``report(phase, done, total)``: ``("prefill", prompt tokens read, to read)`` after each chunk and
+``("decode", steps done, max_new_tokens)`` after each step, for progress inside a long call."""
 
 
 @dataclass
@@ -159,6 +173,17 @@ class PreallocatedLayer(DynamicLayer):
         self._views()
 
 
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of key/value states one token adds to the past: layers x 2 x kv heads x head dim x
+    the dtype's size (46,080 for SmolLM2-135M in fp32)."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    itemsize = next(model.parameters()).element_size()
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * itemsize
+
+
 def _layer_states(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]  # [B, heads, filled, head_dim]
 
@@ -177,6 +202,9 @@ def decode(
     finished: Callable[[int, list[int]], bool] | None = None,
     generator: torch.Generator | None = None,
     keep_from: Sequence[int] | None = None,
+    noise_rows: Sequence[int] | None = None,
+    noise_width: int | None = None,
+    report: Report | None = None,
 ) -> list[Row]:
     """Sample up to ``max_new_tokens`` per row after ``prompts``.
 
@@ -184,7 +212,9 @@ def decode(
     None; at least one prompt token per row must be uncached. ``finished(b, ids)`` says whether a
     row's completion is done besides EOS (stop strings). With ``max_new_tokens = 0`` the prompts
     are only read. ``keep_from[b]``, when given, asks for the states of the read tokens from that
-    position on in ``Row.kv`` (for the prefix cache).
+    position ids from that position on in ``Row.kv`` (for the prefix cache). ``noise_rows[b]``: row
+    ``b``'s row of the ``[noise_width, V]`` noise block each step draws (default: its own index of
+    this batch), for a call split over several batches. ``report``: progress (``Report``).
     """
     device = next(model.parameters()).device
     B = len(prompts)
@@ -227,20 +257,28 @@ def decode(
     was_training = model.training
     model.eval()
     try:
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                       logits_to_keep=1, **{kw: cache}).logits[:, -1]  # [B, V]
+        for start in range(0, S, PREFILL_CHUNK):  # the prompt in chunks: activations of one chunk at a time
+            end = min(S, start + PREFILL_CHUNK)
+            logits = model(input_ids=ids[:, start:end], attention_mask=mask[:, : W + end],
+                           position_ids=pos[:, start:end], use_cache=True, logits_to_keep=1,
+                           **{kw: cache}).logits[:, -1]  # [B, V]: the last chunk's is the one sampled from
+            if report is not None:
+                lengths = [len(r) for r in rest]  # row b's real columns are S - n_b .. S
+                report("prefill", sum(min(n, max(0, end - (S - n))) for n in lengths), sum(lengths))
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
         kv: list[LayerKV | None] = [None] * B
         active = list(range(B))  # original row of each batch row
         running = [True] * B  # per batch row: still sampling (finished rows ride along until compaction)
         next_pos = pos[:, -1] + 1  # [B]
-        rows = torch.arange(B, device=device)  # original row of each batch row, to pick its noise
+        width = B if noise_width is None else noise_width
+        # each batch row's row of the noise block (the call's row, wherever the call was split)
+        rows = torch.arange(B, device=device) if noise_rows is None else torch.tensor(list(noise_rows), device=device)
         for step in range(max_new_tokens):
             noise = None
-            if temperature > 0:  # a [B, V] block for every row of the call, whichever are still in the batch
-                noise = torch.empty(B, logits.shape[-1], device=device).exponential_(generator=generator)
-                if len(active) < B:  # after a compaction: the surviving rows' noise (a copy only then)
+            if temperature > 0:  # a [width, V] block for every row of the call, whichever are in this batch
+                noise = torch.empty(width, logits.shape[-1], device=device).exponential_(generator=generator)
+                if len(active) < width:  # a split call or a compaction: these rows' noise (a copy only then)
                     noise = noise[rows]
             tokens, logp = sample(logits, temperature, top_p, noise)
             last = step == max_new_tokens - 1
@@ -253,6 +291,8 @@ def decode(
                     running[i] = False
                     if keep_from is not None:  # the states of what it read, before the row moves on
                         kv[b] = _row_states(cache, i, mask[i], keep_from[b])
+            if report is not None:
+                report("decode", step + 1, max_new_tokens)
             if not any(running):
                 break
             riding = len(active) - sum(running)

@@ -30,7 +30,7 @@ import torch
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.config.schema import RolloutConfig
 from coevo.harness.events import HARNESS, Message, SamplingParams, is_harness_note
-from coevo.policy.decode import RaceSampling, decode
+from coevo.policy.decode import RaceSampling, Report, decode, kv_bytes_per_token
 from coevo.policy.prefix_cache import PrefixCache, common_prefix_len
 
 ENGINES = ("cached", "hf")
@@ -38,6 +38,12 @@ ENGINES = ("cached", "hf")
 reusing prompt-prefix key/value states; what runs use) and ``hf`` (``model.generate``, re-reading
 every prompt; the reference the tests hold ``cached`` to)."""
 PREFIX_CACHE_MB = 1024
+DECODE_MIB = 768
+"""The past one decode batch may hold (rows x their longest prompt plus the completion budget, in
+key/value bytes): the main job's 32 rows of ~1k tokens (SmolLM2, fp32: 46 KB a token) fit in two
+batches, 8 BFCL prompts of ~4.7k tokens go 3 rows at a time, so memory stays flat in prompt length."""
+HEARTBEAT_S = 30.0
+"""A long model call says how far it is at most this often (``on_progress``)."""
 """The cached engine's budget of prefix key/value states kept between calls, in MiB (0: re-read every
 prompt); dropped whenever the weights change. No config field."""
 SHARED_PREFIX_MIN = 32
@@ -91,6 +97,7 @@ class TransformersPolicy:
         seed: int = 0,
         engine: str = ENGINES[0],
         prefix_cache_mb: float = PREFIX_CACHE_MB,
+        decode_mib: float = DECODE_MIB,
     ) -> None:
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; TransformersPolicy renders chats with it")
@@ -110,6 +117,9 @@ class TransformersPolicy:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.engine = "hf" if engine == "cached" and _sliding_window(model.config) else engine
         self.cache = PrefixCache(int(prefix_cache_mb * 2**20))
+        self.decode_bytes = int(decode_mib * 2**20)
+        self.on_progress: Callable[[str], None] | None = None  # lines from inside a long call (the rollout's display)
+        self._call_began = 0.0
         # prompt tokens rendered into requests vs read by the model (the rest came from the cache)
         self.prompt_tokens = 0
         self.prompt_tokens_computed = 0
@@ -129,7 +139,7 @@ class TransformersPolicy:
     def generate(self, requests: Sequence[ChatRequest]) -> list[Generation | BaseException]:
         """One completion per request, in order; a request over the context window gets its
         ``ValueError`` in its place (the runtime ends that episode only) and the others are generated."""
-        began = time.perf_counter()
+        began = self._call_began = time.perf_counter()
         results: list[Generation | BaseException | None] = [None] * len(requests)
 
         def key(i: int) -> tuple:
@@ -193,25 +203,34 @@ class TransformersPolicy:
         if cache.enabled:
             self._read_shared_prefixes(prompts)
         matches = [cache.match(p, len(p) - 1) if cache.enabled else (None, 0) for p in prompts]
-        past = [cache.states(e, n) if e is not None else None for e, n in matches]
         self.prompt_tokens_computed += sum(len(p) - n for p, (_, n) in zip(prompts, matches, strict=True))
-        rows = decode(
-            self.model, prompts, past,
-            max_new_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            eos_ids=self.eos_ids,
-            pad_id=self.tokenizer.pad_token_id,
-            finished=self._stop_check(prompts, sampling.stop),
-            generator=generator,
-            keep_from=[n for _, n in matches] if cache.enabled else None,
-        )
-        out = []
-        for prompt, (entry, n), row in zip(prompts, matches, rows, strict=True):
-            if row.kv is not None:  # the states of everything read: the episode's next call continues here
-                cache.insert(prompt + row.ids[:-1], row.kv, entry, n)
-            out.append(self._one(prompt, row.ids, row.logprobs, sampling.stop))
-        return out
+        cached = [n for _, n in matches]
+        out: list[Generation | None] = [None] * len(prompts)
+        state = generator.get_state()
+        batches = self._batches(prompts, cached, sampling.max_new_tokens)
+        for k, batch in enumerate(batches):  # one batch's past at a time: copies of the cached states included
+            g = torch.Generator(device=generator.device)
+            g.set_state(state)  # every batch of a split call draws the call's noise block, its rows' rows of it
+            part = [prompts[i] for i in batch]
+            rows = decode(
+                self.model, part, [cache.states(matches[i][0], cached[i]) if matches[i][0] is not None else None
+                                   for i in batch],
+                max_new_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                eos_ids=self.eos_ids,
+                pad_id=self.tokenizer.pad_token_id,
+                finished=self._stop_check(part, sampling.stop),
+                generator=g,
+                keep_from=[cached[i] for i in batch] if cache.enabled else None,
+                noise_rows=batch, noise_width=len(prompts),
+                report=self._heartbeat(len(prompts), k, len(batches)),
+            )
+            for i, row in zip(batch, rows, strict=True):
+                if row.kv is not None:  # the states of everything read: the episode's next call continues here
+                    cache.insert(prompts[i] + row.ids[:-1], row.kv, matches[i][0], cached[i])
+                out[i] = self._one(prompts[i], row.ids, row.logprobs, sampling.stop)
+        return [gen for gen in out if gen is not None]
 
     def _read_shared_prefixes(self, prompts: list[list[int]]) -> None:
         """Read once the prefixes several prompts of this batch share and the cache lacks.
@@ -230,15 +249,60 @@ class TransformersPolicy:
         while pending:
             wave = [w for w in pending if not any(len(v) < len(w) and w[: len(v)] == v for v in pending)]
             matches = [self.cache.match(w, len(w) - 1) for w in wave]
-            rows = decode(
-                self.model, wave, [self.cache.states(e, n) if e is not None else None for e, n in matches],
-                max_new_tokens=0, temperature=0.0, top_p=1.0, eos_ids=self.eos_ids,
-                pad_id=self.tokenizer.pad_token_id, keep_from=[n for _, n in matches],
-            )
-            for w, (e, n), row in zip(wave, matches, rows, strict=True):
-                self.cache.insert(w, row.kv, e, n)
-                self.prompt_tokens_computed += len(w) - n
+            cached = [n for _, n in matches]
+            batches = self._batches(wave, cached, 0)
+            for k, batch in enumerate(batches):
+                rows = decode(
+                    self.model, [wave[i] for i in batch],
+                    [self.cache.states(matches[i][0], cached[i]) if matches[i][0] is not None else None
+                     for i in batch],
+                    max_new_tokens=0, temperature=0.0, top_p=1.0, eos_ids=self.eos_ids,
+                    pad_id=self.tokenizer.pad_token_id, keep_from=[cached[i] for i in batch],
+                    report=self._heartbeat(len(wave), k, len(batches), "shared prefixes"),
+                )
+                for i, row in zip(batch, rows, strict=True):
+                    self.cache.insert(wave[i], row.kv, matches[i][0], cached[i])
+                    self.prompt_tokens_computed += len(wave[i]) - cached[i]
             pending = [w for w in pending if w not in wave]
+
+    def _batches(self, prompts: list[list[int]], cached: list[int], max_new_tokens: int) -> list[list[int]]:
+        """The rows (indices into ``prompts``) of each decode batch of one call: all of them when their
+        past fits ``decode_mib`` (rows x (longest cached + longest uncached + ``max_new_tokens``)
+        tokens of key/value states), else, shortest first, as many as fit (a row alone always goes)."""
+        per_token, n = kv_bytes_per_token(self.model), len(prompts)
+
+        def size(rows: list[int]) -> int:
+            return len(rows) * (max(cached[i] for i in rows) + max(len(prompts[i]) - cached[i] for i in rows)
+                                + max_new_tokens) * per_token
+
+        everything = list(range(n))
+        if size(everything) <= self.decode_bytes:
+            return [everything]
+        batches: list[list[int]] = []
+        for i in sorted(everything, key=lambda i: len(prompts[i])):
+            if batches and size(batches[-1] + [i]) <= self.decode_bytes:
+                batches[-1].append(i)
+            else:
+                batches.append([i])
+        return batches
+
+    def _heartbeat(self, requests: int, batch: int, batches: int, what: str = "model call") -> Report | None:
+        """A ``decode`` report that tells ``on_progress`` how far the call is, at most every
+        ``HEARTBEAT_S`` seconds: a long prompt's prefill and a long completion are minutes on a CPU."""
+        if self.on_progress is None:
+            return None
+        say, began, last = self.on_progress, self._call_began, [time.perf_counter()]
+        part = f", batch {batch + 1}/{batches}" if batches > 1 else ""
+
+        def report(phase: str, done: int, total: int) -> None:
+            now = time.perf_counter()
+            if now - last[0] < HEARTBEAT_S:
+                return
+            last[0] = now
+            unit = "prompt tokens read" if phase == "prefill" else "tokens generated"
+            say(f"{what} ({requests} request(s){part}): {done:,}/{total:,} {unit}, {now - began:.0f} s into the call")
+
+        return report
 
     def _stop_check(self, prompts: list[list[int]], stops: list[str]) -> Callable[[int, list[int]], bool] | None:
         """``finished(row, ids)``: whether a stop string ends within the completion, with the same
