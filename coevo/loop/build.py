@@ -241,7 +241,8 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_fo
         logprob_fn=logprob_fn(model, tok.pad_token_id, temperature=temperature, batch_size=LOGPROB_BATCH_SIZE,
                               share_prefix=True)) if trains else None
     several = accelerator.num_processes > 1
-    given = {"sync_weights": sync, "release_rollout": getattr(policy, "release", None),  # a vLLM engine's sleep mode
+    given = {"sync_weights": sync,  # release: a vLLM engine sleeps, the transformers policy drops its prefix cache
+             "release_rollout": getattr(policy, "release", None),
              "share": (lambda obj: broadcast_object_list([obj], from_process=0)[0]) if several else None}
     processes = Processes(is_main=is_main, **{k: v for k, v in given.items() if v is not None})
     loop = Coevolution(

@@ -159,3 +159,13 @@ def test_the_rollout_display_prints_a_long_calls_progress():
                    progress=RichProgress(Console(file=out, width=200)))
     policy.on_progress("model call (8 request(s)): 512/37,600 prompt tokens read, 31 s into the call")
     assert "512/37,600 prompt tokens read" in out.getvalue()
+
+
+def test_release_drops_the_prefix_cache_before_a_training_step():
+    tok = tiny_tokenizer()
+    policy = TransformersPolicy(tiny_model(tok, seed=0), tok, seed=1)
+    run_turns(policy, SAMPLINGS[1], turns=2)
+    assert policy.cache.nbytes > 0
+    policy.release()
+    assert policy.cache.nbytes == 0 and policy.cache.entries == []
+    run_turns(policy, SAMPLINGS[1], turns=1)  # and generation goes on
