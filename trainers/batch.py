@@ -39,7 +39,8 @@ class TrainSequence:
 
 
 def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
-                       credit_prefill: bool = False, distill_demos: bool = False) -> list[TrainSequence]:
+                       credit_prefill: bool = False, distill_demos: bool = False,
+                       distill_prompt: str = "all") -> list[TrainSequence]:
     """Flatten the trainable, non-empty model calls of trainable traces into sequences, each scored at
     the temperature that sampled it. A call recorded without one (a record of an earlier coevo,
     before model calls kept their sampling parameters; reading such a run still works) is a
@@ -51,7 +52,11 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
 
     ``distill_demos``: each call of a trace with a positive advantage whose prompt held the harness's
     demonstrations (``ModelCall.demo_span``) is trained a second time under the prompt without them
-    (``distilled``), after the trace's own calls (so chained calls still pack)."""
+    (``distilled``), after the trace's own calls (so chained calls still pack); ``distill_prompt``:
+    without every demonstration (``all``, ``ModelCall.demo_span``) or without the one nearest the
+    task (``nearest``, ``ModelCall.nearest_demo_span``: what the retirement's next shed shows)."""
+    if distill_prompt not in ("all", "nearest"):
+        raise ValueError(f"distill_prompt={distill_prompt!r}; choose all or nearest")
     out: list[TrainSequence] = []
     for i, (trace, adv) in enumerate(zip(traces, advantages.tolist(), strict=True)):
         if not trace.trainable:
@@ -78,8 +83,9 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
                                 temperature)
             seq = credit_forced(seq, call.prefix_tokens) if credit_prefill and adv > 0 else seq
             out.append(seq)
-            if distill_demos and adv > 0 and call.demo_span is not None:
-                copies.append(distilled(seq, call.demo_span))
+            span = call.demo_span if distill_prompt == "all" else call.nearest_demo_span
+            if distill_demos and adv > 0 and span is not None:
+                copies.append(distilled(seq, span))
         out.extend(copies)
     return out
 

@@ -22,6 +22,19 @@ def without_demos(messages: Sequence[Message]) -> list[Message]:
     return [m for m in messages if not m.get(DEMO)]
 
 
+def without_nearest_demo(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` without the demonstration nearest the task: the marked turns from the last marked
+    user turn on (every demonstration opens with its user turn). With one ``few_shot`` processor
+    this is the prompt of ``coevo.harness.scaffold.with_one_demonstration_fewer``: the layer the
+    retirement sheds next."""
+    marked = [i for i, m in enumerate(messages) if m.get(DEMO)]
+    opens = [i for i in marked if messages[i].get("role") == "user"]
+    if not marked:
+        return list(messages)
+    first = opens[-1] if opens else marked[0]
+    return [m for i, m in enumerate(messages) if not (m.get(DEMO) and i >= first)]
+
+
 def cut_span(prompt_ids: Sequence[int], bare_ids: Sequence[int]) -> list[int] | None:
     """[start, end) such that ``prompt_ids[:start] + prompt_ids[end:] == bare_ids``, or None when no
     single cut gives ``bare_ids`` (or nothing would be cut)."""
@@ -37,8 +50,9 @@ def cut_span(prompt_ids: Sequence[int], bare_ids: Sequence[int]) -> list[int] | 
 
 def with_demo_spans(policy: object, requests: Sequence[ChatRequest],
                     generations: list[Generation | BaseException]) -> list[Generation | BaseException]:
-    """``generations`` with ``demo_span`` set where the request held demonstration turns and the
-    policy renders prompts (``prompt_ids``; a scripted policy does not)."""
+    """``generations`` with ``demo_span`` (every demonstration) and ``nearest_demo_span`` (the one
+    nearest the task) set where the request held demonstration turns and the policy renders prompts
+    (``prompt_ids``; a scripted policy does not)."""
     render = getattr(policy, "prompt_ids", None)
     if render is None:
         return generations
@@ -46,6 +60,8 @@ def with_demo_spans(policy: object, requests: Sequence[ChatRequest],
     for request, gen in zip(requests, generations, strict=True):
         if isinstance(gen, Generation) and any(m.get(DEMO) for m in request.messages):
             bare = render(without_demos(request.messages), request.reply_prefix)
-            gen = dataclasses.replace(gen, demo_span=cut_span(gen.prompt_ids, bare))
+            fewer = render(without_nearest_demo(request.messages), request.reply_prefix)
+            gen = dataclasses.replace(gen, demo_span=cut_span(gen.prompt_ids, bare),
+                                      nearest_demo_span=cut_span(gen.prompt_ids, fewer))
         out.append(gen)
     return out

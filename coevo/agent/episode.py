@@ -179,6 +179,7 @@ class EpisodeRun:
                 prefix_tokens=generation.prefix_tokens,
                 agent=self.agent,
                 demo_span=generation.demo_span,
+                nearest_demo_span=generation.nearest_demo_span,
             )
             self.trace.model_calls.append(call)
             reply = call.reply  # a prefilled prefix is part of the reply the parser and the history see

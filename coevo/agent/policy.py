@@ -40,6 +40,7 @@ class Generation:
     finish_reason: str = "stop"  # "stop" (EOS or stop string) | "length"
     prefix_tokens: int = 0  # how many of prompt_ids (its last ones) are the request's reply_prefix
     demo_span: list[int] | None = None  # [start, end) of prompt_ids that are demonstration turns (coevo.agent.demos)
+    nearest_demo_span: list[int] | None = None  # [start, end) of the demonstration nearest the task
 
 
 @runtime_checkable

@@ -43,6 +43,7 @@ class ModelCall:
     # [start, end) of prompt_ids that are the harness's demonstration turns, when removing them leaves exactly the
     # prompt the policy renders without them (None: no demonstrations, or not a contiguous cut)
     demo_span: list[int] | None = None
+    nearest_demo_span: list[int] | None = None  # the same for the demonstration nearest the task alone
 
     @property
     def reply(self) -> str:

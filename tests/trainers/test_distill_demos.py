@@ -56,6 +56,44 @@ def test_an_episode_records_where_its_demonstrations_sit_in_the_prompt(tok):
     assert all(c.demo_span is None for c in plain.model_calls)  # no demonstrations, nothing recorded
 
 
+def test_the_nearest_demonstrations_span_is_what_the_next_shed_leaves_out(tok):
+    """``nearest_demo_span`` cuts from the prompt exactly the demonstration the retirement sheds next:
+    the prompt without it is the one ``with_one_demonstration_fewer``'s harness renders."""
+    from coevo.harness.scaffold import with_one_demonstration_fewer
+
+    harness = base_harness().insert(FewShotDemos(turns=DEMO_TURNS))
+    policy = TransformersPolicy(tiny_model(tok, seed=0), tok, seed=0)
+    env = ArithmeticEnv(n_tasks=6, seed=0)
+    tasks = env.tasks("train")[:2]
+    full = [t for per_task in run_attempts(tasks, harness, policy, env, max_steps=1) for t in per_task]
+    fewer = [t for per_task in run_attempts(tasks, with_one_demonstration_fewer(harness), policy, env, max_steps=1)
+             for t in per_task]
+    for a, b in zip(full, fewer, strict=True):
+        call, shed = a.model_calls[0], b.model_calls[0]
+        start, end = call.nearest_demo_span
+        assert call.prompt_ids[:start] + call.prompt_ids[end:] == shed.prompt_ids
+        assert "3 + 5" in tok.decode(call.prompt_ids[start:end]) and "2 + 2" not in tok.decode(call.prompt_ids[start:end])
+        assert call.demo_span[0] < start and end == call.demo_span[1]  # the last of the demonstrations' tokens
+        assert shed.nearest_demo_span == shed.demo_span  # one demonstration left: nearest is all
+
+
+def test_distilling_under_the_nearest_shed_cuts_only_that_demonstration(tok):
+    traces = demo_traces(tok, tiny_model(tok, seed=0))
+    for t in traces:
+        for c in t.model_calls:
+            c.nearest_demo_span = [c.demo_span[0] + 5, c.demo_span[1]]
+    adv = torch.tensor([1.0 if t.reward > 0 else -1.0 for t in traces])
+    seqs = training_sequences(traces, adv, distill_demos=True, distill_prompt="nearest")
+    extra = [s for s in seqs if all(v != v for v in s.old_logp)]
+    assert extra
+    for s in extra:
+        call = next(c for c in traces[s.trace_index].model_calls if c.completion_ids == s.completion_ids)
+        start, end = call.nearest_demo_span
+        assert s.prompt_ids == call.prompt_ids[:start] + call.prompt_ids[end:]
+    with pytest.raises(ValueError, match="distill_prompt='last'"):
+        training_sequences(traces, adv, distill_demos=True, distill_prompt="last")
+
+
 def demo_traces(tok, model, demo_len: int = 12):
     """Synthetic traces whose prompts open with the same ``demo_len`` demonstration tokens (after a
     3-token head), their behaviour log-probs from ``model`` under those prompts."""
