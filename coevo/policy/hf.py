@@ -39,7 +39,7 @@ ENGINES = ("cached", "hf")
 reusing prompt-prefix key/value states; what runs use) and ``hf`` (``model.generate``, re-reading
 every prompt; the reference the tests hold ``cached`` to)."""
 PREFIX_CACHE_MB = 1024
-DECODE_MIB = 768
+DECODE_MIB = RolloutConfig.decode_mib
 """The past one decode batch may hold (rows x their longest prompt plus the completion budget, in
 key/value bytes): the main job's 32 rows of ~1k tokens (SmolLM2, fp32: 46 KB a token) fit in two
 batches, 8 BFCL prompts of ~4.7k tokens go 3 rows at a time, so memory stays flat in prompt length."""
