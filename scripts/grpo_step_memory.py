@@ -1,0 +1,58 @@
+"""Peak memory of one GRPO step on a run's buffered traces, for a ``trainer.micro_batch_tokens`` value.
+
+    python scripts/grpo_step_memory.py runs/distill_s0/buffer --micro-batch-tokens none
+    python scripts/grpo_step_memory.py runs/distill_s0/buffer --micro-batch-tokens 2048
+
+Run each value in its own process: the figure is the process's peak RSS (``ru_maxrss``). The model is
+the embedded SmolLM2-135M with the runs' LoRA shape (r 16), fp32; the traces are the buffer's first
+``--traces`` in groups with a reward spread (what a step trains on), read from a copy of the buffer.
+docs/PERF.md records the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import tempfile
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("buffer", help="a run's replay buffer directory (it is copied first)")
+    ap.add_argument("--micro-batch-tokens", default="2048", help="an integer, or none (rows only)")
+    ap.add_argument("--traces", type=int, default=48)
+    ap.add_argument("--distill-demos", action="store_true", help="train the distilled copies as the run did")
+    args = ap.parse_args()
+
+    from coevo.buffers import ReplayBuffer
+    from coevo.config.schema import TrainerConfig
+    from coevo.policy.load import load_model
+    from coevo.trainers.grpo import GRPOTrainer, apply_lora
+
+    tokens = None if args.micro_batch_tokens == "none" else int(args.micro_batch_tokens)
+    copy = tempfile.mkdtemp() + "/buffer"
+    shutil.copytree(args.buffer, copy)
+    with ReplayBuffer(copy, capacity=4096) as buf:
+        traces = buf.load(buf.entries())
+    by_task: dict[str, list] = {}
+    for t in traces:
+        by_task.setdefault(t.task_id, []).append(t)
+    chosen = [t for group in by_task.values() if len({t.reward for t in group}) > 1 for t in group][: args.traces]
+    if not chosen:
+        raise SystemExit("no group with a reward spread in that buffer")
+    model, tok = load_model("smollm2", dtype="float32")
+    model = apply_lora(model, r=16, alpha=32, dropout=0.0)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cfg = TrainerConfig(lr=1e-5, micro_batch_tokens=tokens, distill_demos=args.distill_demos)
+    trainer = GRPOTrainer(model, cfg, pad_id=tok.pad_token_id, total_steps=10, loss_horizon=None)
+    start = time.perf_counter()
+    trainer.step(chosen)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"micro_batch_tokens={tokens}: {len(chosen)} traces, step {time.perf_counter() - start:.1f} s, "
+          f"peak RSS {peak:.0f} MB (before the step {before:.0f} MB)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
