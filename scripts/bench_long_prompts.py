@@ -44,10 +44,13 @@ def one(engine: str, length: int, rows: int, new_tokens: int, model_name: str) -
     reqs = []
     for r in range(rows):  # distinct prompts of `length` tokens: words cut to length, a row's own order
         words = [WORDS[(r * 7 + j * 13) % len(WORDS)] for j in range(length)]
-        n = len(words)
-        while len(policy.prompt_ids([{"role": "user", "content": " ".join(words[:n])}])) > length:
-            n = max(1, n - max(1, (len(policy.prompt_ids([{"role": "user", "content": " ".join(words[:n])}]))
-                                   - length) // 2))
+
+        def size(n: int) -> int:
+            return len(policy.prompt_ids([{"role": "user", "content": " ".join(words[:n])}]))
+
+        n = max(1, length * length // size(length))  # words are about a token each: scale, then trim
+        while n > 1 and size(n) > length:
+            n = max(1, n - max(1, (size(n) - length) // 2))
         reqs.append(ChatRequest([{"role": "user", "content": " ".join(words[:n])}],
                                 SamplingParams(temperature=1.0, max_new_tokens=new_tokens)))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

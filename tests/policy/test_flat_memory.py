@@ -169,3 +169,17 @@ def test_release_drops_the_prefix_cache_before_a_training_step():
     policy.release()
     assert policy.cache.nbytes == 0 and policy.cache.entries == []
     run_turns(policy, SAMPLINGS[1], turns=1)  # and generation goes on
+
+
+def test_the_long_prompt_bench_runs_its_tiny_preset():
+    """scripts/bench_long_prompts.py on the tiny model: a line per engine with its peak, and the two
+    engines' ids equal."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_long_prompts.py"), "--model", "tiny",
+                           "--lengths", "300", "--rows", "2", "--new-tokens", "4"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["engine"] for r in lines] == ["cached", "hf"] and all(r["prompt_tokens"] <= 300 for r in lines)
+    assert all(r["prompt_tokens"] > 250 and r["peak_rss_mb"] > 0 for r in lines)
+    assert "same ids in every engine: True" in done.stdout
