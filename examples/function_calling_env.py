@@ -61,7 +61,8 @@ OBJECTS = ["contact", "message", "ticket", "order", "watchlist", "booking", "car
 def bfcl_like_tools(n: int) -> dict[str, ToolSpec]:
     """``n`` tools shaped like BFCL's multi-turn APIs, none of them this env's: every description of a
     class opens with the same sentence (BFCL's boilerplate), then says what the tool does; 3-4
-    described arguments each. They make the listing as long as BFCL's (20 tools: a first prompt of ~4.7k SmolLM2 tokens)."""
+    described arguments each. They make the listing as long as BFCL's (20 tools: a first prompt of
+    ~4.7k SmolLM2 tokens)."""
     rng = random.Random(f"bfcl_like_tools:{n}")
     out: dict[str, ToolSpec] = {}
     classes = sorted(API_CLASSES)
