@@ -212,7 +212,7 @@ def decode(
     None; at least one prompt token per row must be uncached. ``finished(b, ids)`` says whether a
     row's completion is done besides EOS (stop strings). With ``max_new_tokens = 0`` the prompts
     are only read. ``keep_from[b]``, when given, asks for the states of the read tokens from that
-    position ids from that position on in ``Row.kv`` (for the prefix cache). ``noise_rows[b]``: row
+    position on in ``Row.kv`` (for the prefix cache). ``noise_rows[b]``: row
     ``b``'s row of the ``[noise_width, V]`` noise block each step draws (default: its own index of
     this batch), for a call split over several batches. ``report``: progress (``Report``).
     """
