@@ -157,3 +157,13 @@ def test_every_field_is_documented():
     rows = describe(TrainConfig)
     assert len(rows) > 60
     assert all(help_text for _, _, help_text in rows), [k for k, _, h in rows if not h]
+
+
+def test_a_mode_says_once_what_it_switches_on():
+    from coevo.config.schema import MODES, Mode
+
+    table = {m: (Mode(m).trains, Mode(m).evolves, Mode(m).unscaffolds) for m in MODES}
+    assert table == {"coevolve": (True, True, True), "harness_only": (False, True, True),
+                     "model_only": (True, False, True), "static": (False, False, False)}
+    with pytest.raises(ValueError, match="mode='both'"):
+        Mode("both")

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from coevo.config.schema import EvolutionConfig, TrainConfig, stale_fields
+from coevo.config.schema import EvolutionConfig, Mode, TrainConfig, stale_fields
 from coevo.errors import UsageError
 from coevo.loop.config_check import (
     SCRIPTED_MODELS,
@@ -171,7 +171,8 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_fo
         check_resumable(run_dir, cfg)  # config.yaml itself waits for the model: a bad model.name must not record it
     accelerator.wait_for_everyone()
 
-    trains = cfg.mode in ("coevolve", "model_only")
+    mode = Mode(cfg.mode)
+    trains = mode.trains
     model, tok = None, None
     if cfg.model.name not in SCRIPTED_MODELS:
         try:
@@ -209,7 +210,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_fo
     if prompt_size is not None:
         progress.message(prompt_size)
     tasks = {t.task_id: t for t in train}
-    evolves = cfg.mode in ("coevolve", "harness_only")
+    evolves = mode.evolves
     references = {}
     if evolves and is_main:
         # every train task's reference serves the Digester; only those of the pool and of tasks no
@@ -231,7 +232,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_fo
         steps_per_round=cfg.trainer.steps_per_round, val_every=cfg.val_every, eval_attempts=cfg.eval_attempts,
         step_traces=cfg.trainer.step_traces, signal_groups=cfg.rollout.signal_groups,
         max_extra_tasks=cfg.rollout.max_extra_tasks,
-        unscaffolded_attempts=cfg.rollout.unscaffolded_attempts if cfg.mode != "static" else 0,
+        unscaffolded_attempts=cfg.rollout.unscaffolded_attempts if mode.unscaffolds else 0,
         evolve_rounds=lambda r: r < e.early_rounds or (e.every > 0 and (r - e.early_rounds + 1) % e.every == 0),
         critic_episodes=(e.stat_budget if e.gate == "stat" else cfg.batch_tasks * e.critic_attempts)
         * e.max_proposals,  # for the time estimate: one variant's proposals, each judged to the gate's budget

@@ -37,6 +37,7 @@ from typing import Any
 from coevo.agent.rollouts import Rollout, RolloutService
 from coevo.agent.trace import Trace
 from coevo.buffers.logprobs import sampler_first
+from coevo.config.schema import Mode
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.types import EvolveReport, HarnessEvent
@@ -76,7 +77,7 @@ class Coevolution:
     def __init__(self, *, mode: str, rollouts: RolloutService, aegis: AEGIS, run_dir: Path, splits: Splits,
                  schedule: Schedule, tracker: Any, progress: Any, training: Training | None = None,
                  processes: Processes = Processes()) -> None:
-        trains = mode in ("coevolve", "model_only")
+        trains = Mode(mode).trains
         if trains and (training is None or (processes.is_main and (training.buffer is None
                                                                    or training.logprob_fn is None))):
             raise ValueError(f"mode {mode!r} trains the model: it needs a trainer, and on rank 0 a buffer and a "
@@ -86,7 +87,7 @@ class Coevolution:
         self.tracker, self.progress, self.is_main = tracker, progress, processes.is_main
         self.policy = rollouts.policy
         self.env_name = str(getattr(rollouts.env, "name", "env"))  # noted in every harness file the run writes
-        self.evolves, self.trains = mode in ("coevolve", "harness_only"), trains
+        self.evolves, self.trains = Mode(mode).evolves, trains
         self.training = training if trains else None
         self.trainer = training.trainer if trains else None
         self.buffer = training.buffer if trains else None

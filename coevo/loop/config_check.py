@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from coevo.config.schema import TrainConfig, violations
+from coevo.config.schema import Mode, TrainConfig, violations
 from coevo.errors import UsageError
 
 SCRIPTED_MODELS = ("scripted", "gold")
@@ -104,7 +104,7 @@ def check_cross_fields(cfg: TrainConfig) -> None:
                          "the weight sync to vLLM reads whole (merged) parameters from the trainer, which "
                          f"{'FSDP2' if cfg.trainer.sharding == 'fsdp2' else 'ZeRO-3'} holds sharded; use "
                          "rollout.backend=transformers (rank 0 generates from a gathered copy) or DDP + LoRA with vLLM")
-    if cfg.model.name in SCRIPTED_MODELS and cfg.mode in ("coevolve", "model_only"):
+    if cfg.model.name in SCRIPTED_MODELS and Mode(cfg.mode).trains:
         raise UsageError(f"config model.name={cfg.model.name!r} has no weights to train in mode={cfg.mode!r}; use "
                          "mode=harness_only or mode=static, or name a model")
     if cfg.model.name in SCRIPTED_MODELS and cfg.rollout.backend != "transformers":
@@ -112,7 +112,7 @@ def check_cross_fields(cfg: TrainConfig) -> None:
                          "rollout=transformers")
     if cfg.evolution.router and cfg.meta_agent.backend == "rule":
         raise UsageError("evolution.router=true needs an LLM meta-agent (meta_agent=openai or hf); rule cannot route")
-    if cfg.trainer.beta > 0 and not cfg.model.lora and cfg.mode in ("coevolve", "model_only"):
+    if cfg.trainer.beta > 0 and not cfg.model.lora and Mode(cfg.mode).trains:
         raise UsageError(f"config trainer.beta={cfg.trainer.beta} needs model.lora=true: the KL reference is the base "
                          "model with the adapter disabled, and full fine-tuning has no reference model here; "
                          "set trainer.beta=0 or model.lora=true")
@@ -120,7 +120,7 @@ def check_cross_fields(cfg: TrainConfig) -> None:
     extra = cfg.rollout.max_extra_tasks if cfg.rollout.signal_groups else 0
     bare = cfg.rollout.unscaffolded_attempts
     per_round = (cfg.batch_tasks + extra) * attempts + cfg.batch_tasks * bare
-    if cfg.mode in ("coevolve", "model_only") and capacity < per_round:
+    if Mode(cfg.mode).trains and capacity < per_round:
         # a round's traces must all fit in the buffer, whose capacity then bounds batch_tasks
         raise UsageError(f"config batch_tasks={cfg.batch_tasks} must be <= {(capacity - extra * attempts) // (attempts + bare)}:"
                          f" a round adds (batch_tasks + rollout.max_extra_tasks={extra} with dynamic sampling) x "
