@@ -11,7 +11,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from coevo.rundir.records import RoundRecord
@@ -34,6 +34,21 @@ SHORT_TASK = 16
 def duration(seconds: float) -> str:
     """``42 s`` under two minutes, else ``3.5 min``."""
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+class Progress(Protocol):
+    """What the loop and the rollouts show progress on: ``RichProgress`` or ``NullProgress``."""
+
+    def task(self, description: str, total: int) -> contextlib.AbstractContextManager[Callable[[], None]]:
+        """A context over ``total`` units of work yielding the function to call per unit done."""
+        ...
+
+    def round_done(self, record: RoundRecord) -> None:
+        ...
+
+    def message(self, text: str) -> None:
+        """A plain line between the bars."""
+        ...
 
 
 class RichProgress:
