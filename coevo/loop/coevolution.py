@@ -56,7 +56,7 @@ from coevo.loop.round_plan import batches_per_epoch, extra_pools, round_batches
 from coevo.loop.round_record import PhaseClock, round_record
 from coevo.loop.schedule import Processes, Schedule, Splits, Training
 from coevo.report.eta import RunShape, start_line, time_left_line
-from coevo.report.progress import Progress
+from coevo.report.progress import ProgressDisplay
 from coevo.report.tracking import Tracker, edit_rows
 from coevo.rundir import checkpoint
 from coevo.rundir.check import buffer_next_seq, verify_run
@@ -75,7 +75,7 @@ class Coevolution:
     None in modes that do not train) and ``processes`` (one, or several sharing the loop)."""
 
     def __init__(self, *, mode: str, rollouts: RolloutService, aegis: AEGIS, run_dir: Path, splits: Splits,
-                 schedule: Schedule, tracker: Tracker, progress: Progress, training: Training | None = None,
+                 schedule: Schedule, tracker: Tracker, progress: ProgressDisplay, training: Training | None = None,
                  processes: Processes = Processes()) -> None:
         trains = Mode(mode).trains
         if trains and (training is None or (processes.is_main and (training.buffer is None

@@ -36,7 +36,7 @@ def duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-class Progress(Protocol):
+class ProgressDisplay(Protocol):
     """What the loop and the rollouts show progress on: ``RichProgress`` or ``NullProgress``."""
 
     def task(self, description: str, total: int) -> contextlib.AbstractContextManager[Callable[[], None]]:
