@@ -121,6 +121,8 @@ class TransformersPolicy:
         self.decode_bytes = int(decode_mib * 2**20)
         self.on_progress: Callable[[str], None] | None = None  # lines from inside a long call (the rollout's display)
         self._call_began = 0.0
+        self._last_said = time.perf_counter()  # the last progress line, across calls: never dark for long
+        self._calls_done = self._tokens_done = 0
         # prompt tokens rendered into requests vs read by the model (the rest came from the cache)
         self.prompt_tokens = 0
         self.prompt_tokens_computed = 0
@@ -173,7 +175,19 @@ class TransformersPolicy:
                     gen.prefix_tokens = len(prefix_ids(self.tokenizer, requests[i].reply_prefix))
                     results[i] = gen
         self.seconds += time.perf_counter() - began
-        return [r for r in results if r is not None]
+        done = [r for r in results if r is not None]
+        self._calls_done += len(done)
+        self._tokens_done += sum(len(r.completion_ids) for r in done if isinstance(r, Generation))
+        self._say(f"model calls: {self._calls_done:,} done, {self._tokens_done:,} tokens generated")
+        return done
+
+    def _say(self, text: str) -> None:
+        """``text`` to ``on_progress`` when ``HEARTBEAT_S`` have passed since the last line: episodes
+        of many short calls end late, and a call of a long prompt takes minutes on a CPU."""
+        now = time.perf_counter()
+        if self.on_progress is not None and now - self._last_said >= HEARTBEAT_S:
+            self._last_said = now
+            self.on_progress(text)
 
     def _check_context(self, requests: Sequence[ChatRequest], prompts: list[list[int]]) -> dict[int, ValueError]:
         """The requests whose prompt plus completion budget exceeds the model's context window
@@ -295,20 +309,17 @@ class TransformersPolicy:
         return batches
 
     def _heartbeat(self, requests: int, batch: int, batches: int, what: str = "model call") -> Report | None:
-        """A ``decode`` report that tells ``on_progress`` how far the call is, at most every
-        ``HEARTBEAT_S`` seconds: a long prompt's prefill and a long completion are minutes on a CPU."""
+        """A ``decode`` report that tells ``on_progress`` how far the call is (``_say``: at most every
+        ``HEARTBEAT_S`` seconds)."""
         if self.on_progress is None:
             return None
-        say, began, last = self.on_progress, self._call_began, [time.perf_counter()]
+        began = self._call_began
         part = f", batch {batch + 1}/{batches}" if batches > 1 else ""
 
         def report(phase: str, done: int, total: int) -> None:
-            now = time.perf_counter()
-            if now - last[0] < HEARTBEAT_S:
-                return
-            last[0] = now
             unit = "prompt tokens read" if phase == "prefill" else "tokens generated"
-            say(f"{what} ({requests} request(s){part}): {done:,}/{total:,} {unit}, {now - began:.0f} s into the call")
+            self._say(f"{what} ({requests} request(s){part}): {done:,}/{total:,} {unit}, "
+                      f"{time.perf_counter() - began:.0f} s into the call")
 
         return report
 

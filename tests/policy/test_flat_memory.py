@@ -96,6 +96,7 @@ def test_a_long_call_reports_its_progress(monkeypatch):
     policy.generate(reqs)
     assert any("prompt tokens read" in line for line in lines)
     assert any("tokens generated" in line and "batch 2/" in line for line in lines)
+    assert lines[-1].startswith(f"model calls: {len(reqs)} done")  # and after each call, across calls
 
 
 PEAK = """
