@@ -20,8 +20,22 @@ import time
 import torch
 
 
-def main() -> None:
+def spread_traces(buffer_dir: str, n: int) -> list:
+    """The first ``n`` traces of ``buffer_dir`` in groups with a reward spread (what a step trains on)."""
     from coevo.buffers import ReplayBuffer
+
+    with ReplayBuffer(buffer_dir, capacity=4096) as buf:
+        traces = buf.load(buf.entries())
+    by_task: dict[str, list] = {}
+    for t in traces:
+        by_task.setdefault(t.task_id, []).append(t)
+    chosen = [t for group in by_task.values() if len({t.reward for t in group}) > 1 for t in group][:n]
+    if not chosen:
+        raise SystemExit("no group with a reward spread in that buffer")
+    return chosen
+
+
+def main() -> None:
     from coevo.buffers.logprobs import behaviour_logprobs, sampler_first
     from coevo.trainers.batch import pack_calls, training_sequences
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
@@ -37,14 +51,7 @@ def main() -> None:
     ap.add_argument("--micro-batch-size", type=int, default=8)
     args = ap.parse_args()
 
-    with ReplayBuffer(args.buffer, capacity=4096) as buf:
-        traces = buf.load(buf.entries())
-    by_task: dict[str, list] = {}
-    for t in traces:
-        by_task.setdefault(t.task_id, []).append(t)
-    chosen = [t for group in by_task.values() if len({t.reward for t in group}) > 1 for t in group][: args.traces]
-    if not chosen:
-        raise SystemExit("no group with a reward spread in that buffer")
+    chosen = spread_traces(args.buffer, args.traces)
     model, tok = load_model("smollm2", dtype="float32")
     model = apply_lora(model, r=16, alpha=32, dropout=0.0)
     seqs = training_sequences(chosen, torch.zeros(len(chosen)))

@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--distill-demos", action="store_true", help="train the distilled copies as the run did")
     args = ap.parse_args()
 
-    from coevo.buffers import ReplayBuffer
+    from bench_grpo_step import spread_traces  # scripts/ is on the path of a script run from it
     from coevo.config.schema import TrainerConfig
     from coevo.policy.load import load_model
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
@@ -34,14 +34,7 @@ def main() -> None:
     tokens = None if args.micro_batch_tokens == "none" else int(args.micro_batch_tokens)
     copy = tempfile.mkdtemp() + "/buffer"
     shutil.copytree(args.buffer, copy)
-    with ReplayBuffer(copy, capacity=4096) as buf:
-        traces = buf.load(buf.entries())
-    by_task: dict[str, list] = {}
-    for t in traces:
-        by_task.setdefault(t.task_id, []).append(t)
-    chosen = [t for group in by_task.values() if len({t.reward for t in group}) > 1 for t in group][: args.traces]
-    if not chosen:
-        raise SystemExit("no group with a reward spread in that buffer")
+    chosen = spread_traces(copy, args.traces)
     model, tok = load_model("smollm2", dtype="float32")
     model = apply_lora(model, r=16, alpha=32, dropout=0.0)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -160,7 +160,8 @@ def test_every_field_is_documented():
 
 
 def test_a_mode_says_once_what_it_switches_on():
-    from coevo.config.schema import MODES, Mode
+    from coevo.config.mode import Mode
+    from coevo.config.schema import MODES
 
     table = {m: (Mode(m).trains, Mode(m).evolves, Mode(m).unscaffolds) for m in MODES}
     assert table == {"coevolve": (True, True, True), "harness_only": (False, True, True),

@@ -161,8 +161,7 @@ class GRPOTrainer:
         self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, c.micro_batch_tokens
         self.loss_params, self.kernel = loss_params, {"impl": c.kernel, "workspace_mib": c.loss_workspace_mib}
         self.beta, self.tis_cap, self.loss_horizon = c.beta, c.tis_cap, loss_horizon
-        self.crediting = {"credit_prefill": c.credit_prefill, "distill_demos": c.distill_demos,  # training_sequences'
-                          "distill_prompt": c.distill_prompt}
+        self.crediting = {k: getattr(c, k) for k in ("credit_prefill", "distill_demos", "distill_prompt")}
         self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, c.scale_by_std, drop_zero_variance
         self.pack_calls, self.share_prefix = pack_calls, share_prefix
         self.version = 0  # optimizer steps taken: the model version of the next rollouts

@@ -30,32 +30,6 @@ RULES = ("choices", "ge", "gt", "le", "lt")
 """The metadata keys that constrain a field's value (``opt``)."""
 
 
-@dataclass(frozen=True)
-class Mode:
-    """What a run's ``mode`` switches on, answered in one place: GRPO trains the weights (coevolve,
-    model_only), AEGIS evolves the harness (coevolve, harness_only), and episodes without the
-    outermost scaffold layer run beside the scaffolded ones in every mode but static (which only
-    measures)."""
-
-    name: str
-
-    def __post_init__(self) -> None:
-        if self.name not in MODES:
-            raise ValueError(f"mode={self.name!r}; choose one of {list(MODES)}")
-
-    @property
-    def trains(self) -> bool:
-        return self.name in ("coevolve", "model_only")
-
-    @property
-    def evolves(self) -> bool:
-        return self.name in ("coevolve", "harness_only")
-
-    @property
-    def unscaffolds(self) -> bool:
-        return self.name != "static"
-
-
 def opt(default: Any, help: str, *, choices: Any = None, ge: Any = None, gt: Any = None, le: Any = None,
         lt: Any = None, none: str | None = None, why: str | None = None) -> Any:
     """A schema field with its help text and the values it allows (mutable defaults are copied per

@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from coevo.config.schema import EvolutionConfig, Mode, TrainConfig, stale_fields
+from coevo.config.mode import Mode
+from coevo.config.schema import EvolutionConfig, TrainConfig, stale_fields
 from coevo.errors import UsageError
 from coevo.loop.config_check import (
     SCRIPTED_MODELS,

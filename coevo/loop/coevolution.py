@@ -36,7 +36,7 @@ from pathlib import Path
 from coevo.agent.rollouts import Rollout, RolloutService
 from coevo.agent.trace import Trace
 from coevo.buffers.logprobs import sampler_first
-from coevo.config.schema import Mode
+from coevo.config.mode import Mode
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.types import EvolveReport, HarnessEvent
@@ -229,7 +229,8 @@ class Coevolution:
             bare = self._unscaffolded(batch, r)
         if self.trains:
             with clock("logprobs"):
-                self.buffer.add(traces + bare, round=r, model_version=version, logprob_fn=self._logprob_fn(traces + bare))
+                stored = traces + bare
+                self.buffer.add(stored, round=r, model_version=version, logprob_fn=self._logprob_fn(stored))
         return traces, bare
 
     def _evolve(self, traces: list[Trace], bare: list[Trace], r: int, version: int, clock: PhaseClock
@@ -254,7 +255,8 @@ class Coevolution:
     def _evaluate_round(self, r: int, clock: PhaseClock) -> tuple[Evaluation | None, Evaluation | None]:
         """Validation every ``val_every`` rounds and in the last; the sealed test split in the last only."""
         val = test = None
-        if self.val_tasks and ((self.schedule.val_every and (r + 1) % self.schedule.val_every == 0) or r == self.end - 1):
+        every = self.schedule.val_every
+        if self.val_tasks and ((every and (r + 1) % every == 0) or r == self.end - 1):
             with clock("eval"):
                 val = self.evaluate(self.val_tasks, r, "eval")
         if self.test_tasks and r == self.end - 1:
@@ -286,11 +288,13 @@ class Coevolution:
         if not self.schedule.unscaffolded_attempts:
             return []
         harnesses, _ = self.aegis.routed(tasks)
-        pairs = [(t, bare) for t, h in zip(tasks, harnesses, strict=True) if (bare := without_outer_scaffold(h)) is not h]
+        pairs = [(t, bare) for t, h in zip(tasks, harnesses, strict=True)
+                 if (bare := without_outer_scaffold(h)) is not h]
         if not pairs:
             return []
-        done = self.rollouts.run([h for _, h in pairs], [t for t, _ in pairs], attempts=self.schedule.unscaffolded_attempts,
-                                 phase="unscaffolded", round=r, variant=UNSCAFFOLDED,
+        done = self.rollouts.run([h for _, h in pairs], [t for t, _ in pairs],
+                                 attempts=self.schedule.unscaffolded_attempts, phase="unscaffolded", round=r,
+                                 variant=UNSCAFFOLDED,
                                  label=f"round {r}: without the scaffolding",
                                  trace_id=lambda t, a: f"u{r:04d}-{t.task_id}-{a}")
         return done.traces
@@ -314,7 +318,8 @@ class Coevolution:
             done = self._routed(tasks, r, "extra", self.schedule.attempts, f"round {r}: extra tasks", reseed=first)
             return done.traces
 
-        return dynamic_sample(traces, self.extras[r - self.first], self.schedule.batch_tasks, self.signal_groups or 0, run)
+        reserve = self.extras[r - self.first]
+        return dynamic_sample(traces, reserve, self.schedule.batch_tasks, self.signal_groups or 0, run)
 
     def _routed(self, tasks: Sequence[Task], r: int, phase: str, attempts: int, label: str, reseed: bool = True
                 ) -> Rollout:
@@ -347,8 +352,8 @@ class Coevolution:
         steps: list[dict] = []
         self.processes.release_rollout()
         with self.progress.task("GRPO", self.schedule.steps_per_round) as advance:
-            for part, part_versions in step_batches(traces, versions, self.schedule.steps_per_round, self.schedule.step_traces,
-                                                    seed=f"{self.schedule.seed}-{r}"):
+            for part, part_versions in step_batches(traces, versions, self.schedule.steps_per_round,
+                                                    self.schedule.step_traces, seed=f"{self.schedule.seed}-{r}"):
                 steps.append(self.trainer.step(part, versions=part_versions).as_dict())
                 advance()
         self.policy.model_version = str(self.trainer.version)
@@ -359,11 +364,13 @@ class Coevolution:
         """pass@1 and pass@k of the routed variants (k = eval_attempts)."""
         label = f"{f'round {r}' if r >= 0 else 'start'}: {'validation' if phase == 'eval' else 'test'}"
         done = self._routed(tasks, r, phase, self.schedule.eval_attempts, label)
-        return Evaluation(done.pass_at_1, done.pass_at_k, self.schedule.eval_attempts, done.outcomes(), done.tool_use_rate)
+        return Evaluation(done.pass_at_1, done.pass_at_k, self.schedule.eval_attempts, done.outcomes(),
+                          done.tool_use_rate)
 
     def _harness_pass_rate(self, harness: Harness, tasks: Sequence[Task], r: int) -> float:
         """pass@1 of one harness on ``tasks`` (epoch-end snapshot selection)."""
-        done = self.rollouts.run(harness, tasks, attempts=self.schedule.eval_attempts, phase="eval", round=r, variant="select",
+        done = self.rollouts.run(harness, tasks, attempts=self.schedule.eval_attempts, phase="eval", round=r,
+                                 variant="select",
                                  label=f"round {r}: snapshot {harness.id[:8]} on validation",
                                  trace_id=lambda t, a: f"select{r:04d}-{harness.id}-{t.task_id}-{a}")
         return sum(t.passed for t in done.traces) / len(done.traces)  # every task has eval_attempts of them

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from coevo.config.schema import Mode, TrainConfig, violations
+from coevo.config.mode import Mode
+from coevo.config.schema import TrainConfig, violations
 from coevo.errors import UsageError
 
 SCRIPTED_MODELS = ("scripted", "gold")
@@ -95,7 +96,8 @@ def check_cross_fields(cfg: TrainConfig) -> None:
             raise UsageError(f"config {key}={url!r} is not a URL; write it as http://HOST:PORT"
                              + ("/v1" if key == "meta_agent.url" else ""))
     if cfg.meta_agent.backend == "openai" and not (cfg.meta_agent.url and cfg.meta_agent.model):
-        raise UsageError("meta_agent=openai needs meta_agent.url and meta_agent.model (e.g. meta_agent.model=gpt-4o-mini)")
+        raise UsageError("meta_agent=openai needs meta_agent.url and meta_agent.model "
+                         "(e.g. meta_agent.model=gpt-4o-mini)")
     if cfg.buffer.sampler_logprobs and cfg.rollout.backend == "vllm":
         raise UsageError("config buffer.sampler_logprobs=true needs rollout.backend=transformers: vLLM's probabilities "
                          "differ from the trainer's, so its log-probs are no behaviour log-probs (leave it false)")
@@ -122,7 +124,8 @@ def check_cross_fields(cfg: TrainConfig) -> None:
     per_round = (cfg.batch_tasks + extra) * attempts + cfg.batch_tasks * bare
     if Mode(cfg.mode).trains and capacity < per_round:
         # a round's traces must all fit in the buffer, whose capacity then bounds batch_tasks
-        raise UsageError(f"config batch_tasks={cfg.batch_tasks} must be <= {(capacity - extra * attempts) // (attempts + bare)}:"
+        most = (capacity - extra * attempts) // (attempts + bare)
+        raise UsageError(f"config batch_tasks={cfg.batch_tasks} must be <= {most}:"
                          f" a round adds (batch_tasks + rollout.max_extra_tasks={extra} with dynamic sampling) x "
                          f"rollout.attempts={attempts}"
                          + (f" + batch_tasks x rollout.unscaffolded_attempts={bare}" if bare else "")

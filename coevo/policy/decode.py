@@ -184,6 +184,26 @@ def kv_bytes_per_token(model: Any) -> int:
     return config.num_hidden_layers * 2 * kv_heads * head_dim * itemsize
 
 
+def batches_within(lengths: Sequence[int], cached: Sequence[int], max_new_tokens: int, tokens: int) -> list[list[int]]:
+    """The rows (indices) of each decode batch of one call whose past may hold ``tokens`` tokens:
+    rows x (longest cached + longest uncached + ``max_new_tokens``), what ``decode`` allocates. All
+    of them in order when they fit, else shortest first, as many as fit (a row alone always goes)."""
+
+    def size(rows: list[int]) -> int:
+        return len(rows) * (max(cached[i] for i in rows) + max(lengths[i] - cached[i] for i in rows) + max_new_tokens)
+
+    everything = list(range(len(lengths)))
+    if size(everything) <= tokens:
+        return [everything]
+    batches: list[list[int]] = []
+    for i in sorted(everything, key=lambda i: lengths[i]):
+        if batches and size(batches[-1] + [i]) <= tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
 def _layer_states(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]  # [B, heads, filled, head_dim]
 
@@ -257,13 +277,13 @@ def decode(
     was_training = model.training
     model.eval()
     try:
+        lengths = [len(r) for r in rest]  # row b's real columns are S - n_b .. S
         for start in range(0, S, PREFILL_CHUNK):  # the prompt in chunks: activations of one chunk at a time
             end = min(S, start + PREFILL_CHUNK)
             logits = model(input_ids=ids[:, start:end], attention_mask=mask[:, : W + end],
                            position_ids=pos[:, start:end], use_cache=True, logits_to_keep=1,
                            **{kw: cache}).logits[:, -1]  # [B, V]: the last chunk's is the one sampled from
             if report is not None:
-                lengths = [len(r) for r in rest]  # row b's real columns are S - n_b .. S
                 report("prefill", sum(min(n, max(0, end - (S - n))) for n in lengths), sum(lengths))
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]

@@ -21,7 +21,6 @@ Two engines produce the same ids and log-probs:
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import time
 from typing import Any, Callable, Sequence
@@ -31,8 +30,8 @@ import torch
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.config.schema import RolloutConfig
 from coevo.harness.events import HARNESS, Message, SamplingParams, is_harness_note
-from coevo.policy.decode import RaceSampling, Report, decode, kv_bytes_per_token
-from coevo.policy.prefix_cache import PrefixCache, common_prefix_len
+from coevo.policy.decode import RaceSampling, Report, batches_within, decode, kv_bytes_per_token
+from coevo.policy.prefix_cache import PrefixCache, common_prefix_len, trim_heap
 
 ENGINES = ("cached", "hf")
 """Generation paths, the same completions from the same seed: ``cached`` (``coevo.policy.decode``,
@@ -114,7 +113,8 @@ class TransformersPolicy:
         self.seed = seed
         self._calls = 0
         self.seconds = 0.0  # wall time spent generating, for the round's time breakdown
-        eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
+        eos = model.generation_config.eos_token_id
+        eos = tokenizer.eos_token_id if eos is None else eos
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.engine = "hf" if engine == "cached" and _sliding_window(model.config) else engine
         self.cache = PrefixCache(int(prefix_cache_mb * 2**20))
@@ -288,25 +288,9 @@ class TransformersPolicy:
             pending = [w for w in pending if w not in wave]
 
     def _batches(self, prompts: list[list[int]], cached: list[int], max_new_tokens: int) -> list[list[int]]:
-        """The rows (indices into ``prompts``) of each decode batch of one call: all of them when their
-        past fits ``decode_mib`` (rows x (longest cached + longest uncached + ``max_new_tokens``)
-        tokens of key/value states), else, shortest first, as many as fit (a row alone always goes)."""
-        per_token, n = kv_bytes_per_token(self.model), len(prompts)
-
-        def size(rows: list[int]) -> int:
-            return len(rows) * (max(cached[i] for i in rows) + max(len(prompts[i]) - cached[i] for i in rows)
-                                + max_new_tokens) * per_token
-
-        everything = list(range(n))
-        if size(everything) <= self.decode_bytes:
-            return [everything]
-        batches: list[list[int]] = []
-        for i in sorted(everything, key=lambda i: len(prompts[i])):
-            if batches and size(batches[-1] + [i]) <= self.decode_bytes:
-                batches[-1].append(i)
-            else:
-                batches.append([i])
-        return batches
+        """The rows of each decode batch of one call, within ``decode_mib`` (``decode.batches_within``)."""
+        return batches_within([len(p) for p in prompts], cached, max_new_tokens,
+                              self.decode_bytes // kv_bytes_per_token(self.model))
 
     def _heartbeat(self, requests: int, batch: int, batches: int, what: str = "model call") -> Report | None:
         """A ``decode`` report that tells ``on_progress`` how far the call is (``_say``: at most every
@@ -404,15 +388,6 @@ class TransformersPolicy:
             logprobs=logps[: len(ids)],
             finish_reason=finish,
         )
-
-
-def trim_heap() -> None:
-    """Return freed heap pages to the system (glibc's ``malloc_trim``; nothing elsewhere): after a
-    rollout, the allocator keeps the decode batches' freed buffers, several GB on a long rollout."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _sliding_window(config: Any) -> bool:
