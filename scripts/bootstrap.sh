@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create (or reuse) a virtual environment and install coevo into it, editable, with test tools.
+# Create (or reuse) a virtual environment and install coevo into it, editable, with test tools and the
+# ecosystem's environment libraries (the envs extra: the suite runs verifiers and skyrl-gym environments).
 #
 # torch is installed first and only when missing, so an existing build is kept:
 #   - a machine with an NVIDIA GPU (nvidia-smi lists one) gets PyPI's default CUDA build;
@@ -46,7 +47,7 @@ fi
 # clone tests what was tested. With one, the resolver is left free: vLLM, installed first, pins its own.
 constraints=()
 $gpu || constraints=(-c "$(dirname "$0")/constraints.txt")
-"${pip[@]}" install "${constraints[@]}" -e ".[dev]"
+"${pip[@]}" install "${constraints[@]}" -e ".[dev,envs]"
 # DeepSpeed (the deepspeed extra: ZeRO-3 through accelerate, tests/trainers/test_zero3.py). Without a GPU its
 # pure-Python install (DS_BUILD_OPS=0: no ops compiled at install; its CPU accelerator runs ZeRO-3 over gloo);
 # on a GPU machine pip install -e '.[deepspeed]', whose CUDA ops compile on first use against the torch there.

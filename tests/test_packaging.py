@@ -83,7 +83,7 @@ def test_the_bootstrap_constraints_pin_every_dependency_within_its_range():
     """scripts/constraints.txt (the tested versions the bootstrap installs without a GPU) must satisfy
     pyproject's ranges, or a fresh clone's install fails; and it must pin every direct dependency but
     torch and triton, or a new release can change what CI tests (the deepspeed extra included: the
-    bootstrap installs it without a GPU, at the version it names)."""
+    bootstrap installs it without a GPU, at the version it names; the envs extra, which it installs too)."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
@@ -94,7 +94,7 @@ def test_the_bootstrap_constraints_pin_every_dependency_within_its_range():
             pins[canonicalize_name(name)] = version.strip()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    for spec in project["dependencies"] + extras["dev"] + extras["deepspeed"]:
+    for spec in project["dependencies"] + extras["dev"] + extras["deepspeed"] + extras["envs"]:
         req = Requirement(spec)
         name = canonicalize_name(req.name)
         if name in ("torch", "triton") or (req.marker and not req.marker.evaluate()):

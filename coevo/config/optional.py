@@ -4,7 +4,7 @@ Some dependencies are used only by one option (``rollout=vllm``, ``logger=wandb`
 meta-agent, the Triton loss, a DeepSpeed launch, the Liger comparison in the benchmarks), so they are imported on use
 rather than at start-up. When one is missing the user should read how to install it, not a bare
 ``No module named ...``: ``require`` raises ``MissingDependency`` with the command from ``INSTALL``.
-Extras are those of pyproject.toml (``vllm``, ``deepspeed``); wandb and openai are core dependencies, so their
+Extras are those of pyproject.toml (``vllm``, ``deepspeed``, ``envs``); wandb and openai are core dependencies, so their
 absence means a partial install.
 """
 
@@ -26,6 +26,8 @@ INSTALL: dict[str, str] = {
     "deepspeed": "pip install 'coevo[deepspeed]' (without a GPU: DS_BUILD_OPS=0 pip install deepspeed==0.19.8, "
                  "pure Python; its CPU accelerator runs ZeRO-3 over gloo)",
     "liger_kernel": "pip install liger-kernel (only the loss benchmarks compare against it)",
+    "verifiers": "pip install 'coevo[envs]' (verifiers' classic environment API, 0.3.x)",
+    "skyrl_gym": "pip install 'coevo[envs]' (SkyRL's text environments)",
 }
 """top-level module → how to install it."""
 

@@ -4,15 +4,19 @@ from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
 from coevo.envs.base import SPLITS, Env, EnvSession, Score, Task, assign_split
 from coevo.envs.office import OfficeEnv, gold_solver
 from coevo.envs.reasoning import ReasoningEnv
+from coevo.envs.skyrl_env import SkyRLEnv
 from coevo.envs.textworld_express import TWXEnv
+from coevo.envs.verifiers_env import VerifiersEnv
 
-ENVS = {"arithmetic": ArithmeticEnv, "office": OfficeEnv, "reasoning": ReasoningEnv, "textworld_express": TWXEnv}
-"""Environments constructible by name (the CLI and configs use this)."""
+ENVS = {"arithmetic": ArithmeticEnv, "office": OfficeEnv, "reasoning": ReasoningEnv, "textworld_express": TWXEnv,
+        "verifiers": VerifiersEnv, "skyrl_gym": SkyRLEnv}
+"""Environments constructible by name (the CLI and configs use this); ``verifiers`` and ``skyrl_gym``
+run the environments of those libraries (the ``envs`` extra)."""
 
 SCRIPTED_SOLVERS = {"arithmetic": calculator_solver, "office": gold_solver}
 """Scripted demo policies, for envs that have one."""
 
 __all__ = ["ArithmeticEnv", "OfficeEnv",
     "ReasoningEnv", "ENVS",
-    "SCRIPTED_SOLVERS", "Env", "EnvSession", "SPLITS", "Score", "TWXEnv",
+    "SCRIPTED_SOLVERS", "Env", "EnvSession", "SPLITS", "Score", "SkyRLEnv", "TWXEnv", "VerifiersEnv",
     "Task", "assign_split"]
