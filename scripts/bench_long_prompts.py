@@ -1,5 +1,5 @@
 """Peak memory and speed of one generate call against prompt length: the cached engine (prompts read in
-chunks, the call's rows in decode batches within ``decode_mib``) beside transformers' ``generate`` (the
+chunks, the call's rows in decode batches within ``kv_mib``) beside transformers' ``generate`` (the
 ``hf`` engine), on the same prompts with the same seed, so the two must give the same ids.
 
     python scripts/bench_long_prompts.py                         # SmolLM2, 4 rows, 1k 2k 4k 8k tokens

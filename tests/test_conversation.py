@@ -94,7 +94,7 @@ def test_plain_text_is_the_turns_reply_but_a_broken_tool_call_is_not():
 
 
 def test_harness_reminders_are_marked_apart_from_the_user():
-    from coevo.policy.hf import to_template_messages
+    from coevo.policy.chat import to_template_messages
 
     out = ParseRetry().process(parsed("hmm"))
     (note,) = out.followup

@@ -180,7 +180,7 @@ def keyed_trace(key: str, tok) -> "Trace":  # noqa: F821 - imported where used
     """Two model calls whose prompt shows ``key`` (a system prompt quoting it); the first call's
     completion repeats it."""
     from coevo.agent.trace import ModelCall, Trace
-    from coevo.policy.hf import render_prompt
+    from coevo.policy.chat import render_prompt
 
     messages = [{"role": "system", "content": "Be careful. " * 40 + f"The service key is {key}."},
                 {"role": "user", "content": "What is 2+3?"}]

@@ -84,9 +84,10 @@ class RolloutConfig:
     max_steps: int = opt(6, "model calls per episode at most; a starting harness whose step budget is lower gets "
                          "it raised to this", ge=1)
     batch_size: int = opt(32, "model calls per generate() batch", ge=1)
-    decode_mib: float = opt(768, "transformers backend: key/value memory one decode batch may hold (rows x their "
-                            "longest prompt + completion budget); a call needing more runs in several batches "
-                            "that sample the same tokens (raise it on a GPU)", gt=0)
+    kv_mib: float = opt(768, "transformers backend: key/value memory the policy holds at once, the prefix cache's "
+                        "states and the decode batch's (rows x their longest prompt + completion budget); the cache "
+                        "gives way to the batch, and a call needing more runs in several batches that sample the "
+                        "same tokens (raise it on a GPU)", gt=0)
     workers: int = opt(8, "threads that run tools and processors between model calls", ge=1)
     vllm_mode: str = opt("colocate", "vllm backend: colocate (engine in the trainer process) | server (vllm serve, "
                          "started with VLLM_SERVER_DEV_MODE=1; weights synced through <run_dir>/vllm_sync)",

@@ -23,12 +23,12 @@ Message = dict[str, Any]
 HARNESS = "harness"
 """The ``name`` of a user-role message the harness wrote (a reminder, a warning, a check), not the
 task's user: a conversation's user turns and the harness's nudges stay apart in the history, and
-the model sees the nudge marked (``[harness]``, ``coevo.policy.hf.to_template_messages``)."""
+the model sees the nudge marked (``[harness]``, ``coevo.policy.chat.to_template_messages``)."""
 
 
 DEMO = "demo"
 """A message key the few_shot processor sets on each turn it inserts: a worked demonstration, not
-the episode's own conversation. Chat templates never see it (``coevo.policy.hf.to_template_messages``
+the episode's own conversation. Chat templates never see it (``coevo.policy.chat.to_template_messages``
 keeps role and content); the runtime renders a request without these turns to find their tokens
 (``coevo.agent.demos``), so the trainer can train a reply under the prompt without them."""
 

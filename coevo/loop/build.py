@@ -330,7 +330,7 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any, *, generates: bool = Tr
 
     if cfg.rollout.backend == "transformers":
         policy = TransformersPolicy(model, tok, model_version="0", max_batch_size=cfg.rollout.batch_size, seed=cfg.seed,
-                                    decode_mib=cfg.rollout.decode_mib)
+                                    kv_mib=cfg.rollout.kv_mib)
         return policy, None  # generation uses the trained model object itself
     from coevo.policy.smollm2 import converted_dir
     from coevo.policy.vllm import ColocatedEngine, IdleEngine, ServerEngine, VLLMPolicy

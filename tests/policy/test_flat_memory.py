@@ -1,4 +1,4 @@
-"""Long prompts in bounded memory: a call whose past would exceed ``decode_mib`` runs as several
+"""Long prompts in bounded memory: a call whose past would exceed ``kv_mib`` runs as several
 decode batches that sample exactly what one batch samples, prompts are read in chunks that give what
 one forward gives, a long call reports its progress, and peak memory stops growing with the number
 of long prompts in a call."""
@@ -38,7 +38,7 @@ def test_a_call_split_over_decode_batches_samples_what_one_batch_samples(samplin
     tok = tiny_tokenizer()
     model = tiny_model(tok, seed=1)
     whole = TransformersPolicy(model, tok, seed=7)
-    split = TransformersPolicy(model, tok, seed=7, decode_mib=1e-6)  # every row its own batch
+    split = TransformersPolicy(model, tok, seed=7, kv_mib=1e-6)  # every row its own batch
     sizes = []
     original = decode_module.decode
 
@@ -74,22 +74,87 @@ def test_decode_batches_keep_their_past_within_the_budget():
     assert per_token == 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head dim x fp32
     prompts = [[1] * n for n in (40, 300, 90, 120, 35, 500, 60)]
     cached = [0, 200, 30, 0, 10, 0, 20]
-    policy.decode_bytes = 600 * per_token
+    policy.kv_bytes = 600 * per_token
     batches = policy._batches(prompts, cached, max_new_tokens=16)
     assert sorted(i for b in batches for i in b) == list(range(len(prompts)))
     for b in batches:
         tokens = len(b) * (max(cached[i] for i in b) + max(len(prompts[i]) - cached[i] for i in b) + 16)
-        assert len(b) == 1 or tokens * per_token <= policy.decode_bytes
+        assert len(b) == 1 or tokens * per_token <= policy.kv_bytes
     assert len(batches) > 1
-    policy.decode_bytes = 10**9
+    policy.kv_bytes = 10**9
     assert policy._batches(prompts, cached, max_new_tokens=16) == [list(range(len(prompts)))]  # in order
+
+
+def test_the_prefix_cache_gives_way_so_cache_and_batch_stay_within_one_budget(monkeypatch):
+    """``kv_mib`` bounds the cache's states, the decode batch's past and the states it copies out for the
+    cache together: before each batch the cache evicts until all fit, and the samples are those of a
+    policy without a cache."""
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=3)
+    per_token = kv_bytes_per_token(model)
+    budget_tokens = 1700  # the later turns' batches, their copies and the cache's states do not all fit
+    shared = TransformersPolicy(model, tok, seed=7, kv_mib=budget_tokens * per_token / 2**20)
+    held: list[int] = []  # cache + this batch's past, in tokens, at every decode
+    evicted: list[int] = []
+    original, shrink = decode_module.decode, shared.cache.shrink_to
+
+    def counting_shrink(max_bytes, keep=frozenset()):
+        before = len(shared.cache.entries)
+        shrink(max_bytes, keep)
+        evicted.append(before - len(shared.cache.entries))
+
+    def spy(model, prompts, past, *, max_new_tokens, keep_from=None, **kwargs):
+        cached = keep_from or [0] * len(prompts)
+        batch = len(prompts) * (max(cached) + max(len(p) - c for p, c in zip(prompts, cached)) + max_new_tokens)
+        batch += sum(len(p) - c + max_new_tokens for p, c in zip(prompts, cached))  # the copies kept for the cache
+        held.append(shared.cache.nbytes // per_token + batch)
+        return original(model, prompts, past, max_new_tokens=max_new_tokens, keep_from=keep_from, **kwargs)
+
+    unrelated = [ChatRequest([{"role": "user", "content": f"{word} " * 90}], SAMPLINGS[0]) for word in ("alpha", "beta")]
+    shared.generate(unrelated)  # states no later call reads: the first to give way
+    assert shared.cache.nbytes > 0
+    monkeypatch.setattr(hf_module, "decode", spy)
+    monkeypatch.setattr(shared.cache, "shrink_to", counting_shrink)
+    b = run_turns(shared, SAMPLINGS[1])
+    monkeypatch.undo()
+    uncached = TransformersPolicy(model, tok, seed=7, prefix_cache_mb=0)
+    uncached.generate(unrelated)
+    a = run_turns(uncached, SAMPLINGS[1])
+    same(a, b)
+    assert held and max(held) <= budget_tokens and sum(evicted) > 0  # the cache gave way, and kept the bound
+    assert shared.prompt_tokens_computed < shared.prompt_tokens  # the cache still served prefixes
+    assert 0 < shared.cache.nbytes <= budget_tokens * per_token
+
+
+def test_shrinking_the_prefix_cache_evicts_least_recently_used_leaves_first_and_keeps_what_a_call_reads():
+    import torch
+
+    from coevo.policy.prefix_cache import PrefixCache
+
+    def kv(n):
+        return [(torch.zeros(1, n, 2), torch.zeros(1, n, 2))]
+
+    cache = PrefixCache(10**6)
+    root = cache.insert([1, 2, 3, 4], kv(4), None, 0)
+    child = cache.insert([1, 2, 3, 4, 5, 6], kv(2), root, 4)
+    other = cache.insert([9, 9, 9], kv(3), None, 0)
+    cache.match([1, 2, 3, 4, 5, 6, 7])  # the chain is used last: ``other`` is the oldest leaf
+    per_token = 2 * 2 * 4
+    cache.shrink_to(0, keep=cache.pinned([child]))  # what a call's rows read stays, its ancestors too
+    assert not other.alive and root.alive and child.alive and cache.nbytes == 6 * per_token
+    cache.shrink_to(6 * per_token)
+    cache.shrink_to(5 * per_token)  # a parent goes only after its children
+    assert not child.alive and root.alive
+    cache.shrink_to(-1)
+    assert cache.entries == [] and cache.nbytes == 0
+    assert cache.max_bytes == 10**6  # later inserts keep the cache's own bound
 
 
 def test_a_long_call_reports_its_progress(monkeypatch):
     monkeypatch.setattr(hf_module, "HEARTBEAT_S", 0.0)
     monkeypatch.setattr(decode_module, "PREFILL_CHUNK", 16)
     tok = tiny_tokenizer()
-    policy = TransformersPolicy(tiny_model(tok, seed=0), tok, seed=1, decode_mib=1e-6)
+    policy = TransformersPolicy(tiny_model(tok, seed=0), tok, seed=1, kv_mib=1e-6)
     lines: list[str] = []
     policy.on_progress = lines.append
     reqs = [ChatRequest(m, SamplingParams(temperature=1.0, max_new_tokens=6)) for m in conversations(1)[0] * 2]
@@ -114,7 +179,7 @@ tok = tiny_tokenizer()
 model = tiny_model(tok, seed=0, hidden_size=256, layers=4)  # 8 KB of past a token
 if not bounded:
     decode.PREFILL_CHUNK = 10**6
-policy = TransformersPolicy(model, tok, seed=0, prefix_cache_mb=0, decode_mib=48 if bounded else 10**6)
+policy = TransformersPolicy(model, tok, seed=0, prefix_cache_mb=0, kv_mib=48 if bounded else 10**6)
 words = [" ".join(str((7 * i + j) % 97) for j in range(3400)) for i in range(rows)]  # ~3.4k tokens each
 reqs = [ChatRequest([{"role": "user", "content": w}], SamplingParams(temperature=1.0, max_new_tokens=4))
         for w in words]

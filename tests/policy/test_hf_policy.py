@@ -7,7 +7,8 @@ import torch
 
 from coevo.agent.policy import ChatRequest
 from coevo.harness.events import SamplingParams
-from coevo.policy.hf import TransformersPolicy, to_template_messages
+from coevo.policy.chat import to_template_messages
+from coevo.policy.hf import TransformersPolicy
 from coevo.policy.tiny import tiny_model, tiny_policy, tiny_tokenizer
 
 MSGS = [
