@@ -15,7 +15,8 @@ which would poison the whole step's gradient; the written-out slope is exactly 0
 plain dict from name to function):
 
 - "clip" (r = exp(logp − old_logp), A the advantage; an old_logp of nan marks a token the harness
-  forced rather than any policy sampled, rated against the current policy: r = 1, gradient −A·∇logp): "ppo" max(−r·A, −clip(r, 1−ε_low, 1+ε_high)·A)
+  forced rather than any policy sampled, rated against the current policy: r = 1, gradient −A·∇logp): "ppo"
+  max(−r·A, −clip(r, 1−ε_low, 1+ε_high)·A)
   (ε_high > ε_low is DAPO's clip-higher); "dual" also caps it at −c·A for A < 0 (dual-clip PPO, chosen
   by ``LossParams.dual_clip = c``). Where a clip is active the token has no gradient.
 - "kl", an estimate of KL(π ‖ π_ref) per token from the log-ratio x = logp − ref_logp (Schulman's

@@ -6,9 +6,9 @@
     python scripts/gate_quality.py --jobs 2 -- harness=lenient  # runs side by side; overrides of configs/train.yaml
 
 Everything but the model and the env comes from the composed main-job config (``configs/train.yaml``
-plus the overrides after ``--``): the starting harness as ``coevo.loop.build.start_harness`` builds it,
+plus the overrides after ``--``): the starting harness as ``coevo.loop.builders.start_harness`` builds it,
 the round batch (``batch_tasks`` tasks × ``rollout.attempts``), episode limits, and the Critic of
-``evolution.*`` (``coevo.loop.build.make_critic``): the statistical gate (``evolution=stat``) with its
+``evolution.*`` (``coevo.loop.builders.make_critic``): the statistical gate (``evolution=stat``) with its
 default budget unless overridden (``-- evolution=seesaw`` measures HarnessX's gate). The planted edits, each a proposal judged against the starting harness:
 
 - helpful: the forced calculator call (a ``tool_choice`` processor) with two multi-turn calculator
@@ -153,7 +153,7 @@ def smollm2_setup(overrides: Sequence[str]) -> Setup:
 
     from coevo.envs.load import make_env
     from coevo.evolution.reference import split_reference_pool
-    from coevo.loop.build import build_policy, start_harness
+    from coevo.loop.builders import build_policy, start_harness
     from coevo.policy.load import load_model
 
     began = time.perf_counter()
@@ -208,7 +208,7 @@ def tiny_setup(overrides: Sequence[str]) -> Setup:
     """The built-in arithmetic env and ``KnownEffectPolicy``; the rest of the main job's config."""
     from coevo.envs.arithmetic import ArithmeticEnv
     from coevo.evolution.reference import split_reference_pool
-    from coevo.loop.build import start_harness
+    from coevo.loop.builders import start_harness
 
     cfg = compose(["rollout.max_new_tokens=96", *overrides])  # a scripted reply counts bytes: the main job's 64 cut it
     env = ArithmeticEnv(n_tasks=120, max_terms=2, max_operand=30, seed=0)
@@ -258,7 +258,7 @@ def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> 
     """One edit's life under the gate (see the module docstring)."""
     from coevo.agent.rollouts import RolloutService
     from coevo.evolution.meta_agent import demo_question
-    from coevo.loop.build import make_critic
+    from coevo.loop.builders import make_critic
 
     cfg = setup.cfg
     quoted = quoted_tasks(proposal, setup)

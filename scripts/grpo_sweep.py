@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from coevo.agent.rollouts import RolloutService
     from coevo.config.schema import load_run_config
     from coevo.envs.load import make_env
-    from coevo.loop.build import build_policy, start_harness
+    from coevo.loop.builders import build_policy, start_harness
     from coevo.loop.round_grpo import CRITIC, step_batches
     from coevo.policy.load import load_model
 
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         trainer = GRPOTrainer(model, trainer_cfg, pad_id=tok.pad_token_id,
                               total_steps=max(args.steps, cfg.rounds * cfg.trainer.steps_per_round),
                               loss_horizon=cfg.rollout.max_new_tokens)
-        steps = [trainer.step(batch, versions=v).as_dict()
+        steps = [trainer.step(batch, versions=v).to_dict()
                  for batch, v in step_batches(part, part_versions, args.steps, args.step_traces or None,
                                               seed=f"{cfg.seed}-{args.round}")]
         trained = time.perf_counter() - t0

@@ -52,7 +52,7 @@ from coevo.harness.scaffold import (
     with_one_demonstration_fewer,
     without_outer_scaffold,
 )
-from coevo.loop.build import build_policy
+from coevo.loop.builders import build_policy
 from coevo.policy.load import load_model
 from coevo.report.experiment import ARMS, DIFFERENCES, markdown_table, paired_differences, write_outputs
 from coevo.report.stats import bootstrap, interval, points

@@ -152,7 +152,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def write_harness(out: Path) -> Path:
     """The lenient harness with no tools and one model call per episode, as a YAML that
-    ``harness.start`` loads (coevo.loop.build.start_harness then writes the sampling settings in)."""
+    ``harness.start`` loads (coevo.loop.builders.start_harness then writes the sampling settings in)."""
     from coevo.harness.defaults import lenient_harness
     from coevo.harness.harness import Harness
 
@@ -378,7 +378,7 @@ def run_trl(cfg: Any, env: Any, harness: Any, batches: list[list[Any]], out: Pat
     else:  # episodes: coevo's runtime generates with TRL's weights (rollout_func), the prompt names the task
         from coevo.trainers.trl_rollout import coevo_reward_func, episode_rollout_func
 
-        from coevo.loop.build import build_policy
+        from coevo.loop.builders import build_policy
 
         def log(traces: list[Any], rows: list[dict[str, Any]]) -> None:
             calls.append({"task_ids": list(dict.fromkeys(t.task_id for t in traces)),
@@ -474,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "scripts/peer_trl.py", *(sys.argv[1:] if argv is None else argv)])
     cfg = compose_config(args, out, args.harness.resolve() if args.harness else write_harness(out))
-    from coevo.loop.build import start_harness
+    from coevo.loop.builders import start_harness
 
     harness = start_harness(cfg)
     env, batches = step_batches(cfg)

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from coevo.harness import ParamError
 from coevo.harness.defaults import base_harness
 from coevo.harness.library.control import StepBudget
-from coevo.loop.build import run, start_harness, write_config
+from coevo.loop.build import run, write_config
+from coevo.loop.builders import start_harness
 from coevo.loop.config_check import check, check_dependencies, check_triton_device
 from coevo.rundir.lock import LOCK_NAME
 from tests.test_config import compose_cfg

@@ -416,7 +416,7 @@ def test_my_processor_example_is_checked_run_and_proposed():
 
 def test_train_py_and_coevo_evolve_take_the_custom_agent_by_config(tmp_path):
     from coevo.cli.main import app
-    from coevo.loop.build import build_meta
+    from coevo.loop.builders import build_meta
     from examples.gpu_cluster import compose
     from examples.my_processor import BUDGET_TEMPLATE
 

@@ -132,6 +132,23 @@ def test_ablation_modes_switch_the_halves_off(tmp_path, mode):
     assert (tmp_path / mode / "buffer").exists() == (mode == "model_only")
 
 
+def test_evolution_patience_ends_the_harness_search_and_the_weights_keep_training(tmp_path):
+    """``evolution.patience=1``: after a round that ships no edit the search stops for the rest of the
+    run (no proposal is judged again, each later record says why) while GRPO steps go on."""
+    common = ("rounds=3", "val_limit=2", "evolution=stat")  # the stat gate judges a proposal every round here
+    recs = records(Path(coevo.run(smoke(tmp_path / "run", *common, "evolution.patience=1"))))
+    stops = [r["evolve"]["stopped"] for r in recs]
+    assert "rounds" in stops, stops
+    first = stops.index("rounds")
+    assert not recs[first]["evolve"]["shipped"] and first < len(recs) - 1
+    for r in recs[first + 1:]:
+        assert r["evolve"]["verdicts"] == [] and r["evolve"]["stopped"] == "rounds"
+        assert r["grpo"]["loss"] is not None  # the weights still train
+    unlimited = records(Path(coevo.run(smoke(tmp_path / "free", *common))))
+    assert all(r["evolve"]["stopped"] is None for r in unlimited)
+    assert any(r["evolve"]["verdicts"] for r in unlimited[first + 1:])  # without patience the search went on
+
+
 def test_a_changed_config_does_not_resume_into_an_existing_run(tmp_path):
     coevo.run(smoke(tmp_path / "run", "rounds=1"))
     with pytest.raises(ValueError, match="different config"):

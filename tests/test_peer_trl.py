@@ -46,7 +46,7 @@ def alternating_verify() -> Any:
 
 
 def test_both_arms_share_coevos_reward_and_the_lenient_single_turn_prompt(tmp_path):
-    from coevo.loop.build import start_harness
+    from coevo.loop.builders import start_harness
 
     script = load_script()
     args = script.parse_args(["--preset", "tiny", "--out", str(tmp_path)])

@@ -16,14 +16,14 @@ to undo DDP's averaging, so N processes compute exactly the gradient of one proc
 whole step. The objective (clip, KL estimator, aggregation) is ``coevo.kernels.objective``'s,
 chosen by name from its table.
 
-``trainer.sharding`` picks how the weights are held: whole on every rank (one process, DDP), or
-sharded by FSDP2 (``coevo.trainers.sharding``) or DeepSpeed ZeRO-3 (``coevo.trainers.zero``,
-whose engine owns the accumulation boundary, the clipping and the optimizer step).
+``trainer.sharding`` picks how the weights are held, as a strategy object
+(``coevo.trainers.strategies``): whole on every rank (one process, DDP), sharded by FSDP2, or
+DeepSpeed ZeRO-3. It owns the wrapped model and optimizer: gradient accumulation, backward, the
+optimizer step, and a checkpoint's full state and load.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections import Counter
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 from coevo.kernels import LossParams, grpo_loss
 from coevo.kernels.objective import pick, token_weights
-from coevo.trainers import sharding, zero
+from coevo.trainers import zero
 from coevo.trainers.advantages import group_advantages
 from coevo.trainers.batch import (
     PackedSequence,
@@ -52,12 +52,11 @@ from coevo.trainers.logprobs import (
     token_logprobs,
 )
 from coevo.trainers.step_metrics import StepMetrics, sampler_mismatch, step_metrics
+from coevo.trainers.strategies import strategy_for
 
 from coevo.agent.trace import Trace
 from coevo.config.schema import ModelConfig, TrainerConfig
 
-SHARDINGS = ("none", "fsdp2", "zero3")
-"""``trainer.sharding``: whole weights on every rank, FSDP2 (``sharding``) or DeepSpeed ZeRO-3 (``zero``)."""
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 """``trainer.optimizer``: its name → the torch optimizer."""
 
@@ -120,19 +119,8 @@ class GRPOTrainer:
         if micro_batch_size < 1 or (c.micro_batch_tokens is not None and c.micro_batch_tokens < 1):
             raise ValueError("micro_batch_size and micro_batch_tokens must be >= 1")
         self.accelerator = accelerator or Accelerator()
-        if c.sharding not in SHARDINGS:
-            raise ValueError(f"config trainer.sharding={c.sharding!r}; choose one of {sorted(SHARDINGS)}")
-        self.sharding = c.sharding
-        deepspeed = getattr(self.accelerator.state, "deepspeed_plugin", None)  # a DeepSpeed launch's config
-        if (self.sharding == "zero3") != (deepspeed is not None):
-            raise ValueError(f"trainer.sharding={self.sharding!r} under accelerate's "
-                             f"{self.accelerator.distributed_type}: DeepSpeed ZeRO-3 and trainer.sharding=zero3 go "
-                             "together (accelerate launch --config_file configs/accelerate/zero3.yaml sets it)")
-        if self.sharding == "fsdp2":  # before the optimizer: it must hold the sharded parameters
-            if not torch.distributed.is_initialized():
-                raise ValueError("trainer.sharding=fsdp2 needs a process group: launch with accelerate launch "
-                                 "(--multi_gpu --num_processes N, or --config_file configs/accelerate/fsdp2.yaml)")
-            sharding.shard_model(model, reshard_after_forward=reshard_after_forward)
+        self.strategy = strategy_for(c.sharding, self.accelerator, max_grad_norm=c.max_grad_norm)
+        self.strategy.prepare_model(model, reshard_after_forward=reshard_after_forward)  # before the optimizer
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters")
@@ -147,16 +135,8 @@ class GRPOTrainer:
         # Not prepared by accelerate: its scheduler wrapper steps once per process at each optimizer step
         # (N times too fast under N ranks); under ZeRO-3 it acts on ``opt``'s groups, which DeepSpeed steps.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-        self.dtypes: dict[str, torch.dtype] = {}  # ZeRO-3: the weights' dtypes, as a checkpoint writes them
-        if self.sharding == "zero3":
-            zero.configure(deepspeed.deepspeed_config, max_grad_norm=c.max_grad_norm,
-                           world=self.accelerator.num_processes)
-            zero.plain_transformers(deepspeed)  # save_pretrained of the gathered weights as one process writes them
-            self.dtypes = {name: t.dtype for name, t in model.state_dict().items()}
-        if self.sharding == "fsdp2":  # already wrapped; accelerate would add DDP on top
-            self.model, self.optimizer = model, opt
-        else:  # DDP, or DeepSpeed's engine (ZeRO-3 partitions the model in place) and its optimizer around opt
-            self.model, self.optimizer = self.accelerator.prepare(model, opt)
+        self.strategy.wrap(model, opt)
+        self.model, self.optimizer = self.strategy.model, self.strategy.optimizer
         self.ref_model, self.pad_id, self.config, self.max_grad_norm = ref_model, pad_id, config, c.max_grad_norm
         self.micro_batch_size, self.micro_batch_tokens = micro_batch_size, c.micro_batch_tokens
         self.loss_params, self.kernel = loss_params, {"impl": c.kernel, "workspace_mib": c.loss_workspace_mib}
@@ -202,32 +182,19 @@ class GRPOTrainer:
         self.model.train()
         total_loss, details = 0.0, []
         for k, mb in enumerate(micro):
-            with self._accumulating(last=k == n_micro - 1):
+            with self.strategy.accumulating(last=k == n_micro - 1):
                 loss, detail = self._micro_step(mb, step_tokens, step_seqs, filler=rows[0], world=world)
             total_loss += loss
             if detail is not None:
                 details.append(detail)
         lr = float(self.scheduler.get_last_lr()[0])  # the rate this step uses
-        grad_norm = self._optimizer_step()
+        grad_norm = self.strategy.step(self.max_grad_norm)
         self.scheduler.step()
         self.version += 1
         total_loss = float(self.accelerator.reduce(torch.tensor(total_loss, device=self.accelerator.device), "sum"))
         metrics = step_metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
                                start, float(grad_norm), staleness, lr, excluded=excluded, rewards=rewards)
         return dataclasses.replace(metrics, **mismatch)
-
-    def _accumulating(self, last: bool) -> Any:
-        """The context of one micro-batch's forward and backward: gradients are reduced across ranks
-        once, at the step's ``last`` micro-batch (DDP's ``no_sync`` before it, FSDP2's gradient sync
-        flag). ZeRO-3 reduces every backward into each rank's slice and is told where the step ends
-        (its accumulation boundary)."""
-        if self.sharding == "fsdp2":
-            sharding.set_gradient_sync(self.model, last)
-        elif self.sharding == "zero3":
-            zero.set_boundary(self.model, last)
-        elif not last:
-            return self.accelerator.no_sync(self.model)
-        return contextlib.nullcontext()
 
     def _micro_step(self, mb: list[TrainSequence | PackedSequence], step_tokens: int, step_seqs: int,
                     filler: TrainSequence | PackedSequence, world: int) -> tuple[float, Any]:
@@ -236,8 +203,8 @@ class GRPOTrainer:
         zeros, or sharded (every forward gathers parameters with every rank) with a forward of
         ``filler`` weighted 0. The loss is scaled by ``world`` to undo the mean over ranks of DDP's,
         FSDP2's and ZeRO-3's reductions: the step loss is a sum."""
-        if not mb and self.sharding == "none":
-            self._backward(sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0)
+        if not mb and not self.strategy.every_rank_forwards:
+            self.strategy.backward(sum(p.sum() for p in self.model.parameters() if p.requires_grad) * 0.0)
             return 0.0, None
         batch = collate(mb or [filler], self.pad_id, self.accelerator.device)
         share = self._share_prefix(batch)
@@ -245,15 +212,15 @@ class GRPOTrainer:
         # the reference pass first: under ZeRO-3 a forward between this micro-batch's forward and its
         # backward would release the LM head gathered below. Sharded, the filler runs it too: each
         # forward gathers parameters with every rank, so every rank runs as many
-        ref = self._ref_logp(batch, temperature, share) if self.beta > 0 and (mb or self.sharding != "none") else None
+        ref = self._ref_logp(batch, temperature, share) if self.beta > 0 and (mb or self.strategy.every_rank_forwards) else None
         hidden = completion_hidden(self.model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
                                    share_prefix=share)  # [N, H]
         with zero.whole(lm_head_weight(self.model)) as weight:  # [V, H]; ZeRO-3: gathered until the backward is done
             if not mb:
-                self._backward((hidden.sum() + weight.sum()) * 0.0)  # every parameter in the graph, no logits
+                self.strategy.backward((hidden.sum() + weight.sum()) * 0.0)  # every parameter in the graph, no logits
                 return 0.0, None
             out = self._loss(mb, batch, hidden, weight, ref, temperature, step_tokens, step_seqs)
-            self._backward(out.loss * world)
+            self.strategy.backward(out.loss * world)
         return float(out.loss.detach()), out
 
     def _loss(self, mb: list[TrainSequence | PackedSequence], batch: Any, hidden: torch.Tensor, weight: torch.Tensor,
@@ -269,35 +236,10 @@ class GRPOTrainer:
         return grpo_loss(hidden, weight, batch.targets, batch.old_logp, batch.advantages, weights, ref_logp=ref,
                          temperature=temperature, params=self.loss_params, **self.kernel)
 
-    def _backward(self, loss: torch.Tensor) -> None:
-        """accelerate's backward; under ZeRO-3 the engine's own (accelerate's would also step it)."""
-        if self.sharding == "zero3":
-            zero.backward(self.model, loss)
-        else:
-            self.accelerator.backward(loss)
-
-    def _optimizer_step(self) -> float:
-        """Clip to ``max_grad_norm``, step, zero the gradients; returns the gradient norm before
-        clipping (over every rank's gradients). DeepSpeed's engine does all three under ZeRO-3 (its
-        ``gradient_clipping`` is ``max_grad_norm``: ``zero.configure``)."""
-        if self.sharding == "zero3":
-            return zero.step(self.model)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if self.sharding == "fsdp2":
-            grad_norm = sharding.clip_grad_norm(params, self.max_grad_norm)
-        else:
-            grad_norm = float(self.accelerator.clip_grad_norm_(params, self.max_grad_norm))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
-
     def _share_prefix(self, batch: Any) -> bool:
-        """Whether this micro-batch reads its common prefix once. Not under FSDP2: its layers free
-        their gathered parameters after each forward and gather them again for one backward, and two
-        forwards through a layer before its backward (the prefix pass, then the rows) leave the first
-        one's parameters freed when its backward needs them (measured: torch 2.13 fails the backward).
-        ZeRO-3 gathers a module's parameters again for each forward's backward: on (tests/trainers/test_zero3.py)."""
-        if not self.share_prefix or self.sharding == "fsdp2":
+        """Whether this micro-batch reads its common prefix once (where the strategy allows it:
+        ``reads_shared_prefix``)."""
+        if not self.share_prefix or not self.strategy.reads_shared_prefix:
             return False
         return shared_prefix_length(batch.input_ids, batch.attention_mask, batch.positions) >= MIN_SHARED_PREFIX
 
@@ -323,14 +265,7 @@ class GRPOTrainer:
         ``directory/trainer_state.pt`` with optimizer, scheduler and version. Rank 0 writes."""
         directory = Path(directory)
         self.accelerator.wait_for_everyone()
-        if self.sharding == "fsdp2":  # collectives: every rank gathers, rank 0 receives the whole tensors
-            weights = sharding.full_model_state(self.model)
-            optimizer = sharding.full_optimizer_state(self.model, self.optimizer)
-        elif self.sharding == "zero3":
-            weights = zero.full_model_state(self.model, self.dtypes)
-            optimizer = zero.full_optimizer_state(self.model)
-        else:
-            weights, optimizer = None, self.optimizer.state_dict()
+        weights, optimizer = self.strategy.full_state()  # sharded: collectives, rank 0 receives the whole tensors
         if self.accelerator.is_main_process:
             directory.mkdir(parents=True, exist_ok=True)
             self.unwrapped.save_pretrained(directory / "model", state_dict=weights)
@@ -354,26 +289,9 @@ class GRPOTrainer:
         bad = next((name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
         if bad is not None:  # training on them would give NaN losses from the first step, without a word
             raise ValueError(f"{weights_file}: tensor {bad!r} holds NaN or infinite values")
-        if self.sharding == "fsdp2":
-            sharding.load_full_model_state(model, sharding.model_keys(model, tensors))
-        elif self.sharding == "zero3":
-            zero.load_full_model_state(self.model, sharding.model_keys(model, tensors))
-        elif hasattr(model, "peft_config"):
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(model, tensors)
-        else:
-            missing, unexpected = model.load_state_dict(tensors, strict=False)
-            tied = {k for k in missing if "lm_head" in k}  # tied heads are not saved twice
-            if set(missing) - tied or unexpected:
-                raise ValueError(f"checkpoint does not match the model: missing {missing}, unexpected {unexpected}")
+        self.strategy.load_weights(model, tensors)
         state = torch.load(directory / "trainer_state.pt", map_location=device, weights_only=True)
-        if self.sharding == "fsdp2":
-            sharding.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        elif self.sharding == "zero3":
-            zero.load_full_optimizer_state(self.model, state["optimizer"])
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_optimizer(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
 

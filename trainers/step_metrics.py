@@ -1,48 +1,16 @@
-"""What one GRPO step reports: ``StepMetrics``, computed from the step's per-micro-batch loss details
-by pure functions, so the figures a round records are read off tensors, not off the trainer."""
+"""What one GRPO step reports: ``StepMetrics`` (the record, defined with the run's records in
+``coevo.rundir.records``), computed from the step's per-micro-batch loss details by pure functions,
+so the figures a round records are read off tensors, not off the trainer."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from coevo.trainers.batch import TrainSequence
 
-
-@dataclass
-class StepMetrics:
-    loss: float
-    clip_fraction: float
-    kl: float
-    ratio_mean: float
-    ratio_min: float
-    ratio_max: float
-    advantage_mean: float
-    advantage_std: float
-    zero_variance_fraction: float
-    excluded_traces: int  # left out of every group: not trainable (crashed, or excluded by the harness)
-    infra_traces: int  # of those, infrastructure failures (Trace.infra_failure)
-    sequences: int
-    tokens: int
-    tokens_per_s: float
-    grad_norm: float
-    lr: float
-    staleness: dict[int, int]  # model-version lag -> traces
-    reward_mean: float = 0.0  # over the step's trainable traces (every group, signal or not)
-    reward_std: float = 0.0
-    approx_kl: float = 0.0  # KL(behaviour || current) per token, k3 estimate from the ratio: how far reuse has moved
-    entropy: float = 0.0  # mean -log pi(token) of the sampled tokens under the current policy (an entropy estimate)
-    # sampler/trainer mismatch over the step's tokens whose calls carry the sampler's log-probs (None: no such token):
-    # |behaviour log-prob (the buffer's, the trainer's recomputation) - the sampler's own| per token
-    sampler_mismatch_mean: float | None = None
-    sampler_mismatch_max: float | None = None
-    sampler_tokens: int = 0  # tokens with sampler log-probs (the others are not corrected)
-    tis_truncated_fraction: float | None = None  # of those, the share whose weight trainer.tis_cap cut (None: off)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items()}
+from coevo.rundir.records import StepMetrics
 
 
 def sampler_mismatch(seqs: Sequence[TrainSequence], tis_cap: float | None) -> dict[str, Any]:

@@ -29,7 +29,8 @@ def _summary(event: ev.Event) -> dict[str, Any]:
         out = {"messages": len(event.messages), "temperature": event.sampling.temperature}
         return {**out, "reply_prefix": event.reply_prefix} if event.reply_prefix else out
     if isinstance(event, ev.ParsedOutputEvent):
-        return {"tool_calls": [c.name for c in event.tool_calls], "answer": event.answer, "parse_error": event.parse_error}
+        return {"tool_calls": [c.name for c in event.tool_calls], "answer": event.answer,
+                "parse_error": event.parse_error}
     if isinstance(event, ev.ToolCallEvent):
         return {"tool": event.call.name, "blocked": event.result is not None}
     if isinstance(event, ev.ToolResultEvent):

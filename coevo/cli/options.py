@@ -35,7 +35,8 @@ def with_sampling(h: Harness, temperature: float | None, max_new_tokens: int | N
                                      param_hint=f"--{param.replace('_', '-')}")
         h = h.set_param("sampling", param, value)
     if attempts > 1 and "sampling" in h and h.get("sampling").config["temperature"] == 0:
-        console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical; pass --temperature[/yellow]")
+        console.print(f"[yellow]note: greedy decoding makes the {attempts} attempts identical; "
+                      f"pass --temperature[/yellow]")
     return h
 
 
@@ -81,7 +82,7 @@ def cli_policy(model: str, backend: str, device: str, adapter: str | None, env_n
     """The policy for ``coevo eval`` and ``coevo stream``: ``gold`` (``env``'s tasks' own gold
     actions; with ``delegate``, as a lead handing them to specialists by ``env.tool_owners``),
     ``scripted`` (the env's scripted solver), or a model name or path served by transformers or vLLM."""
-    from coevo.loop.build import scripted_policy
+    from coevo.loop.builders import scripted_policy
     from coevo.loop.config_check import SCRIPTED_MODELS
 
     if model in SCRIPTED_MODELS:  # gold: as one agent or, on the agents axis, a delegating lead

@@ -135,6 +135,8 @@ class EvolutionConfig:
                               "trained, validated or tested on: their references give demonstrations even when "
                               "epochs return to every other train task (0: no pool)", ge=0)
     router: bool = opt(False, "route tasks with the meta-agent (LLM backends) instead of records")
+    patience: int | None = opt(None, "stop the harness search after this many rounds in a row without a shipped edit "
+                               "(the weights keep training; a round's record says stopped=rounds); None: never", ge=1)
 
 
 @dataclass
@@ -198,7 +200,7 @@ class TrainerConfig:
                         "gradients and optimizer state sharded over the ranks by FSDP2; an FSDP launch config's "
                         "fsdp_reshard_after_forward applies) | zero3 (the same by DeepSpeed ZeRO-3; set by a "
                         "DeepSpeed launch, configs/accelerate/zero3.yaml); docs/gpu-cluster.md",
-                        choices="coevo.trainers.grpo:SHARDINGS")
+                        choices="coevo.trainers.strategies:SHARDINGS")
 
 
 @dataclass

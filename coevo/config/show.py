@@ -46,7 +46,8 @@ head of docs/config.md. Group options (``rollout=vllm``, ``logger=wandb``, ``met
 ``experiment=smoke``) are the other thing a user picks."""
 
 
-def compose_defaults(overrides: Sequence[str] = (), config_dir: Path = CONFIGS) -> tuple[dict[str, Any], dict[str, Any]]:
+def compose_defaults(overrides: Sequence[str] = (),
+                     config_dir: Path = CONFIGS) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the composed run config without ``hydra``, unresolved; group → chosen option) of ``train.yaml``."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -183,9 +184,11 @@ def reference_markdown(config_dir: Path = CONFIGS) -> str:
     lines = [
         "# Config reference",
         "",
-        "<!-- Generated from coevo/config/schema.py and configs/ by scripts/config_reference.py; do not edit by hand. -->",
+        ("<!-- Generated from coevo/config/schema.py and configs/ by scripts/config_reference.py; "
+         "do not edit by hand. -->"),
         "",
-        "`python train.py` composes `configs/train.yaml`: the typed schema (`coevo/config/schema.py`), then one option per",
+        ("`python train.py` composes `configs/train.yaml`: the typed schema (`coevo/config/schema.py`), "
+         "then one option per"),
         "group, then the `experiment` overrides. Pick an option with `group=option`, set a field with",
         "`group.field=value` (a key the schema does not have, or a value of the wrong type, is refused).",
         "**default** is the value `python train.py` runs with; where the schema's own default differs it is shown",

@@ -50,7 +50,8 @@ def _spec_name(spec: Mapping[str, Any]) -> str:
     return str(spec.get("name") or (params.get("class_name") if kind == "code" else None) or kind)
 
 
-def simulate_edits(edits: Sequence[Edit], harness_before: Harness | None) -> tuple[dict[str, ProcSpec], dict[str, ProcSpec]]:
+def simulate_edits(edits: Sequence[Edit],
+                   harness_before: Harness | None) -> tuple[dict[str, ProcSpec], dict[str, ProcSpec]]:
     """Processors by name before and after the edits, from specs only (nothing is built, so a code
     processor is never loaded here). An edit naming a processor that is not there adds it."""
     before: dict[str, ProcSpec] = {}

@@ -42,7 +42,8 @@ def _prompt_params(kind: str) -> set[str]:
     return {p.name for p in cls.params if p.type == "prompt"}
 
 
-def bloat(edits: Sequence[Edit], harness_before: Harness | None, *, chars_per_example: int = CHARS_PER_EXAMPLE) -> Bloat:
+def bloat(edits: Sequence[Edit], harness_before: Harness | None, *,
+          chars_per_example: int = CHARS_PER_EXAMPLE) -> Bloat:
     """Count the examples the edits inject: new demonstration pairs in any ``demos`` list, new
     demonstrations (a user turn and what follows it) in any turn list, and growth of prompt
     parameters (built-in ``prompt`` params, and string ``init_params`` of a code processor, which

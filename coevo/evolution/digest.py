@@ -37,7 +37,8 @@ With a reference trajectory (a passing, genuine solution of the same task), the 
 first divergence from it: the first step whose action differs (the tool calls with their normalised
 arguments and whether they succeeded, or an answer and its normalised text, or no action). What the
 trace did at that step decides, in the same order: a crash in that final step or a timeout →
-``env_error``; a completion cut by length → ``truncated`` or ``context_overflow``; an unknown tool → ``missing_tool``
+``env_error``; a completion cut by length → ``truncated`` or ``context_overflow``; an unknown tool →
+``missing_tool``
 when the reference called it successfully, else ``wrong_tool``; another tool error →
 ``tool_misuse``; no action → ``format_error``; an answer before the tools the reference had used by
 then → ``premature_answer``; any other answer → ``wrong_answer``. A divergent but working tool
@@ -111,7 +112,8 @@ def _trace_cause(trace: Trace, steps: list[Step], required: set[str]) -> tuple[s
         return "format_error", bad.index, bad.parse_error or ""
     if trace.stop_reason == "no_action":
         silent = next((s for s in steps if s.action() == ("none",)), steps[-1] if steps else None)
-        return "format_error", None if silent is None else silent.index, "a reply with neither a tool call nor an answer"
+        return ("format_error", None if silent is None else silent.index,
+                "a reply with neither a tool call nor an answer")
     if trace.stop_reason in ("step_budget", "step_cap"):
         return "step_budget", last, f"stopped by {trace.stop_reason}"
     missing = sorted(required - _used_tools(steps))

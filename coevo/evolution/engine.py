@@ -53,13 +53,15 @@ log = logging.getLogger("coevo.evolution")
 
 T = TypeVar("T")
 
-# AEGIS's constants (defaults of its arguments; no config field: a run does not tune them).
+# AEGIS's constants (no config field: a run does not tune them).
 MAX_REVISIONS = 2
 """Revisions of a proposal the build or quality gate rejected, each on the gate's reason (T_rev)."""
 RECENT_BATCHES = 2
 """Recent batches a variant keeps for the performance gate's degradation check (R)."""
 ROUTER_THRESHOLD = 0.5
 """Router confidence below which a task goes to the base variant."""
+LESSON_CAP = 20
+"""Lessons each of the design and routing lesson stores keeps."""
 
 
 class AEGIS:
@@ -68,10 +70,9 @@ class AEGIS:
     ``tasks``: every train task by id (the Critic re-runs from these; ground truth feeds only the
     quality gate and the references); ``references``: task id → reference trajectory (first
     divergence and few-shot demos); ``tools``: tool names the env offers; ``max_variants`` K;
-    ``max_proposals`` per variant per round; ``max_revisions`` T_rev; ``recent_batches`` R kept
-    for the performance gate; ``patience``: stop the search after that many rounds without a
-    shipped edit (None: never); ``router``/``router_threshold``: optional OO-style routing;
-    ``lesson_cap``: size of the design and routing lesson stores; ``critic_pool``: train tasks the
+    ``max_proposals`` per variant per round; ``patience``: when the search stops (its rounds level:
+    that many rounds without a shipped edit; None: never); ``router``: optional OO-style routing
+    (confidence below ``ROUTER_THRESHOLD`` goes to the base variant); ``critic_pool``: train tasks the
     Critic may judge an edit on besides the batch (the statistical gate widens its sample with
     them; tasks whose references may serve as demonstrations are left out), None for none.
     """
@@ -87,13 +88,8 @@ class AEGIS:
         tools: Sequence[str] = (),
         max_variants: int = EvolutionConfig.max_variants,  # defaults: the schema's, stated there only
         max_proposals: int = EvolutionConfig.max_proposals,
-        max_revisions: int = MAX_REVISIONS,
-        recent_batches: int = RECENT_BATCHES,
         patience: Patience | None = None,
         router: RouteFn | None = None,
-        router_threshold: float = ROUTER_THRESHOLD,
-        lesson_cap: int = 20,
-        monitors: Monitors | None = None,
         critic_pool: Mapping[str, Task] | None = None,
     ) -> None:
         self.meta, self.critic, self.tasks = meta, critic, dict(tasks)
@@ -101,12 +97,11 @@ class AEGIS:
         self.references = dict(references or {})
         self.tools = list(tools)
         self.variants = VariantSet(base, max_variants=max_variants)
-        self.max_proposals, self.max_revisions, self.recent_batches = max_proposals, max_revisions, recent_batches
-        self.patience, self.router, self.router_threshold = patience, router, router_threshold
+        self.max_proposals, self.patience, self.router = max_proposals, patience, router
         self.pool = SnapshotPool()
         self.pool.add(base, round=-1, variant=BASE, score=0.0, verdict="starting harness")
-        self.monitors = monitors or Monitors()
-        self.design_lessons, self.routing_lessons = LessonStore(lesson_cap), LessonStore(lesson_cap)
+        self.monitors = Monitors()
+        self.design_lessons, self.routing_lessons = LessonStore(LESSON_CAP), LessonStore(LESSON_CAP)
         self.rejected: dict[str, set[str]] = defaultdict(set)  # variant -> Proposal.key()
         self.spent_demos: set[str] = set()  # task texts of demonstrations a rejected edit showed
         self.undecided: dict[str, list[tuple[str, Proposal]]] = defaultdict(list)  # variant -> (parent id, proposal)
@@ -151,7 +146,7 @@ class AEGIS:
 
     def assign(self, tasks: Sequence[Task]) -> dict[str, str]:
         """task id → the variant it runs on this round."""
-        return self.variants.assign(tasks, router=self.router, threshold=self.router_threshold,
+        return self.variants.assign(tasks, router=self.router, threshold=ROUTER_THRESHOLD,
                                     lessons=self.routing_lessons.items, notes=self.notes)
 
     def routed(self, tasks: Sequence[Task]) -> tuple[list[Harness], list[str]]:
@@ -277,7 +272,7 @@ class AEGIS:
                                                    allowed=[demo_question(d) for d in context.demos],
                                                    round=report.round, extra=extra)
             report.seconds["critic"] = report.seconds.get("critic", 0.0) + time.perf_counter() - start
-            if verdict.gate not in ("build", "quality") or proposal.revision >= self.max_revisions:
+            if verdict.gate not in ("build", "quality") or proposal.revision >= MAX_REVISIONS:
                 return verdict, candidate
             reason = verdict.reason
             if verdict.quality is not None and verdict.quality.leaked:
@@ -327,7 +322,7 @@ class AEGIS:
 
     def _remember_batch(self, variant: str, outcomes: dict[str, list[bool]]) -> None:
         self.recent[variant].append((sorted(outcomes), pass_at_k(outcomes)))
-        del self.recent[variant][: max(0, len(self.recent[variant]) - self.recent_batches)]
+        del self.recent[variant][: max(0, len(self.recent[variant]) - RECENT_BATCHES)]
 
     def _learn_routing(self, traces: Sequence[Trace]) -> None:
         for t in traces:

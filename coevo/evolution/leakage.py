@@ -6,7 +6,8 @@ Leakage has two parts, and the score is the larger:
 
 - (a) answers: a task's ground truth appearing in the added text as a whole word/phrase. Answers
   are normalised (stringified, stripped, lower-cased, split into words, punctuation and signs
-  dropped; numbers canonical, so ``3.50`` is ``3.5`` and ``007`` is ``7``). An answer is *ignored* when its normal form is
+  dropped; numbers canonical, so ``3.50`` is ``3.5`` and ``007`` is ``7``).
+  An answer is *ignored* when its normal form is
   shorter than 2 characters or all its words are in ``COMMON_TOKENS`` (yes/no, true/false,
   articles...), because such strings occur in any prompt. The part scores the share of the
   considered answers found, so a two-digit number that happens to appear in a demonstration

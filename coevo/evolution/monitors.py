@@ -64,7 +64,8 @@ class Monitors:
             raise ValueError(f"boost must be >= 1, got {boost}")
         self.window, self.concentration, self.boost = window, concentration, boost
         self.trend_window, self.trend_margin = trend_window, trend_margin
-        self.prediction_window, self.min_predictions, self.min_accuracy = prediction_window, min_predictions, min_accuracy
+        self.prediction_window, self.min_predictions, self.min_accuracy = (prediction_window, min_predictions,
+                                                                           min_accuracy)
         self.forgetting = ForgettingMonitor(lookback=lookback, min_lost=min_lost, boost=boost)
         self.dimensions: list[str] = []
         self.predictions: list[dict[str, Any]] = []

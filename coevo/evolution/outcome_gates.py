@@ -116,7 +116,8 @@ def performance_gate(
     worst = max(degradations, default=0.0)
     problems = []
     if gain < delta - TOLERANCE:
-        problems.append(f"current batch {current_before:.3f} → {current_after:.3f} (gain {gain:+.3f} < delta {delta:g})")
+        problems.append(f"current batch {current_before:.3f} → {current_after:.3f} "
+                        f"(gain {gain:+.3f} < delta {delta:g})")
     bad = [i for i, d in enumerate(degradations) if d > epsilon + TOLERANCE]
     if bad:
         problems.append(f"recent batch(es) {bad} degrade by up to {worst:.3f} > epsilon {epsilon:g}")

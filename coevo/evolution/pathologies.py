@@ -114,7 +114,8 @@ HACKING_PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
     # "the grader only checks the last number"
     "verifier_probe": (
         re.compile(
-            r"\b(?:verifier|grader|grading|auto-?grader|reward (?:model|function)|checker|scoring (?:function|script))s?\b",
+            r"\b(?:verifier|grader|grading|auto-?grader|reward (?:model|function)|checker"
+            r"|scoring (?:function|script))s?\b",
             re.IGNORECASE,
         ),
     ),

@@ -98,7 +98,8 @@ class SnapshotPool:
         unknown = sorted(set(scores) - {s.harness_id for s in self._snapshots})
         if unknown:
             raise ValueError(f"scores name harness ids that are not in the pool: {unknown}; add them first")
-        candidates = [s for s in self._snapshots if (variant is None or s.variant == variant) and s.harness_id in scores]
+        candidates = [s for s in self._snapshots
+                      if (variant is None or s.variant == variant) and s.harness_id in scores]
         if not candidates:
             raise ValueError("no scored snapshot in the pool" + (f" for variant {variant!r}" if variant else ""))
         bad = {s.harness_id: scores[s.harness_id] for s in candidates if not _finite(scores[s.harness_id])}

@@ -97,7 +97,8 @@ def trace_steps(trace: Trace) -> list[Step]:
             is_last = k == len(lead) - 1
             answer = trace.final_answer if is_last and not recs else None
             parse_error = None
-        steps.append(Step(call.step, call.reply, call.finish_reason, names, recs, answer, parse_error, length_cut(call)))
+        steps.append(Step(call.step, call.reply, call.finish_reason, names, recs, answer, parse_error,
+                          length_cut(call)))
     return steps
 
 

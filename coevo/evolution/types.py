@@ -48,7 +48,8 @@ class Component:
 
 
 IMPLICATED: dict[str, Component] = {
-    "format_error": Component("after_model", "context_assembly", ("few_shot", "system_prompt", "json_tool_parser", "parse_retry")),
+    "format_error": Component("after_model", "context_assembly", ("few_shot", "system_prompt", "json_tool_parser",
+                                                                   "parse_retry")),
     "tool_misuse": Component("task_start", "tools", ("tool_schema_hint", "few_shot", "argument_guard")),
     "missing_tool": Component("task_start", "tools", ("tool_registry", "python_executor")),
     "wrong_tool": Component("before_tool", "tools", ("tool_whitelist", "tool_schema_hint")),

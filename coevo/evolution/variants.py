@@ -95,7 +95,8 @@ class VariantSet:
         for task in tasks:
             choice = self.best_for(task.task_id)
             if router is not None and len(self.harnesses) > 1:
-                text = task.instruction + ("\nBase trajectory: " + notes[task.task_id] if notes and task.task_id in notes else "")
+                text = task.instruction + ("\nBase trajectory: " + notes[task.task_id]
+                                           if notes and task.task_id in notes else "")
                 name, confidence = router(text, descriptions, list(lessons))
                 choice = name if name in self.harnesses and confidence >= threshold else BASE
             out[task.task_id] = choice

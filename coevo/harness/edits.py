@@ -36,7 +36,8 @@ def check_proposed(harness: Harness, edit: Edit) -> None:
 def apply_edit(harness: Harness, edit: Edit) -> Harness:
     """Apply ``edit`` to ``harness`` through the type-checked algebra; the result records it."""
     if edit.op == "insert":
-        return harness.insert(build_processor(edit.spec or {}), index=edit.index, after=edit.after, manifest=edit.manifest)
+        return harness.insert(build_processor(edit.spec or {}), index=edit.index, after=edit.after,
+                              manifest=edit.manifest)
     if edit.op == "remove":
         return harness.remove(edit.processor, manifest=edit.manifest)
     if edit.op == "replace":

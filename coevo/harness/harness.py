@@ -126,7 +126,8 @@ class Harness:
         if index is None:
             index = len(chain)
         if not 0 <= index <= len(chain):
-            raise UnknownProcessorError(processor.name, f"index {index} outside 0..{len(chain)} at {processor.hook.value}")
+            raise UnknownProcessorError(processor.name,
+                                        f"index {index} outside 0..{len(chain)} at {processor.hook.value}")
         chain.insert(index, processor)
         others = [p for p in self._processors if p.hook is not processor.hook]
         edit = Edit("insert", processor.name, spec=processor.spec(), index=index, manifest=manifest or {})
@@ -134,7 +135,8 @@ class Harness:
 
     def remove(self, name: str, *, manifest: dict[str, Any] | None = None) -> "Harness":
         target = self.get(name)
-        return self._child([p for p in self._processors if p is not target], Edit("remove", name, manifest=manifest or {}))
+        return self._child([p for p in self._processors if p is not target],
+                           Edit("remove", name, manifest=manifest or {}))
 
     def replace(self, name: str, processor: Processor, *, manifest: dict[str, Any] | None = None) -> "Harness":
         """Put ``processor`` in the place of ``name``; both must attach to the same hook."""

@@ -354,7 +354,7 @@ class Coevolution:
         with self.progress.task("GRPO", self.schedule.steps_per_round) as advance:
             for part, part_versions in step_batches(traces, versions, self.schedule.steps_per_round,
                                                     self.schedule.step_traces, seed=f"{self.schedule.seed}-{r}"):
-                steps.append(self.trainer.step(part, versions=part_versions).as_dict())
+                steps.append(self.trainer.step(part, versions=part_versions).to_dict())
                 advance()
         self.policy.model_version = str(self.trainer.version)
         self.processes.sync_weights()

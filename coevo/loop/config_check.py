@@ -19,7 +19,7 @@ from coevo.config.schema import TrainConfig, violations
 from coevo.errors import UsageError
 
 SCRIPTED_MODELS = ("scripted", "gold")
-"""``model.name`` values that run without weights (``coevo.loop.build.scripted_policy``)."""
+"""``model.name`` values that run without weights (``coevo.loop.builders.scripted_policy``)."""
 
 
 MAX_LR = {"adamw": 1e-2, "sgd": 1.0}

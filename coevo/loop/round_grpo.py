@@ -96,7 +96,8 @@ def grpo_record(steps: Sequence[dict[str, Any]], traces: Sequence[Trace]) -> GRP
     rewards = [t.reward for t in members]
     mean = sum(rewards) / len(rewards) if rewards else None
     whole = {"zero_variance_fraction": stats.zero_variance_fraction, "reward_mean": mean,  # the round's, not a step's
-             "reward_std": (sum((x - mean) ** 2 for x in rewards) / max(1, len(rewards) - 1)) ** 0.5 if rewards else None}
+             "reward_std": (sum((x - mean) ** 2 for x in rewards) / max(1, len(rewards) - 1)) ** 0.5
+                           if rewards else None}
     rows = [{k: v for k, v in step.items() if k != "staleness"} for step in steps]  # scalars: a JSON round trip
     without = [t for t in traces if t.variant != CRITIC]
     stats = group_advantages([t.task_id for t in without], [t.reward for t in without],

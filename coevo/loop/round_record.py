@@ -56,7 +56,8 @@ def train_stats(traces: Sequence[Trace]) -> TrainStats:
 
 
 def round_record(r: int, mode: str, version: int, traces: Sequence[Trace], seconds: dict[str, float], *,
-                 unscaffolded: Sequence[Trace] = (), val: Evaluation | None, test: Evaluation | None, evolved: EvolveReport | None,
+                 unscaffolded: Sequence[Trace] = (), val: Evaluation | None, test: Evaluation | None,
+                 evolved: EvolveReport | None,
                  grpo: GRPOMetrics | None, variants: dict[str, str], meta_tokens: dict[str, Any],
                  buffer: BufferStats | None) -> RoundRecord:
     """Round ``r``'s record: the train batch's pass rate, reward, tool use, tokens and outcomes per

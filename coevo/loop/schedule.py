@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo.envs.base import Task
+
+if TYPE_CHECKING:
+    from coevo.buffers import ReplayBuffer
+    from coevo.trainers.grpo import GRPOTrainer
 
 
 def every_round(r: int) -> bool:
@@ -61,8 +65,8 @@ class Training:
     instead of recomputing them. ``critic_traces``: the Critic's paired re-runs join their tasks'
     GRPO groups (the gate's evidence trains too)."""
 
-    trainer: Any
-    buffer: Any | None = None
+    trainer: GRPOTrainer
+    buffer: ReplayBuffer | None = None
     logprob_fn: Callable | None = None
     sampler_logprobs: bool = False
     critic_traces: bool = False

@@ -5,7 +5,8 @@ cached run must reproduce the same proposals. The key is the sha256 of the canon
 (model, stage, messages, schema): any change to the prompt or the output schema is a miss. Only
 the response text and its token usage are stored, never the client's configuration, so nothing
 secret (an API key) can end up on disk; the response text is stored with secret values redacted
-(``coevo.safety.secrets.redact_text``: a reply that quoted a key from its prompt). Writes go to a temporary file renamed into place, so a
+(``coevo.safety.secrets.redact_text``: a reply that quoted a key from its prompt).
+Writes go to a temporary file renamed into place, so a
 crash or a concurrent writer never leaves a half-written entry.
 """
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from coevo.errors import UsageError
 from coevo.rundir.check import committed, verify_run
-from coevo.rundir.records import LineageRow, RoundRecord, StartRecord, read_lineage, read_rounds
+from coevo.rundir.records import LineageRow, RoundRecord, StartRecord
+from coevo.rundir.run_files import read_lineage, read_rounds
 
 TIME_KEYS = ("rollout", "logprobs", "digest", "plan", "critic", "grpo", "eval", "checkpoint", "other")
 """The time breakdown of a round, in the order the figure stacks it."""

@@ -77,4 +77,5 @@ def time_left_line(records: Sequence[RoundRecord], shape: RunShape, start: Start
     the start evaluation's time), with the clock time it should end."""
     left = seconds_left(records, shape, start.seconds if start is not None else 0.0)
     ends = time.strftime("%H:%M", time.localtime(time.time() + left))
-    return f"round {records[-1].round} took {duration(records[-1].seconds['total'])}; about {duration(left)} left (ends ~{ends})"
+    return (f"round {records[-1].round} took {duration(records[-1].seconds['total'])}; "
+            f"about {duration(left)} left (ends ~{ends})")

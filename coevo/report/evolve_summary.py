@@ -37,8 +37,10 @@ def evolve_summary(run: Any, start: Any, k: int, env_name: str) -> dict:
 def evolve_markdown(summary: dict) -> str:
     k = summary["k"]
     lines = [f"# coevo evolve: {summary['env']}", "",
-             f"{summary['rounds']} rounds (mode=harness_only); the starting → the final harness (routed variants).", "",
-             "| split | tasks | pass@1 before | pass@1 after |" + (f" pass@{k} before | pass@{k} after |" if k > 1 else ""),
+             f"{summary['rounds']} rounds (mode=harness_only); the starting → the final harness "
+             "(routed variants).", "",
+             "| split | tasks | pass@1 before | pass@1 after |"
+             + (f" pass@{k} before | pass@{k} after |" if k > 1 else ""),
              "|---|---|---|---|" + ("---|---|" if k > 1 else "")]
     for name, row in summary["splits"].items():  # pass@k only when it is not pass@1
         at_k = f" {row[f'pass@{k}'][0]:.3f} | {row[f'pass@{k}'][1]:.3f} |" if k > 1 else ""

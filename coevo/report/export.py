@@ -55,7 +55,7 @@ import yaml
 from coevo.agent.trace import Trace
 from coevo.buffers import BufferEntry, ReplayBuffer
 from coevo.rundir.check import committed, verify_run
-from coevo.rundir.records import read_rounds
+from coevo.rundir.run_files import read_rounds
 from coevo.safety.secrets import contains_secret, redact, secret_env_values
 from coevo.safety.traces import redact_trace
 

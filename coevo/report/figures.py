@@ -256,7 +256,8 @@ def _draw_scaffold(run: Run) -> Any:
     round_axis(layers, rounds)
     layers.grid(alpha=0.3)
     pts = [(r.round, r.train, r.unscaffolded) for r in run.records]
-    curve.plot(rounds, [100 * t.tool_use_rate for _, t, _ in pts], "-o", color="tab:purple", label="tool use, scaffolded")
+    curve.plot(rounds, [100 * t.tool_use_rate for _, t, _ in pts], "-o", color="tab:purple",
+               label="tool use, scaffolded")
     curve.plot(rounds, [100 * t.pass_rate for _, t, _ in pts], "-o", color="tab:blue", label="pass, scaffolded")
     bare = [(n, u) for n, _, u in pts if u is not None]
     if bare:

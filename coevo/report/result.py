@@ -105,7 +105,8 @@ def result_lines(result: Result) -> list[str]:
         assert result.start is not None and result.end is not None
         lines = [f"agent pass@1 on {result.tasks} held-out {result.split} tasks (95% CI): "
                  f"start {_pct(result.start)} → end {_pct(result.end)}",
-                 f"change: {_points(result.change)} (paired over tasks); tool use {100 * result.start_tool_use:.0f}% → "
+                 f"change: {_points(result.change)} (paired over tasks); "
+                 f"tool use {100 * result.start_tool_use:.0f}% → "
                  f"{100 * result.end_tool_use:.0f}%"]
     if result.shipped:
         lines += [f"shipped in round {r}: {edits}" for r, edits in result.shipped]

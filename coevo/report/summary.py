@@ -68,7 +68,8 @@ def round_table(record: RoundRecord) -> Table:
         table.add_row(variant, harness_id[:12], _rate(stats.pass_rate if stats else None),
                       str(stats.n_traces) if stats else "0", str(counts["shipped"]), str(counts["rejected"]))
     infra = _infra(record)
-    table.caption = (f"val pass@1 {_rate(record.val.pass_at_1 if record.val else None)} · spawned {total['spawned']} · "
+    table.caption = (f"val pass@1 {_rate(record.val.pass_at_1 if record.val else None)} · "
+                     f"spawned {total['spawned']} · "
                      f"GRPO loss {_loss(record)} · {record.seconds.get('total', 0.0):.1f} s"
                      + (f" · infrastructure failures {infra}" if infra else "")
                      + "".join(f"\nwarning: {escape(w)}" for w in record.warnings))  # a warning may quote [...]
@@ -152,7 +153,8 @@ def summary_markdown(run: Run) -> str:
     ledger = recs[-1].meta_tokens
     stages = {k: v for k, v in ledger.items() if isinstance(v, dict)}
     if stages:
-        lines += ["| stage | calls | cached | prompt tokens | completion tokens | seconds |", "|---|---|---|---|---|---|"]
+        lines += ["| stage | calls | cached | prompt tokens | completion tokens | seconds |",
+                  "|---|---|---|---|---|---|"]
         lines += [f"| {name} | {u.get('calls', 0)} | {u.get('cached', 0)} | {u.get('prompt_tokens', 0)} | "
                   f"{u.get('completion_tokens', 0)} | {u.get('seconds', 0.0):.1f} |" for name, u in stages.items()]
         lines.append("")

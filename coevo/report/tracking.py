@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from coevo.harness.harness import Harness
-from coevo.rundir.records import LINEAGE_HOWS, EvolveRecord, RoundRecord, read_rounds
+from coevo.rundir.records import LINEAGE_HOWS, EvolveRecord, RoundRecord
+from coevo.rundir.run_files import read_rounds
 from coevo.safety.secrets import REDACTED, redact  # noqa: F401 - REDACTED re-exported: the marker scrub writes
 
 Scalar = float | int | str
@@ -39,7 +40,8 @@ HARNESS_HOW = LINEAGE_HOWS
 WANDB_ID_FILE = "wandb_id"
 _ARTIFACT_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]+")
-_SKIPPED_KEYS = {"outcomes", "steps"}  # per-task outcomes, per-step GRPO rows (rounds.jsonl keeps them): not a metric row
+# per-task outcomes, per-step GRPO rows (rounds.jsonl keeps them): not a metric row
+_SKIPPED_KEYS = {"outcomes", "steps"}
 
 
 @runtime_checkable
@@ -297,7 +299,8 @@ class WandbTracker:
             return
         self._edit_rows.extend(redact(dict(r)) for r in rows)
         self._step = max(self._step, max(int(r["round"]) for r in rows))
-        table = self._wandb.Table(columns=list(EDIT_COLUMNS), data=[[r[c] for c in EDIT_COLUMNS] for r in self._edit_rows])
+        table = self._wandb.Table(columns=list(EDIT_COLUMNS),
+                                  data=[[r[c] for c in EDIT_COLUMNS] for r in self._edit_rows])
         run.log({"edits": table}, step=self._step)
 
     def log_harness(self, harness: Harness, *, round: int, variant: str, how: str) -> None:

@@ -9,7 +9,7 @@ a string, an int field takes no float. A record that does not fit raises ``Value
 where it came from (``<run>/rounds.jsonl:3``) and the field path (``infra_failures.count``,
 ``evolve.verdicts[0].proposal.edits[1]``). The checks that are not types live here too, in
 ``__post_init__``: a mode outside ``MODES``, a verdict both shipped and undecided, an edit that is
-no ``Edit``, a lineage ``how`` outside ``LINEAGE_HOWS``; ``read_rounds`` refuses a repeated round.
+no ``Edit``, a lineage ``how`` outside ``LINEAGE_HOWS`` (``coevo.rundir.run_files`` reads the files).
 Fields that records written by older versions lack have defaults, so an older run directory loads.
 
 Imports only ``coevo.config.schema``, ``coevo.harness.edit_record`` and its checks (``record_checks``).
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Self
 
 from pydantic import AfterValidator, Strict
@@ -212,9 +211,44 @@ class EvolveRecord(Record):
 
 
 @dataclass
+class StepMetrics(Record):
+    """One GRPO step's figures, computed by ``coevo.trainers.step_metrics.step_metrics`` from the step's
+    tensors. A round's record keeps every step's (``GRPOMetrics.steps``) and the last one's fields
+    at its top level; ``GRPOMetrics`` has a field for each of these (a test holds them equal)."""
+
+    loss: Float
+    clip_fraction: Float
+    kl: Float
+    ratio_mean: Float
+    ratio_min: Float
+    ratio_max: Float
+    advantage_mean: Float
+    advantage_std: Float
+    zero_variance_fraction: Float
+    excluded_traces: Int  # left out of every group: not trainable (crashed, or excluded by the harness)
+    infra_traces: Int  # of those, infrastructure failures (Trace.infra_failure)
+    sequences: Int
+    tokens: Int
+    tokens_per_s: Float
+    grad_norm: Float
+    lr: Float
+    staleness: dict[int, Int]  # model-version lag -> traces
+    reward_mean: Float = 0.0  # over the step's trainable traces (every group, signal or not)
+    reward_std: Float = 0.0
+    approx_kl: Float = 0.0  # KL(behaviour || current) per token, k3 estimate from the ratio: how far reuse has moved
+    entropy: Float = 0.0  # mean -log pi(token) of the sampled tokens under the current policy (an entropy estimate)
+    # sampler/trainer mismatch over the step's tokens whose calls carry the sampler's log-probs (None: no such token):
+    # |behaviour log-prob (the buffer's, the trainer's recomputation) - the sampler's own| per token
+    sampler_mismatch_mean: Float | None = None
+    sampler_mismatch_max: Float | None = None
+    sampler_tokens: Int = 0  # tokens with sampler log-probs (the others are not corrected)
+    tis_truncated_fraction: Float | None = None  # of those, the share whose weight trainer.tis_cap cut (None: off)
+
+
+@dataclass
 class GRPOMetrics(Record):
-    """The round's GRPO update: ``StepMetrics.as_dict()`` of its last step (every field None when
-    no step ran), each step's in ``steps``, and the buffered traces it trained on."""
+    """The round's GRPO update: ``StepMetrics`` fields of its last step (every field None when no step
+    ran), each step's in ``steps``, and the buffered traces it trained on."""
 
     buffer_traces: Int
     loss: Float | None = None
@@ -238,6 +272,10 @@ class GRPOMetrics(Record):
     reward_std: Float | None = None
     approx_kl: Float | None = None  # KL(behaviour || current), k3 from the ratio
     entropy: Float | None = None  # mean -log pi of the sampled tokens
+    sampler_mismatch_mean: Float | None = None  # |behaviour - sampler| log-prob per token (absent in older records)
+    sampler_mismatch_max: Float | None = None
+    sampler_tokens: Int | None = None
+    tis_truncated_fraction: Float | None = None
     steps: list[dict[str, Any]] | None = None  # every step's scalar StepMetrics (the fields above are the last's)
     critic_traces: Int | None = None  # of buffer_traces, the Critic's paired re-runs (buffer.critic_traces)
     zero_variance_without_critic: Float | None = None  # the groups' zero-variance share had they been left out
@@ -334,37 +372,3 @@ class LineageRow(Record):
     def __post_init__(self) -> None:
         if self.how not in LINEAGE_HOWS:
             raise RecordError("how", f"must be one of {LINEAGE_HOWS}, got {self.how!r}")
-
-
-# -------------------------------------------------------------------------------------- run files
-def read_jsonl(path: Path) -> list[tuple[int, Any]]:
-    """(1-based line number, parsed value) of every non-blank line; malformed JSON names the line."""
-    out = []
-    for number, text in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not text.strip():
-            continue
-        try:
-            out.append((number, json.loads(text)))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{number}: malformed JSON ({e.msg} at column {e.colno})") from None
-    return out
-
-
-def read_rounds(path: Path) -> list[RoundRecord]:
-    """The records of a ``rounds.jsonl`` in file order (none when it is missing); a repeated
-    round is refused with both lines."""
-    path = Path(path)
-    records, seen = [], {}
-    for line, row in read_jsonl(path) if path.is_file() else []:
-        record = RoundRecord.from_dict(row, f"{path}:{line}")
-        if record.round in seen:
-            raise ValueError(f"{path}:{line}: round {record.round} repeats the record on line {seen[record.round]}")
-        seen[record.round] = line
-        records.append(record)
-    return records
-
-
-def read_lineage(path: Path) -> list[LineageRow]:
-    """The rows of a ``lineage.jsonl`` in file order (none when it is missing)."""
-    path = Path(path)
-    return [LineageRow.from_dict(row, f"{path}:{line}") for line, row in (read_jsonl(path) if path.is_file() else [])]

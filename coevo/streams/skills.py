@@ -2,7 +2,8 @@
 
 A note says how to solve a kind of task, never what any task's answer is: it is written from the
 dataset's name and its curated description in ``coevo.envs.reasoning`` (which tool a gold solution
-uses; not the answer format, whose examples could be answers), and it holds no digits at all, so no numeric answer can hide in it.
+uses; not the answer format, whose examples could be answers), and it holds no digits at all, so no
+numeric answer can hide in it.
 EvoHarnessBench mines its skills from source system prompts (§3.3); reasoning-gym has none, so
 the procedures below are hand-written, one per curated dataset, with a generic note from the
 name for any other dataset.

@@ -212,7 +212,7 @@ def test_request_retries_reach_the_sdk(tmp_path, sdk_waits, retries, requests):
     """``request_retries`` (``make_meta_agent``'s; train.py's ``build_meta`` leaves it at the client's
     ``REQUEST_RETRIES``) reaches the openai SDK: with 0 a single 500 fails the call; with 3 two 500s
     are retried past."""
-    from coevo.loop.build import build_meta
+    from coevo.loop.builders import build_meta
     from coevo.loop.config_check import check
     from coevo.meta import make_meta_agent
     from coevo.meta.clients import REQUEST_RETRIES
@@ -237,7 +237,7 @@ def test_request_retries_reach_the_sdk(tmp_path, sdk_waits, retries, requests):
 def test_router_failure_falls_back_or_stops_the_run_as_asked(tmp_path, caplog, router_failure):
     """``router_failure``: ``fallback`` (the default, what train.py's ``build_meta`` gives) logs the
     failure and sends the task to the base variant; ``raise`` stops with a ``RouterError`` saying why."""
-    from coevo.loop.build import build_meta
+    from coevo.loop.builders import build_meta
     from coevo.loop.config_check import check
     from coevo.meta import RouterError, make_meta_agent
 

@@ -247,7 +247,7 @@ def test_the_loop_releases_the_engine_before_every_update_and_syncs_after(tmp_pa
     from pathlib import Path
 
     import coevo
-    from coevo.loop import build
+    from coevo.loop import builders
     from tests.test_loop import records, smoke
 
     order: list[str] = []
@@ -268,7 +268,7 @@ def test_the_loop_releases_the_engine_before_every_update_and_syncs_after(tmp_pa
         policy = VLLMPolicy(Recording(model), tok, model_version="0")
         return policy, lambda: policy.sync_weights(model, policy.model_version)
 
-    monkeypatch.setattr(build, "build_policy", fake_policy)
+    monkeypatch.setattr(builders, "build_policy", fake_policy)
     run_dir = Path(coevo.run(smoke(tmp_path / "run", "mode=model_only", "rounds=2", "val_limit=0",
                                    "rollout.max_new_tokens=4")))
     assert len(records(run_dir)) == 2
@@ -277,19 +277,19 @@ def test_the_loop_releases_the_engine_before_every_update_and_syncs_after(tmp_pa
 
 
 def test_sleep_mode_with_a_server_is_refused_naming_why(tmp_path):
-    from coevo.loop import build
+    from coevo.loop import builders
     from tests.test_loop import smoke
 
     cfg = smoke(tmp_path / "run", "rollout=vllm", "rollout.vllm_mode=server", "rollout.vllm_sleep_level=2")
     with pytest.raises(ValueError, match="vllm-serve server holds its own GPUs"):
-        build.build_policy(cfg, None, None)
+        builders.build_policy(cfg, None, None)
 
 
 @pytest.mark.parametrize("mode", ["colocate", "server"])
 def test_only_rank_0_builds_a_vllm_engine_and_syncs_it(tmp_path, monkeypatch, mode):
     """Several processes share one server (or one colocated engine): a rank that does not generate
     builds no engine, joins no weight-transfer group, and has nothing to sync; rank 0 builds its own."""
-    from coevo.loop import build
+    from coevo.loop import builders
     from coevo.policy import vllm as vmod
     from tests.test_loop import smoke
 
@@ -303,10 +303,10 @@ def test_only_rank_0_builds_a_vllm_engine_and_syncs_it(tmp_path, monkeypatch, mo
     monkeypatch.setattr(vmod, "ServerEngine", Built)
     tok = tiny_tokenizer()
     cfg = smoke(tmp_path / "run", "rollout=vllm", f"rollout.vllm_mode={mode}")
-    policy, sync = build.build_policy(cfg, None, tok, generates=False)
+    policy, sync = builders.build_policy(cfg, None, tok, generates=False)
     assert built == [] and isinstance(policy.engine, vmod.IdleEngine) and sync is None
     policy.release()
     with pytest.raises(RuntimeError, match="only rank 0 generates"):
         policy.generate([ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_new_tokens=1))])
-    policy, sync = build.build_policy(cfg, tiny_model(tok), tok)
+    policy, sync = builders.build_policy(cfg, tiny_model(tok), tok)
     assert built == [mode] and isinstance(policy.engine, Built) and sync is not None

@@ -29,7 +29,8 @@ class AnswerExtraction(Processor):
     consumes = produces = ParsedOutputEvent
     group = "answer_extraction"
     params = (
-        Param("patterns", "str_list", DEFAULT_PATTERNS, "regexes with one group, tried in order (^ and $ match at lines)"),
+        Param("patterns", "str_list", DEFAULT_PATTERNS, "regexes with one group, tried in order "
+                                                        "(^ and $ match at lines)"),
         Param("last_number_fallback", "bool", False, "use the last number when no pattern matches"),
         Param("plain_text", "bool", False, "a reply with no tool call, no tool-call block and no pattern "
                                            "match is the answer as written (the reply that ends the turn)"),

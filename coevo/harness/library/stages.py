@@ -158,7 +158,8 @@ class SkillLibrary(Processor):
         bags = {n: (_words(n), _words(doc)) for n, doc in skills.items()}
         df = Counter(w for name_words, doc_words in bags.values() for w in name_words | doc_words)
         weight = {w: math.log(1 + len(skills) / df[w]) for w in q if w in df}  # rarer words count more
-        scores = {n: sum(2 * weight[w] for w in q & nw) + sum(weight[w] for w in q & dw) for n, (nw, dw) in bags.items()}
+        scores = {n: sum(2 * weight[w] for w in q & nw) + sum(weight[w] for w in q & dw)
+                  for n, (nw, dw) in bags.items()}
         ranked = sorted((n for n, s in scores.items() if s > 0), key=lambda n: (-scores[n], n))
         return ranked[: self.config["top_k"]]
 

@@ -211,7 +211,8 @@ def call_in_sandbox(
     if payload is None:
         raise SandboxTimeout(f"the call exceeded its time limit of {time_limit_s} s")
     if payload is _TOO_LARGE:
-        raise SandboxError(f"the call's result is larger than the {max_result_bytes} bytes allowed to cross the sandbox")
+        raise SandboxError(f"the call's result is larger than the {max_result_bytes} bytes "
+                           "allowed to cross the sandbox")
     return _interpret(payload, wait_status, time_limit_s, memory_limit_mb)
 
 
