@@ -72,7 +72,7 @@ def test_the_cli_prints_an_unknown_option_and_a_bad_choice_as_one_line(capsys):
     code, err = run_cli(capsys, "eval", "--env", "nope")
     assert code == 2
     assert err.splitlines() == ["error: Invalid value for --env: unknown env 'nope'; use a built-in env ['arithmetic', "
-                                "'office', 'reasoning', 'textworld_express'] or an import path "
+                                "'office', 'reasoning', 'skyrl_gym', 'textworld_express', 'verifiers'] or an import path "
                                 "'package.module:ClassName' (see coevo eval --help)"]
 
 

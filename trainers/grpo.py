@@ -212,7 +212,8 @@ class GRPOTrainer:
         # the reference pass first: under ZeRO-3 a forward between this micro-batch's forward and its
         # backward would release the LM head gathered below. Sharded, the filler runs it too: each
         # forward gathers parameters with every rank, so every rank runs as many
-        ref = self._ref_logp(batch, temperature, share) if self.beta > 0 and (mb or self.strategy.every_rank_forwards) else None
+        runs_ref = self.beta > 0 and (mb or self.strategy.every_rank_forwards)
+        ref = self._ref_logp(batch, temperature, share) if runs_ref else None
         hidden = completion_hidden(self.model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
                                    share_prefix=share)  # [N, H]
         with zero.whole(lm_head_weight(self.model)) as weight:  # [V, H]; ZeRO-3: gathered until the backward is done

@@ -14,14 +14,19 @@ step reads as the algorithm with one delegate:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 
 from coevo.trainers import sharding, zero
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
-def trainable(model: Any) -> list[torch.nn.Parameter]:
+Module = torch.nn.Module
+
+
+def trainable(model: Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
@@ -37,18 +42,18 @@ class Whole:
     """Whether a micro-batch may read its rows' common prefix once, then the rows (two forwards
     through a layer before its backward)."""
 
-    def __init__(self, accelerator: Any) -> None:
+    def __init__(self, accelerator: Accelerator) -> None:
         self.accelerator = accelerator
-        self.model: Any = None
-        self.optimizer: Any = None
+        self.model: Any = None  # the wrapped model: DDP's module, FSDP2's, or DeepSpeed's engine
+        self.optimizer: torch.optim.Optimizer | None = None
 
-    def prepare_model(self, model: Any, *, reshard_after_forward: bool) -> None:
+    def prepare_model(self, model: Module, *, reshard_after_forward: bool) -> None:
         """Before the optimizer is made over the model's parameters (FSDP2 shards them here)."""
 
-    def wrap(self, model: Any, optimizer: torch.optim.Optimizer) -> None:
+    def wrap(self, model: Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
 
-    def accumulating(self, last: bool) -> ContextManager[Any]:
+    def accumulating(self, last: bool) -> ContextManager[object]:
         """The context of one micro-batch's forward and backward: gradients are reduced across ranks
         once, at the step's ``last`` micro-batch (DDP's ``no_sync`` before it)."""
         return contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
@@ -72,7 +77,7 @@ class Whole:
         Sharded, a collective: every rank calls it."""
         return None, self.optimizer.state_dict()
 
-    def load_weights(self, unwrapped: Any, tensors: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, unwrapped: Module, tensors: dict[str, torch.Tensor]) -> None:
         """Whole ``tensors`` (a checkpoint's, in ``save_pretrained`` names) into the model."""
         if hasattr(unwrapped, "peft_config"):
             from peft import set_peft_model_state_dict
@@ -98,16 +103,16 @@ class FSDP2(Whole):
     every_rank_forwards = True
     reads_shared_prefix = False
 
-    def prepare_model(self, model: Any, *, reshard_after_forward: bool) -> None:
+    def prepare_model(self, model: Module, *, reshard_after_forward: bool) -> None:
         if not torch.distributed.is_initialized():
             raise ValueError("trainer.sharding=fsdp2 needs a process group: launch with accelerate launch "
                              "(--multi_gpu --num_processes N, or --config_file configs/accelerate/fsdp2.yaml)")
         sharding.shard_model(model, reshard_after_forward=reshard_after_forward)
 
-    def wrap(self, model: Any, optimizer: torch.optim.Optimizer) -> None:
+    def wrap(self, model: Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer  # already sharded; accelerate would add DDP on top
 
-    def accumulating(self, last: bool) -> ContextManager[Any]:
+    def accumulating(self, last: bool) -> ContextManager[object]:
         sharding.set_gradient_sync(self.model, last)
         return contextlib.nullcontext()
 
@@ -117,7 +122,7 @@ class FSDP2(Whole):
     def full_state(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         return sharding.full_model_state(self.model), sharding.full_optimizer_state(self.model, self.optimizer)
 
-    def load_weights(self, unwrapped: Any, tensors: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, unwrapped: Module, tensors: dict[str, torch.Tensor]) -> None:
         sharding.load_full_model_state(unwrapped, sharding.model_keys(unwrapped, tensors))
 
     def load_optimizer(self, state: dict[str, Any]) -> None:
@@ -134,19 +139,19 @@ class ZeRO3(Whole):
     name = "zero3"
     every_rank_forwards = True
 
-    def __init__(self, accelerator: Any, plugin: Any, *, max_grad_norm: float) -> None:
+    def __init__(self, accelerator: Accelerator, plugin: Any, *, max_grad_norm: float) -> None:
         super().__init__(accelerator)
         self.plugin, self.max_grad_norm = plugin, max_grad_norm
         self.dtypes: dict[str, torch.dtype] = {}  # the weights' dtypes, as a checkpoint writes them
 
-    def wrap(self, model: Any, optimizer: torch.optim.Optimizer) -> None:
+    def wrap(self, model: Module, optimizer: torch.optim.Optimizer) -> None:
         zero.configure(self.plugin.deepspeed_config, max_grad_norm=self.max_grad_norm,
                        world=self.accelerator.num_processes)
         zero.plain_transformers(self.plugin)  # save_pretrained of the gathered weights as one process writes them
         self.dtypes = {name: t.dtype for name, t in model.state_dict().items()}
         super().wrap(model, optimizer)  # DeepSpeed's engine and its optimizer around ``optimizer``
 
-    def accumulating(self, last: bool) -> ContextManager[Any]:
+    def accumulating(self, last: bool) -> ContextManager[object]:
         zero.set_boundary(self.model, last)
         return contextlib.nullcontext()
 
@@ -159,7 +164,7 @@ class ZeRO3(Whole):
     def full_state(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:
         return zero.full_model_state(self.model, self.dtypes), zero.full_optimizer_state(self.model)
 
-    def load_weights(self, unwrapped: Any, tensors: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, unwrapped: Module, tensors: dict[str, torch.Tensor]) -> None:
         zero.load_full_model_state(self.model, sharding.model_keys(unwrapped, tensors))
 
     def load_optimizer(self, state: dict[str, Any]) -> None:
@@ -170,7 +175,7 @@ SHARDINGS = ("none", "fsdp2", "zero3")
 """``trainer.sharding``: ``Whole``, ``FSDP2`` or ``ZeRO3``."""
 
 
-def strategy_for(name: str, accelerator: Any, *, max_grad_norm: float) -> Whole:
+def strategy_for(name: str, accelerator: Accelerator, *, max_grad_norm: float) -> Whole:
     """The strategy ``trainer.sharding=name`` names, checked against the launch: ZeRO-3 and a DeepSpeed
     launch go together."""
     if name not in SHARDINGS:

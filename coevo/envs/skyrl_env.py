@@ -65,7 +65,8 @@ class SkyRLEnv:
         classes = {r.get("env_class") or env_class for r in loaded}
         unknown = sorted(str(c) for c in classes if c not in self.gym.registry)
         if unknown:
-            raise ValueError(f"skyrl_gym env class {unknown} is not registered (registered: {sorted(self.gym.registry)}); "
+            raise ValueError(f"skyrl_gym env class {unknown} is not registered "
+                             f"(registered: {sorted(self.gym.registry)}); "
                              "set env_class, or name the module that registers it in register")
         self.env_class, self.env_config, self.pass_threshold = env_class, dict(env_config or {}), pass_threshold
         self.name = name or (env_class or str(loaded[0].get("env_class")))

@@ -309,7 +309,8 @@ class AEGIS:
         edits = ", ".join(e.describe() for e in verdict.proposal.edits)
         outcome = ("shipped" if verdict.ship else "undecided, to be judged again" if verdict.undecided
                    else f"rejected by {verdict.gate}")
-        self.design_lessons.add(f"{edits} for {verdict.proposal.cluster or 'scope'}: {outcome} ({verdict.reason[:120]})")
+        scope = verdict.proposal.cluster or "scope"
+        self.design_lessons.add(f"{edits} for {scope}: {outcome} ({verdict.reason[:120]})")
 
     def _keep_if_undecided(self, variant: str, parent_id: str, proposal: Proposal, verdict: Verdict) -> None:
         """An undecided proposal (the judged revision of ``proposal``) waits for the variant's next
@@ -327,7 +328,8 @@ class AEGIS:
     def _learn_routing(self, traces: Sequence[Trace]) -> None:
         for t in traces:
             if t.variant != BASE and not t.passed and (self.variants.rate(BASE, t.task_id) or 0.0) > 0:
-                text = " ".join(self.tasks[t.task_id].instruction.split()[:12]) if t.task_id in self.tasks else t.task_id
+                task = self.tasks.get(t.task_id)
+                text = " ".join(task.instruction.split()[:12]) if task is not None else t.task_id
                 self.routing_lessons.add(f"'{text}...' failed on {t.variant} but has passed on base")
 
     # ------------------------------------------------------------------ epoch end

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -33,6 +33,14 @@ from coevo.loop.builders import (
 from coevo.loop.config_check import check, check_context_window, check_dependencies, check_train_split, device_of
 from coevo.loop.schedule import Splits
 from coevo.loop.termination import sigterm_raises
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from coevo.envs.base import Env, Task
+    from coevo.harness.harness import Harness
+    from coevo.loop.coevolution import Coevolution
+    from coevo.report.progress import ProgressDisplay
 
 RESUMABLE_CHANGES = {"rounds", "logger", "val_every", "test", "test_limit"}
 """Top-level keys that may differ when a run is started again on its directory."""
@@ -130,14 +138,15 @@ def run(cfg: Any) -> Path:
             close_env(env)
 
 
-def close_env(env: Any) -> None:
+def close_env(env: Env) -> None:
     """``env.close()`` where the env has one (it is optional in the Env protocol)."""
     close = getattr(env, "close", None)
     if close is not None:
         close()
 
 
-def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_forward: bool | None = None) -> Path:
+def run_on_env(cfg: TrainConfig, env: Env, accelerator: Accelerator, *,
+               reshard_after_forward: bool | None = None) -> Path:
     """The recipe, once the env is built (``run`` closes it however this ends): the tasks and the
     starting harness, the run directory, the weights and the policy, AEGIS, GRPO's half of a round,
     then the rounds and the report. ``reshard_after_forward``: an FSDP2 launch config's choice
@@ -168,8 +177,8 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_fo
                               workers=cfg.rollout.workers, seed=cfg.seed, progress=progress, tokenizer=models.tokenizer)
     # every train task's reference serves the Digester; only those of the pool and of tasks no
     # remaining round trains on may become demonstrations (Coevolution.withheld)
-    references = build_references(env, [*train, *pool], ReferenceStore(run_dir / "references", tokenizer=models.tokenizer)
-                                  ) if mode.evolves and is_main else {}
+    store = ReferenceStore(run_dir / "references", tokenizer=models.tokenizer)
+    references = build_references(env, [*train, *pool], store) if mode.evolves and is_main else {}
     aegis = build_aegis(cfg, start, rollouts, build_meta(cfg, run_dir), tasks={t.task_id: t for t in train},
                         references=references, tools=env_tools)
     training = build_training(cfg, models, run_dir, is_main=is_main) if mode.trains else None
@@ -177,7 +186,8 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_fo
     loop = Coevolution(
         mode=cfg.mode, rollouts=rollouts, aegis=aegis, run_dir=run_dir, schedule=build_schedule(cfg, mode),
         training=training, processes=build_processes(accelerator, policy, sync), tracker=tracker, progress=progress,
-        splits=Splits(train, env.tasks("val")[: cfg.val_limit], env.tasks("test")[: cfg.test_limit] if cfg.test else ()))
+        splits=Splits(train, env.tasks("val")[: cfg.val_limit],
+                      env.tasks("test")[: cfg.test_limit] if cfg.test else ()))
     try:
         loop.run()
     finally:
@@ -190,7 +200,7 @@ def run_on_env(cfg: TrainConfig, env: Any, accelerator: Any, *, reshard_after_fo
     return run_dir
 
 
-def reference_split(cfg: TrainConfig, env: Any) -> tuple[list[Any], list[Any]]:
+def reference_split(cfg: TrainConfig, env: Env) -> tuple[list[Task], list[Task]]:
     """(reference pool, train tasks): the pool's tasks only ever serve as demonstrations."""
     from coevo.evolution.reference import split_reference_pool
 
@@ -202,7 +212,7 @@ def reference_split(cfg: TrainConfig, env: Any) -> tuple[list[Any], list[Any]]:
     return pool, train
 
 
-def require_jail(env_tools: list[str], start: Any) -> None:
+def require_jail(env_tools: list[str], start: Harness) -> None:
     """Model-written code will run (a python tool, a python executor): the jail must work, or the user
     opted out."""
     from coevo.safety.sandbox.python_tool import isolation
@@ -211,7 +221,7 @@ def require_jail(env_tools: list[str], start: Any) -> None:
         isolation()
 
 
-def open_run_dir(cfg: TrainConfig, accelerator: Any) -> Path:
+def open_run_dir(cfg: TrainConfig, accelerator: Accelerator) -> Path:
     """Lock the run directory and check that its run can be resumed with this config, on rank 0,
     before anything is written (the lock is already held when train.py's callback took it);
     ``config.yaml`` itself waits for the model, so a bad ``model.name`` does not record it."""
@@ -225,7 +235,7 @@ def open_run_dir(cfg: TrainConfig, accelerator: Any) -> Path:
     return run_dir
 
 
-def report_result(run_dir: Path, loop: Any, progress: Any) -> None:
+def report_result(run_dir: Path, loop: Coevolution, progress: ProgressDisplay) -> None:
     """Write the report, print the run's result as its last lines, release the run directory."""
     from coevo.report.result import result_lines, run_result
     from coevo.report.summary import write_report

@@ -11,13 +11,26 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from coevo.agent.policy import Policy
 from coevo.config.mode import Mode
 from coevo.config.schema import EvolutionConfig, TrainConfig
 from coevo.errors import UsageError
 from coevo.loop.config_check import SCRIPTED_MODELS
 from coevo.loop.schedule import Processes, Schedule, Training
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from coevo.agent.rollouts import RolloutService
+    from coevo.agent.trace import Trace
+    from coevo.envs.base import Env, Task
+    from coevo.evolution.critic import Critic
+    from coevo.evolution.engine import AEGIS
+    from coevo.evolution.meta_agent import MetaAgent
+    from coevo.harness.harness import Harness
+    from coevo.trainers.grpo import GRPOTrainer
 
 
 @dataclass(frozen=True)
@@ -29,11 +42,11 @@ class Models:
 
     generating: Any | None
     tokenizer: Any | None
-    trainer: Any | None
+    trainer: GRPOTrainer | None
     sharded: bool
 
 
-def build_models(cfg: TrainConfig, mode: Mode, accelerator: Any, reshard_after_forward: bool | None) -> Models:
+def build_models(cfg: TrainConfig, mode: Mode, accelerator: Accelerator, reshard_after_forward: bool | None) -> Models:
     """Load the model (LoRA when it trains), wrap it in the trainer, and keep the copy rollouts use."""
     from coevo.policy.load import load_model
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
@@ -59,7 +72,8 @@ def build_models(cfg: TrainConfig, mode: Mode, accelerator: Any, reshard_after_f
     return Models(rollout_copy or trainer.unwrapped, tok, trainer, sharded)
 
 
-def build_rollout_policy(cfg: TrainConfig, env: Any, models: Models, *, generates: bool) -> tuple[Any, Any]:
+def build_rollout_policy(cfg: TrainConfig, env: Env, models: Models, *,
+                         generates: bool) -> tuple[Policy, Callable[[], None] | None]:
     """(policy, sync): the model's policy, or a scripted one without weights; ``sync()`` pushes the
     trained weights to it (None where generation uses the trained model object itself)."""
     if models.generating is None:
@@ -73,7 +87,8 @@ def build_rollout_policy(cfg: TrainConfig, env: Any, models: Models, *, generate
     return policy, sync
 
 
-def build_policy(cfg: TrainConfig, model: Any, tok: Any, *, generates: bool = True) -> tuple[Any, Any]:
+def build_policy(cfg: TrainConfig, model: Any, tok: Any, *,
+                 generates: bool = True) -> tuple[Policy, Callable[[], None] | None]:
     """(policy, sync) where ``sync()`` pushes the trained weights to the rollout engine. A rank that
     does not generate (``generates=False``: rank > 0) gets an idle vLLM engine, not one of its own."""
     from coevo.policy.hf import TransformersPolicy
@@ -118,7 +133,7 @@ def gathered_sync(sharded_model: Any, rollout_model: Any | None) -> Callable[[],
     return sync
 
 
-def scripted_policy(name: str, env: Any, env_name: str, *, delegate: bool = False) -> Any:
+def scripted_policy(name: str, env: Env, env_name: str, *, delegate: bool = False) -> Policy:
     """A policy without weights (``SCRIPTED_MODELS``) for ``env`` (``env_name``: as the config or
     ``--env`` names it): ``scripted``, the env's scripted solver, or ``gold``, its tasks' own gold
     actions (``coevo.agent.gold``; with ``delegate``, as a lead handing them to specialists by
@@ -140,7 +155,7 @@ def scripted_policy(name: str, env: Any, env_name: str, *, delegate: bool = Fals
     return ScriptedPolicy(solver, model_version=f"scripted-{env.name}")
 
 
-def start_harness(cfg: TrainConfig) -> Any:
+def start_harness(cfg: TrainConfig) -> Harness:
     """The starting harness with the rollout's sampling settings written into it."""
     from coevo.harness.defaults import BUILTIN_HARNESSES, with_step_cap
     from coevo.harness.harness import Harness
@@ -169,8 +184,8 @@ def start_harness(cfg: TrainConfig) -> Any:
     return h
 
 
-def build_aegis(cfg: TrainConfig, start: Any, rollouts: Any, meta: Any, *, tasks: dict[str, Any],
-                references: dict[str, Any], tools: list[str]) -> Any:
+def build_aegis(cfg: TrainConfig, start: Harness, rollouts: RolloutService, meta: MetaAgent, *,
+                tasks: dict[str, Task], references: dict[str, Trace], tools: list[str]) -> AEGIS:
     """AEGIS over the train tasks: the meta-agent proposes, the Critic of ``evolution.*`` judges, and
     ``evolution.patience`` rounds without a shipped edit end the search."""
     from coevo.evolution.engine import AEGIS
@@ -183,14 +198,14 @@ def build_aegis(cfg: TrainConfig, start: Any, rollouts: Any, meta: Any, *, tasks
                  patience=Patience(rounds=e.patience) if e.patience is not None else None)
 
 
-def make_critic(e: EvolutionConfig, rollout: Any) -> Any:
+def make_critic(e: EvolutionConfig, rollout: Any) -> Critic:
     """The Critic of ``evolution.*`` over ``rollout`` (also used by scripts/gate_quality.py)."""
     from coevo.evolution.critic import Critic
 
     return Critic(rollout, k=e.critic_attempts, gate=e.gate, delta=e.delta, n_tasks=e.stat_tasks, budget=e.stat_budget)
 
 
-def build_meta(cfg: TrainConfig, run_dir: Path) -> Any:
+def build_meta(cfg: TrainConfig, run_dir: Path) -> MetaAgent:
     from coevo.meta import make_meta_agent
 
     m = cfg.meta_agent
@@ -231,7 +246,7 @@ def build_training(cfg: TrainConfig, models: Models, run_dir: Path, *, is_main: 
                     critic_traces=cfg.buffer.critic_traces, logprob_fn=behaviour)
 
 
-def build_processes(accelerator: Any, policy: Any, sync: Callable[[], None] | None) -> Processes:
+def build_processes(accelerator: Accelerator, policy: Policy, sync: Callable[[], None] | None) -> Processes:
     """How the launch's processes share the loop: rank 0's objects broadcast, the weight sync, and the
     rollout engine's release before each step (a vLLM engine sleeps, the transformers policy drops its
     prefix cache)."""
