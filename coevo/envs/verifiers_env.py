@@ -26,6 +26,7 @@ each session runs the env's coroutines on its own event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Any
 
@@ -180,6 +181,7 @@ class VerifiersSession:
             self._loop.close()
 
 
+@functools.cache
 def _client_class(vf: Any) -> type:
     """A concrete verifiers ``Client`` whose every model method refuses (see ``_NoModel``)."""
 
