@@ -85,7 +85,8 @@ def main() -> None:
             trainer.step(chosen)
             figures[name].append(time.perf_counter() - start)
     for name, values in figures.items():
-        print(f"GRPO step ({args.micro_batch_size} rows a micro-batch), {name}: " + ", ".join(f"{v:.1f} s" for v in values))
+        times = ", ".join(f"{v:.1f} s" for v in values)
+        print(f"GRPO step ({args.micro_batch_size} rows a micro-batch), {name}: {times}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Everything but the model and the env comes from the composed main-job config (``
 plus the overrides after ``--``): the starting harness as ``coevo.loop.builders.start_harness`` builds it,
 the round batch (``batch_tasks`` tasks × ``rollout.attempts``), episode limits, and the Critic of
 ``evolution.*`` (``coevo.loop.builders.make_critic``): the statistical gate (``evolution=stat``) with its
-default budget unless overridden (``-- evolution=seesaw`` measures HarnessX's gate). The planted edits, each a proposal judged against the starting harness:
+default budget unless overridden (``-- evolution=seesaw`` measures HarnessX's gate). The planted edits,
+each a proposal judged against the starting harness:
 
 - helpful: the forced calculator call (a ``tool_choice`` processor) with two multi-turn calculator
   demonstrations (the task, the tool call, the tool result turn, the answer) from gold references of

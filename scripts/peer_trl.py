@@ -217,7 +217,8 @@ def score(env: Any, harness: Any, task: Any, text: str) -> tuple[float, bool, li
     return trace.reward, trace.passed, [dict(m) for m in policy.requests[0].messages]
 
 
-def coevo_reward(env: Any, harness: Any, tasks: dict[str, Any], calls: list[dict[str, Any]]) -> Callable[..., list[float]]:
+def coevo_reward(env: Any, harness: Any, tasks: dict[str, Any],
+                 calls: list[dict[str, Any]]) -> Callable[..., list[float]]:
     """TRL's reward function: ``score`` of each completion; it checks that TRL prompted with the
     chat the harness builds, and logs each call (one per generation batch, i.e. per step)."""
 
@@ -303,8 +304,8 @@ def run_coevo(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         run(cfg)
     wall = time.perf_counter() - began
     rows = [coevo_row(record) for record in load_run(run_dir).records]
-    result = {"rows": rows, "wall_s": wall, "lora_change": adapter_change(seen["initial"], adapter_state(seen["model"])),
-              "run_dir": str(run_dir)}
+    change = adapter_change(seen["initial"], adapter_state(seen["model"]))
+    result = {"rows": rows, "wall_s": wall, "lora_change": change, "run_dir": str(run_dir)}
     seen.pop("model")  # frees the trained model before the TRL arm loads its own
     return result, seen["initial"]
 

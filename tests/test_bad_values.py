@@ -80,14 +80,17 @@ def test_batch_tasks_beyond_the_buffer_names_batch_tasks_and_the_capacity_that_b
 
 
 def test_dynamic_sampling_reserves_room_in_the_buffer_for_its_extra_tasks():
-    check(compose_cfg(["batch_tasks=200", "rollout.attempts=2", "rollout.signal_groups=4", "rollout.max_extra_tasks=56"]))  # 256 x 2 = 512
+    # (200 + 56) tasks x 2 attempts = 512 traces: just fits
+    check(compose_cfg(["batch_tasks=200", "rollout.attempts=2", "rollout.signal_groups=4",
+                       "rollout.max_extra_tasks=56"]))
     with pytest.raises(ValueError) as info:
         check(compose_cfg(["batch_tasks=200", "rollout.attempts=2", "rollout.signal_groups=4",
                            "rollout.max_extra_tasks=57"]))
     message = str(info.value)
     assert message.startswith("config batch_tasks=200 must be <= 199"), message
     assert "rollout.max_extra_tasks=57" in message and "= 514 traces" in message, message
-    check(compose_cfg(["batch_tasks=200", "rollout.attempts=2", "rollout.max_extra_tasks=57"]))  # off: the reserve takes no room
+    # dynamic sampling off: the reserve takes no room
+    check(compose_cfg(["batch_tasks=200", "rollout.attempts=2", "rollout.max_extra_tasks=57"]))
     for bad in ("rollout.signal_groups=0", "rollout.max_extra_tasks=-1"):
         with pytest.raises(ValueError, match=bad.split("=")[0].replace(".", r"\.")):
             check(compose_cfg([bad]))

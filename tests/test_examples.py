@@ -377,8 +377,9 @@ def test_a_bad_env_config_names_the_field_and_the_allowed_forms():
 @pytest.mark.slow
 def test_train_py_runs_a_round_on_the_env(tmp_path):
     overrides = ["~env", f"env.name={COUNTDOWN}", "+env.args.n_tasks=30", "model=tiny", "trainer=grpo",
-                 "harness=lenient", "rounds=1", "batch_tasks=2", "rollout.attempts=2", "val_limit=2", "rollout.max_new_tokens=16",
-                 "rollout.keep_truncated=true", "rollout.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"]
+                 "harness=lenient", "rounds=1", "batch_tasks=2", "rollout.attempts=2", "val_limit=2",
+                 "rollout.max_new_tokens=16", "rollout.keep_truncated=true", "rollout.max_steps=2",
+                 f"hydra.run.dir={tmp_path / 'run'}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
@@ -491,7 +492,8 @@ def test_accelerate_config_checks_refuse_keys_and_values_accelerate_would_not_ta
 
     text = (ACCELERATE_CONFIGS / "fsdp2.yaml").read_text()
     for bad, match in ((text.replace("fsdp_version: 2", "fsdp_version: 3"), "fsdp_version"),
-                       (text.replace("fsdp_reshard_after_forward", "fsdp_reshard_after_fwd"), "not an accelerate launch"),
+                       (text.replace("fsdp_reshard_after_forward", "fsdp_reshard_after_fwd"),
+                        "not an accelerate launch"),
                        (text + "num_gpus: 8\n", "unknown keys")):
         path = tmp_path / "bad.yaml"
         path.write_text(bad)

@@ -87,13 +87,6 @@ def _capabilities(row: dict[str, Any]) -> tuple[str, ...]:
     return (f"skill:{skill}",) if isinstance(skill, str) and skill else ()
 
 
-class _NoModel:
-    """Stands in for the verifiers client in ``init_state``: coevo's runtime calls the model."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(f"{NOT_HERE} (asked for {name!r})")
-
-
 class VerifiersSession:
     """One rollout of a verifiers environment, driven by coevo's runtime one action at a time."""
 
@@ -103,7 +96,7 @@ class VerifiersSession:
         self._loop = asyncio.new_event_loop()
         try:
             row = dict(task.metadata["row"])
-            client = _client_class(vf)(_NoModel())
+            client = _client_class(vf)(None)  # init_state wants a client; coevo never lets it call
             self.state = self._run(vf_env.init_state(row, client, "coevo"))
             self.state = self._run(vf_env.setup_state(self.state)) or self.state
         except BaseException:
@@ -183,7 +176,8 @@ class VerifiersSession:
 
 @functools.cache
 def _client_class(vf: Any) -> type:
-    """A concrete verifiers ``Client`` whose every model method refuses (see ``_NoModel``)."""
+    """A concrete verifiers ``Client`` for ``init_state`` whose every model method refuses: coevo's
+    runtime calls the model, the session only records what it generated."""
 
     async def refuse(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(NOT_HERE)

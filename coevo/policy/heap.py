@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Callable
 
 
 @functools.cache
-def _malloc_trim() -> ctypes._CFuncPtr | None:
+def _malloc_trim() -> Callable[[int], int] | None:
     try:
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):

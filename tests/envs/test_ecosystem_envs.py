@@ -31,9 +31,15 @@ def episodes(env, solver, tasks, harness="base", max_steps=8):
     return service.run(BUILTIN_HARNESSES[harness](), tasks, attempts=1, phase=None).traces
 
 
+def _operands(messages) -> tuple[int, int, int]:
+    """a, b, c of "What is a times b, plus c?" (the first user message)."""
+    a, b, c = map(int, re.findall(r"\d+", next(m["content"] for m in messages if m["role"] == "user"))[:3])
+    return a, b, c
+
+
 def arithmetic_with_tools(messages) -> str:
     """multiply(a, b), then add(product, c), then the sum as the answer: what the ToolEnv's tools are for."""
-    a, b, c = map(int, re.findall(r"\d+", next(m["content"] for m in messages if m["role"] == "user"))[:3])
+    a, b, c = _operands(messages)
     results = [m["content"] for m in messages if m["role"] == "tool"]
     if not results:
         return f'<tool_call>{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
@@ -145,14 +151,15 @@ def test_a_skyrl_gym_env_steps_on_each_reply_and_keeps_its_outcome_reward(tmp_pa
 def test_skyrl_gym_episodes_under_the_plain_text_harness():
     env = ENVS["skyrl_gym"](rows=GSM8K_ROWS, env_class="gsm8k")
     tasks = env.tasks("train")[:5]
-    traces = episodes(env, lambda m: f"Multiply, then add.\n#### {eval(_sum(m))}", tasks, harness="function_calling")
+    traces = episodes(env, lambda m: f"Multiply, then add.\n#### {_times_plus(m)}", tasks, harness="function_calling")
     assert all(t.passed and t.final_answer.startswith("Multiply") for t in traces), [t.error for t in traces]
     assert all(t.capabilities == ("skill:times_plus",) for t in tasks)
 
 
-def _sum(messages) -> str:
-    a, b, c = re.findall(r"\d+", next(m["content"] for m in messages if m["role"] == "user"))[:3]
-    return f"{a}*{b}+{c}"
+def _times_plus(messages) -> int:
+    """a * b + c of the task's question (the gold arithmetic)."""
+    a, b, c = _operands(messages)
+    return a * b + c
 
 
 def test_an_unregistered_skyrl_class_names_the_registered_ones():

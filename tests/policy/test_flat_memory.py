@@ -110,7 +110,8 @@ def test_the_prefix_cache_gives_way_so_cache_and_batch_stay_within_one_budget(mo
         held.append(shared.cache.nbytes // per_token + batch)
         return original(model, prompts, past, max_new_tokens=max_new_tokens, keep_from=keep_from, **kwargs)
 
-    unrelated = [ChatRequest([{"role": "user", "content": f"{word} " * 90}], SAMPLINGS[0]) for word in ("alpha", "beta")]
+    unrelated = [ChatRequest([{"role": "user", "content": f"{word} " * 90}], SAMPLINGS[0])
+                 for word in ("alpha", "beta")]
     shared.generate(unrelated)  # states no later call reads: the first to give way
     assert shared.cache.nbytes > 0
     monkeypatch.setattr(hf_module, "decode", spy)

@@ -14,7 +14,8 @@ from coevo.policy.tiny import tiny_model, tiny_policy, tiny_tokenizer
 MSGS = [
     [{"role": "system", "content": "You solve problems."}, {"role": "user", "content": "What is 2 + 3?"}],
     [{"role": "user", "content": "Count to 5."}],
-    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "tool", "name": "calc", "content": "42"}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+     {"role": "tool", "name": "calc", "content": "42"}],
 ]
 
 
