@@ -24,7 +24,6 @@ from coevo.evolution.critic import Critic
 from coevo.evolution.digest import digest
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.meta_agent import PlanContext
-from coevo.evolution.types import Cluster
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.errors import CompositionError
@@ -36,6 +35,7 @@ from coevo.harness.processor import Param, Processor
 from coevo.meta.drafts import Draft, Template, find_kind, insert_edit
 from coevo.meta.rule import RuleMetaAgent
 from coevo.meta.templates import CATALOGUE, TEMPLATES
+from coevo.rundir.evolve_records import Cluster
 
 REMINDER = "You have used your tool calls for this task. Give your final answer now as <answer>...</answer>."
 
@@ -164,7 +164,7 @@ def main() -> dict[str, Any]:
                   max_proposals=1)
     harnesses, variants = aegis.routed(train)
     round_traces = rollouts.run(harnesses, train, attempts=1, phase=None, variant=variants).traces
-    report = aegis.evolve(round_traces, round=0)
+    report, _ = aegis.evolve(round_traces, round=0)
     print("AEGIS verdict:", [(v.gate, v.reason) for v in report.verdicts], "-> shipped", report.shipped)
     return {"refusals": refusals, "causes": [c.cause for c in found.clusters], "proposal": proposal,
             "evolved": evolved, "reloaded": reloaded, "before": before, "after": after, "blocked": blocked,

@@ -220,11 +220,11 @@ def tiny_setup(overrides: Sequence[str]) -> Setup:
 
 def planted_edits(start: Any, demos: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """The three proposals, as the rule meta-agent would write them."""
-    from coevo.evolution.types import Proposal
     from coevo.harness.edits import apply_edit
     from coevo.harness.library import FewShotDemos, ToolChoice
     from coevo.meta.drafts import flatten, insert_edit, set_edit
     from coevo.meta.templates import demo_tools
+    from coevo.rundir.evolve_records import Proposal
 
     tools = sorted(set().union(*map(demo_tools, demos)))
     forced = insert_edit(start, ToolChoice(tool=tools[0] if len(tools) == 1 else ""))
@@ -260,6 +260,7 @@ def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> 
     from coevo.agent.rollouts import RolloutService
     from coevo.evolution.meta_agent import demo_question
     from coevo.loop.builders import make_critic
+    from coevo.rundir.evolve_records import Evidence
 
     cfg = setup.cfg
     quoted = quoted_tasks(proposal, setup)
@@ -286,10 +287,10 @@ def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> 
         if verdict.gate in ("build", "quality"):
             raise RuntimeError(f"the planted {edit} edit did not reach the gate: {verdict.reason}")
         decision = "ship" if verdict.ship else "undecided" if verdict.undecided else "reject"
-        ev = verdict.evidence or {}
+        ev = verdict.evidence or Evidence(pairs=0, wins=0, losses=0)
         run.decisions.append(Decision(
-            decision, critic.reruns - episodes, time.perf_counter() - tick, int(ev.get("wins", 0)),
-            int(ev.get("losses", 0)), int(ev.get("pairs", 0)), sum(sum(v) for v in verdict.before.values()),
+            decision, critic.reruns - episodes, time.perf_counter() - tick, ev.wins, ev.losses, ev.pairs,
+            sum(sum(v) for v in verdict.before.values()),
             sum(sum(v) for v in verdict.after.values()), verdict.reason))
         d = run.decisions[-1]
         print(f"  [{edit} seed {seed}] judgement {r + 1}: {decision}, {d.episodes} episodes, {d.wins} wins / "

@@ -10,7 +10,7 @@ from coevo.agent.rollouts import RolloutService
 from coevo.agent.trace import Trace
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
-from coevo.evolution.types import EvolveReport
+from coevo.rundir.evolve_records import EvolveReport
 
 
 def service(policy: Any, env: Any, *, max_steps: int = 6, batch_size: int = 32, workers: int = 8,
@@ -29,7 +29,7 @@ def evolve_round(aegis: AEGIS, tasks: Sequence[Task], policy: Any, env: Any, *, 
     harnesses, variants = aegis.routed(tasks)
     traces = service(policy, env, **limits).run(harnesses, tasks, attempts=attempts, phase=None,
                                                 variant=variants).traces
-    return traces, aegis.evolve(traces, round=round)
+    return traces, aegis.evolve(traces, round=round)[0]
 
 
 def routed_pass_rate(aegis: AEGIS, tasks: Sequence[Task], policy: Any, env: Any, *, attempts: int = 1,

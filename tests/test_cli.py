@@ -129,17 +129,17 @@ def test_evolve_with_a_scripted_policy_writes_rounds_harnesses_and_summary(tmp_p
 def test_evolve_summary_reports_pass_at_1_and_k_and_every_verdict():
     from types import SimpleNamespace
 
-    from coevo.evolution.types import Proposal, Verdict
     from coevo.harness.edits import Edit
     from coevo.report.data import Run
     from coevo.report.evolve_summary import evolve_markdown, evolve_summary
-    from coevo.rundir.records import Evaluation, StartRecord, VerdictRecord
+    from coevo.rundir.evolve_records import Proposal, Verdict
+    from coevo.rundir.records import Evaluation, StartRecord
 
-    def verdict(ship: bool, reason: str) -> VerdictRecord:
+    def verdict(ship: bool, reason: str) -> Verdict:
         proposal = Proposal(hypothesis="h", edits=[Edit("set_param", "sampling", param="temperature", value=0.1)],
                             dimension="model_selection", cluster="format_error")
-        return VerdictRecord.from_dict(Verdict(proposal, "p", "c", "base", ship, reason, gate="seesaw", round=1,
-                                               fail_to_pass=["a"] if ship else []).to_dict())
+        return Verdict(proposal, "p", "c", "base", ship, reason, gate="seesaw", round=1,
+                       fail_to_pass=["a"] if ship else [])
 
     def evaluation(outcomes: dict) -> Evaluation:
         return Evaluation(0.0, 0.0, 2, outcomes)  # the summary computes the rates from the outcomes

@@ -154,9 +154,10 @@ def test_a_model_name_that_is_neither_built_in_nor_a_directory_names_the_field(t
 
 # ---------------------------------------------------------------------------- unreachable endpoints
 def test_an_unreachable_meta_agent_endpoint_names_the_url_and_the_timeout():
-    from coevo.evolution.types import IMPLICATED, Cluster, Digest
+    from coevo.evolution.types import IMPLICATED
     from coevo.harness.defaults import base_harness
     from coevo.meta import LLMConnectionError, LLMMetaAgent, OpenAIClient, PlanContext
+    from coevo.rundir.evolve_records import Cluster, Digest
 
     url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     agent = LLMMetaAgent(OpenAIClient(url, "some-model", timeout_s=0.5, request_retries=0))

@@ -106,7 +106,7 @@ def test_no_gold_answer_of_a_task_still_to_train_validate_or_test_on_enters_any_
     for r, record in enumerate(records):
         still = {t.task_id for b in coevo_loop.batches[r:] for t in b} | {t.task_id for t in every
                                                                           if t.split != "train"}
-        edits = [v.edits for v in record.verdicts]
+        edits = [v.proposal.edits for v in record.verdicts]
         assert edits, f"round {r} judged no proposal"
         for proposal in edits:
             text = edit_text(proposal, None)  # everything the edits carry: prompts, demonstration turns

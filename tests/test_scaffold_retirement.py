@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from coevo.buffers import ReplayBuffer
 
 import coevo
 from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.trace import ToolCallRecord, Trace
-from coevo.buffers import ReplayBuffer
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.envs.load import make_env
 from coevo.evolution.critic import Critic
@@ -20,7 +20,6 @@ from coevo.evolution.digest import scaffold_evidence
 from coevo.evolution.engine import AEGIS
 from coevo.evolution.meta_agent import PlanContext
 from coevo.evolution.reference import gold_reference
-from coevo.evolution.types import Digest, Proposal, ScaffoldEvidence
 from coevo.harness.defaults import base_harness
 from coevo.harness.edit_record import Edit
 from coevo.harness.edits import apply_edit
@@ -39,10 +38,11 @@ from coevo.harness.scaffold import (
 from coevo.loop.round_plan import round_batches
 from coevo.meta.retire import ready
 from coevo.meta.rule import RuleMetaAgent
+from coevo.rundir.evolve_records import Digest, EvolveReport, Proposal, ScaffoldEvidence
 from tests.aegis_helpers import critic_rollout, service
 from tests.evolution.test_engine import solve
-from tests.test_loop import killed_in_round_1_and_resumed, records, smoke, weights
 from tests.test_config import compose_cfg
+from tests.test_loop import killed_in_round_1_and_resumed, records, smoke, weights
 
 ROOT = Path(__file__).resolve().parents[1]
 SCAFFOLDED = ROOT / "examples" / "harnesses" / "lenient_tool_choice_demos.yaml"
@@ -158,7 +158,7 @@ def _round(aegis: AEGIS, policy, env, tasks):
     traces = rollouts.run(harnesses, tasks, attempts=1, phase=None, variant=variants).traces
     bare = rollouts.run([without_outer_scaffold(h) for h in harnesses], tasks, attempts=1, phase=None,
                         variant="unscaffolded").traces
-    return aegis.evolve(traces, round=0, unscaffolded=bare)
+    return aegis.evolve(traces, round=0, unscaffolded=bare)[0]
 
 
 @pytest.mark.parametrize("learned", [True, False])
@@ -198,12 +198,10 @@ def test_a_ready_retirement_is_judged_before_an_undecided_edit_waiting_for_its_s
 def test_a_removal_judged_by_the_statistical_gate_is_recorded_with_its_noninferiority_evidence():
     """The stat gate judges a removal on the pass rate it may lose (no log LR): the round record
     holds that evidence, as every verdict's."""
-    from coevo.rundir.records import EvolveRecord
-
     env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
     report = _round(_aegis(env, ScriptedPolicy(solve), gate="stat"), ScriptedPolicy(solve), env, env.tasks("train")[:6])
-    (verdict,) = EvolveRecord.from_dict(report.to_dict()).verdicts
-    assert [e["op"] for e in verdict.proposal["edits"]] == ["remove"]
+    (verdict,) = EvolveReport.from_dict(report.to_dict()).verdicts
+    assert [e.op for e in verdict.proposal.edits] == ["remove"]
     evidence = verdict.evidence
     assert evidence.noninferiority and evidence.log_lr is None and evidence.losses == 0
     assert evidence.margin == pytest.approx(0.1) and 0 <= evidence.harm_bound <= 1
@@ -221,7 +219,7 @@ def test_a_demonstration_shed_is_judged_as_a_removal_and_ships_when_nothing_is_l
     assert dig.scaffold.scaffold == ["few_shot (its last demonstration)"]
     (verdict,) = report.verdicts
     assert [(e.op, e.param) for e in verdict.proposal.edits] == [("set_param", "turns")]
-    assert verdict.ship and verdict.evidence["noninferiority"]
+    assert verdict.ship and verdict.evidence.noninferiority
     assert demonstration_count(aegis.harness("base")) == 1
 
 

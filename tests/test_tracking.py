@@ -15,16 +15,7 @@ from typing import Any
 import pytest
 
 from coevo.evolution.meta_agent import TokenLedger
-from coevo.evolution.types import (
-    IMPLICATED,
-    Cluster,
-    Digest,
-    EvolveReport,
-    HarnessEvent,
-    Proposal,
-    QualityReport,
-    Verdict,
-)
+from coevo.evolution.types import IMPLICATED
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
 from coevo.report.tracking import (
@@ -40,6 +31,7 @@ from coevo.report.tracking import (
     run_id_for,
     scrub,
 )
+from coevo.rundir.evolve_records import Cluster, Digest, EvolveReport, Proposal, QualityReport, Verdict
 from coevo.rundir.records import RoundRecord
 
 PLANTED_KEY = "sk-coevo-test-" + "q" * 32  # a fake API key, planted in the environment and a config
@@ -85,7 +77,7 @@ def round_record(round: int = 1) -> RoundRecord:
             _verdict("base", False, "seesaw", "t3 regressed", ["t1"], ["t3"]),
             _verdict("v1", False, "quality", "leaks the answer", [], []),
         ],
-        events=[HarnessEvent("shipped", round, "base", base_harness(), "p0")], warnings=["drift"], stopped=None,
+        shipped=[base_harness().id], warnings=["drift"], stopped=None,
         seconds={"digest": 0.1},
     )
     return RoundRecord.from_dict({

@@ -34,7 +34,7 @@ import hashlib
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coevo.agent.outcomes import pass_at_k
@@ -57,9 +57,9 @@ from coevo.evolution.stat_gate import (
     stat_gate,
     stat_thresholds,
 )
-from coevo.evolution.types import Proposal, QualityReport, Verdict
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import without_outer_scaffold
+from coevo.rundir.evolve_records import Proposal, QualityReport, Verdict
 
 log = logging.getLogger("coevo.evolution")
 
@@ -97,7 +97,7 @@ class RecentBatch:
 
 
 @dataclass
-class Evidence:
+class PooledPairs:
     """The paired attempts of one candidate against its parent, pooled over every judgement."""
 
     pairs: dict[str, list[Pair]] = field(default_factory=dict)  # task id → (parent, candidate) per attempt
@@ -113,7 +113,7 @@ class Evidence:
                 "judged": self.judged}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Evidence:
+    def from_dict(cls, data: Mapping[str, Any]) -> PooledPairs:
         pairs = {t: [(bool(a), bool(b)) for a, b in ps] for t, ps in data["pairs"].items()}
         return cls(pairs, int(data["episodes"]), int(data["judged"]))
 
@@ -157,7 +157,7 @@ class Critic:
     max_episodes: int = STAT_MAX_EPISODES
     confirm_attempts: int = STAT_CONFIRM_ATTEMPTS
     reruns: int = field(default=0, init=False)  # episodes the critic has run (cost accounting)
-    evidence: dict[str, Evidence] = field(default_factory=dict, init=False)  # "parent>candidate" → pooled pairs
+    evidence: dict[str, PooledPairs] = field(default_factory=dict, init=False)  # "parent>candidate" → pooled pairs
 
     def __post_init__(self) -> None:
         if self.gate not in GATES:
@@ -277,7 +277,7 @@ class Critic:
                              win_share=self.win_share, exhausted=exhausted)
 
         key = f"{parent.id}>{candidate.id}"
-        pooled = self.evidence.setdefault(key, Evidence())
+        pooled = self.evidence.setdefault(key, PooledPairs())
         pooled.judged += 1
         by_id = {t.task_id: t for t in tasks}
         spent = infra = 0
@@ -321,11 +321,10 @@ class Critic:
         verdict.pass_to_fail = sorted(confirmed)
         verdict.ship, verdict.undecided = result.decision == "ship", result.decision == "undecided"
         verdict.gate = "stat"
-        verdict.evidence = {
-            **result.evidence, "decision": result.decision, "episodes": spent, "budget": self.budget,
-            "pooled_episodes": pooled.episodes, "max_episodes": self.max_episodes, "judged": pooled.judged,
-            "confirmations": confirmations, "infra_left_out": infra,
-        }
+        verdict.evidence = replace(
+            result.evidence, decision=result.decision, episodes=spent, budget=self.budget,
+            pooled_episodes=pooled.episodes, max_episodes=self.max_episodes, judged=pooled.judged,
+            confirmations=confirmations, infra_left_out=infra)
         verdict.reason = (f"{result.reason}; {spent}/{self.budget} episodes this time, {pooled.episodes} pooled "
                           f"over {pooled.judged} judgement(s)"
                           + (f"; {infra} pair(s) with an infrastructure failure left out" if infra else ""))
@@ -377,4 +376,4 @@ class Critic:
         return {"evidence": {key: ev.to_dict() for key, ev in self.evidence.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.evidence = {key: Evidence.from_dict(ev) for key, ev in state["evidence"].items()}
+        self.evidence = {key: PooledPairs.from_dict(ev) for key, ev in state["evidence"].items()}

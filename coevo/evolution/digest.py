@@ -62,7 +62,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from coevo.agent.rollouts import tool_use_rate
 from coevo.agent.trace import Trace
 from coevo.evolution.steps import Step, first_divergence, trace_steps
-from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Failure, ScaffoldEvidence
+from coevo.evolution.types import CAUSES, IMPLICATED, Failure
+from coevo.rundir.evolve_records import Cluster, Digest, ScaffoldEvidence
 
 EXCERPT_CHARS = 240
 CHARS_PER_TOKEN = 4

@@ -16,11 +16,11 @@ user's own): when a call to it fails, the variant goes without that round's prop
 rejected proposal without its revision), the failure is one of the round's ``warnings``, and the
 run goes on.
 
-What happened to the harnesses comes back as ``HarnessEvent``s (``start_events``, the report of
-``evolve``, ``select``, ``release``): callers record lineage from them and read the engine only
-through its methods (``current``, ``meta_tokens``). Rates measured outside the engine (a round's
-train and validation pass rates) come back in through ``observe_rates``, so the reward-hacking
-monitor (train up, validation down) sees every validation the caller runs.
+What happened to the harnesses comes back as ``HarnessEvent``s (``start_events``, ``evolve`` beside its
+report, ``select``, ``release``): callers record lineage from them and read the engine only through its
+methods (``current``, ``meta_tokens``). Rates measured outside the engine (a round's train and
+validation pass rates) come back in through ``observe_rates``, so the reward-hacking monitor (train up,
+validation down) sees every validation the caller runs.
 
 Everything a resumed run needs is in ``state_dict`` (plain JSON-able data).
 """
@@ -31,6 +31,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from coevo.agent.outcomes import pass_at_k
@@ -44,10 +45,12 @@ from coevo.evolution.meta_agent import MetaAgent, MetaAgentError, PlanContext, d
 from coevo.evolution.monitors import Monitors
 from coevo.evolution.pool import Patience, SnapshotPool
 from coevo.evolution.reference import fresh_demos
-from coevo.evolution.types import Digest, EvolveReport, HarnessEvent, Proposal, Verdict, edits_key
+from coevo.evolution.types import HarnessEvent
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
+from coevo.harness.edit_record import edits_key
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold
+from coevo.rundir.evolve_records import Digest, EvolveReport, Proposal, Verdict
 
 log = logging.getLogger("coevo.evolution")
 
@@ -93,9 +96,7 @@ class AEGIS:
         critic_pool: Mapping[str, Task] | None = None,
     ) -> None:
         self.meta, self.critic, self.tasks = meta, critic, dict(tasks)
-        self.critic_pool = dict(critic_pool or {})
-        self.references = dict(references or {})
-        self.tools = list(tools)
+        self.critic_pool, self.references, self.tools = dict(critic_pool or {}), dict(references or {}), list(tools)
         self.variants = VariantSet(base, max_variants=max_variants)
         self.max_proposals, self.patience, self.router = max_proposals, patience, router
         self.pool = SnapshotPool()
@@ -157,8 +158,9 @@ class AEGIS:
 
     # ------------------------------------------------------------------ one round
     def evolve(self, traces: Sequence[Trace], *, round: int, withheld: Collection[str] = (),
-               unscaffolded: Sequence[Trace] = ()) -> EvolveReport:
-        """Digest, propose, judge and ship, per variant, from this round's traces.
+               unscaffolded: Sequence[Trace] = ()) -> tuple[EvolveReport, list[HarnessEvent]]:
+        """Digest, propose, judge and ship, per variant, from this round's traces: the round's report
+        (what the run directory records) and the harness events (shipped, spawned, rejected).
 
         ``withheld``: task ids whose references must not become demonstrations this round besides
         the judged ones (the loop passes every task a remaining round trains on, and the
@@ -170,7 +172,7 @@ class AEGIS:
         (``coevo.harness.scaffold``); each variant's digest reports them (``Digest.scaffold``), and
         the Planner may propose retiring the scaffolding from them. They are no variant's traces.
         """
-        report = EvolveReport(round=round)
+        report, events = EvolveReport(round=round), []
         by_variant: dict[str, list[Trace]] = defaultdict(list)
         for t in traces:
             by_variant[t.variant].append(t)
@@ -200,7 +202,7 @@ class AEGIS:
                 report.warnings.append(f"variant {variant}: all {len(vtraces)} traces are infrastructure failures")
                 continue
             if stopped is None and (dig.n_failed or dig.scaffold is not None):
-                self._evolve_variant(variant, dig, dict(outcomes), report, set(withheld))
+                events += self._evolve_variant(variant, dig, dict(outcomes), report, set(withheld))
             self._remember_batch(variant, dict(outcomes))
             shipped = next((v for v in report.verdicts if v.ship and v.variant == variant), None)
             alerts = self.monitors.observe_round(
@@ -210,10 +212,10 @@ class AEGIS:
         if self.patience is not None:
             shipped = bool(report.shipped or report.spawned)
             report.stopped = self.patience.update(round_shipped=shipped, batch_accepted=shipped)
-        return report
+        return report, events
 
     def _evolve_variant(self, variant: str, dig: Digest, before: dict[str, list[bool]], report: EvolveReport,
-                        withheld: set[str]) -> None:
+                        withheld: set[str]) -> list[HarnessEvent]:
         parent = self.variants.harnesses[variant]
         exclude = set(before) | withheld
         context = PlanContext(
@@ -239,6 +241,7 @@ class AEGIS:
         extra = {tid: t for tid, t in self.critic_pool.items()
                  if tid not in before and (tid not in self.references or tid in exclude)}
         recent = [RecentBatch([self.tasks[t] for t in ids], score) for ids, score in self.recent[variant]]
+        events: list[HarnessEvent] = []
         for proposal in proposals:
             proposal.variant = variant
             verdict, candidate = self._judge_with_revisions(proposal, parent, dig, context, before, tasks, recent,
@@ -249,18 +252,18 @@ class AEGIS:
                 self.variants.harnesses[variant] = candidate
                 self.variants.record(variant, verdict.after)
                 self.pool.add(candidate, round=report.round, variant=variant, score=pass_at_k(verdict.after))
-                report.events.append(HarnessEvent.from_verdict("shipped", verdict, candidate))
-                return
+                report.shipped.append(candidate.id)
+                return events + [HarnessEvent.from_verdict("shipped", verdict, candidate)]
             if (candidate is not None and verdict.fail_to_pass and verdict.pass_to_fail
                     and self.variants.can_spawn()):
                 name = self.variants.spawn(candidate, {t: verdict.after[t] for t in verdict.fail_to_pass})
                 self.pool.add(candidate, round=report.round, variant=name, score=pass_at_k(verdict.after))
-                spawned = HarnessEvent.from_verdict("spawned", verdict, candidate)
-                spawned.variant = name
-                report.events.append(spawned)
+                events.append(replace(HarnessEvent.from_verdict("spawned", verdict, candidate), variant=name))
+                report.spawned.append(name)
                 verdict.reason += f"; kept as variant {name} for {', '.join(verdict.fail_to_pass)}"
             elif not verdict.undecided:
-                report.events.append(HarnessEvent.from_verdict("rejected", verdict, candidate))
+                events.append(HarnessEvent.from_verdict("rejected", verdict, candidate))
+        return events
 
     def _judge_with_revisions(self, proposal: Proposal, parent: Harness, dig: Digest, context: PlanContext,
                               before: dict[str, list[bool]], tasks: dict[str, Task], recent: list[RecentBatch],

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from coevo.evolution.types import Proposal
 from coevo.harness.edits import apply_edit, check_proposed
 from coevo.harness.harness import Harness
+from coevo.rundir.evolve_records import Proposal
 
 
 class BuildError(ValueError):

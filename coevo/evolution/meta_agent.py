@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from coevo.config.schema import EvolutionConfig
-from coevo.evolution.types import Digest, Proposal
 from coevo.harness.events import Message
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import pair_demo
+from coevo.rundir.evolve_records import Digest, Proposal
 
 Demo = list[Message]
 """A worked demonstration as chat turns: the task (user), then assistant turns and tool turns as

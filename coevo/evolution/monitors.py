@@ -31,8 +31,8 @@ from coevo.evolution.pathologies import (
     reward_hacking_trend,
     ship_prediction,
 )
-from coevo.evolution.types import Verdict
 from coevo.harness.harness import Harness
+from coevo.rundir.evolve_records import Verdict
 
 LOG = logging.getLogger("coevo.evolution")
 

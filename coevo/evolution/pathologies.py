@@ -43,10 +43,10 @@ from typing import Any, NamedTuple
 
 from coevo.agent.outcomes import task_pass_at_k
 from coevo.evolution.added_text import Added, added_segments
-from coevo.evolution.types import Verdict
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import Dimension
+from coevo.rundir.evolve_records import Verdict
 
 DIMENSIONS = tuple(d.value for d in Dimension)
 SEVERITIES = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.CRITICAL}

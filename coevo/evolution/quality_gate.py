@@ -14,9 +14,9 @@ from typing import Any
 from coevo.evolution.added_text import edit_text
 from coevo.evolution.bloat import CHARS_PER_EXAMPLE, bloat
 from coevo.evolution.leakage import FINGERPRINT_CHARS, MIN_WORDS, NGRAM, leakage_detail
-from coevo.evolution.types import QualityReport
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
+from coevo.rundir.evolve_records import QualityReport
 
 # The gate's thresholds (the Critic's defaults; no config field: a run does not tune them).
 ETA_LEAK = 0.2

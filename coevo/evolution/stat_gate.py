@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from coevo.evolution.outcome_gates import TOLERANCE
+from coevo.rundir.evolve_records import Evidence
 
 # The gate's constants (the Critic's defaults; no config field: a run does not tune them).
 STAT_ALPHA = 0.1
@@ -102,7 +103,7 @@ def regression_confirmed(fresh: Sequence[Pair], alpha: float) -> bool:
 class StatResult(NamedTuple):
     decision: str  # one of STAT_DECISIONS
     reason: str
-    evidence: dict[str, Any]
+    evidence: Evidence  # every number the decision used
 
 
 def stat_gate(
@@ -119,18 +120,16 @@ def stat_gate(
     Order: a confirmed regression rejects; then ``LR ≥ 1/alpha`` ships; ``LR ≤ beta/(1 − alpha)``
     rejects (harm when the sign test on losses is significant at ``alpha``, else no effect); else
     undecided, or, when ``exhausted`` (the pooled evidence reached its cap), rejected for no effect.
-    The evidence dict holds every number the decision used."""
+    The evidence holds every number the decision used."""
     ship_at, reject_at = stat_thresholds(alpha, beta)
     c = pair_counts(p for task_pairs in pairs.values() for p in task_pairs)
     llr = log_likelihood_ratio(c.wins, c.losses, win_share)
     p_gain, p_harm = sign_test(c.wins, c.losses), sign_test(c.losses, c.wins)
-    evidence: dict[str, Any] = {
-        "tasks": sum(1 for v in pairs.values() if v), "pairs": c.pairs, "wins": c.wins, "losses": c.losses,
-        "both_pass": c.both, "both_fail": c.neither, "log_lr": llr, "ship_at": ship_at, "reject_at": reject_at,
-        "p_gain": p_gain, "p_harm": p_harm, "alpha": alpha, "beta": beta, "win_share": win_share,
-        "regressions": sorted(regressions),
-    }
-    counts = f"{c.wins} wins / {c.losses} losses in {c.pairs} paired attempts on {evidence['tasks']} task(s)"
+    evidence = Evidence(
+        tasks=sum(1 for v in pairs.values() if v), pairs=c.pairs, wins=c.wins, losses=c.losses, both_pass=c.both,
+        both_fail=c.neither, log_lr=llr, ship_at=ship_at, reject_at=reject_at, p_gain=p_gain, p_harm=p_harm,
+        alpha=alpha, beta=beta, win_share=win_share, regressions=sorted(regressions))
+    counts = f"{c.wins} wins / {c.losses} losses in {c.pairs} paired attempts on {evidence.tasks} task(s)"
     stat = f"log LR {llr:+.2f} (ship ≥ {ship_at:.2f}, reject ≤ {reject_at:.2f})"
     if regressions:
         return StatResult("reject", f"reject: confirmed regression on {sorted(regressions)} "
@@ -200,12 +199,11 @@ def noninferiority_gate(
     c = pair_counts(p for task_pairs in pairs.values() for p in task_pairs)
     bound = harm_upper_bound(c.wins, c.losses, c.pairs, alpha)
     harm_lower = -harm_upper_bound(c.losses, c.wins, c.pairs, alpha)  # the bound on the gain, from below
-    evidence: dict[str, Any] = {
-        "tasks": sum(1 for v in pairs.values() if v), "pairs": c.pairs, "wins": c.wins, "losses": c.losses,
-        "both_pass": c.both, "both_fail": c.neither, "harm_bound": bound, "harm_lower": harm_lower, "margin": margin,
-        "alpha": alpha, "regressions": sorted(regressions), "noninferiority": True,
-    }
-    counts = f"{c.wins} wins / {c.losses} losses in {c.pairs} paired attempts on {evidence['tasks']} task(s)"
+    evidence = Evidence(
+        tasks=sum(1 for v in pairs.values() if v), pairs=c.pairs, wins=c.wins, losses=c.losses, both_pass=c.both,
+        both_fail=c.neither, harm_bound=bound, harm_lower=harm_lower, margin=margin, alpha=alpha,
+        regressions=sorted(regressions), noninferiority=True)
+    counts = f"{c.wins} wins / {c.losses} losses in {c.pairs} paired attempts on {evidence.tasks} task(s)"
     stat = f"pass rate lost ≤ {100 * bound:.1f} points at {100 * (1 - alpha):.0f}% (margin {100 * margin:.0f})"
     if regressions:
         return StatResult("reject", f"reject: confirmed regression on {sorted(regressions)} "

@@ -8,6 +8,8 @@ It is plain data: ``coevo.harness.edits`` applies it (and re-exports it, the pub
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -48,3 +50,8 @@ class Edit:
             return f"set_param {self.processor}.{self.param}"
         kind = (self.spec or {}).get("kind", "")  # named only when the processor's name does not say it
         return f"{self.op} {self.processor}" + (f" ({kind})" if kind and kind != self.processor else "")
+
+
+def edits_key(edits: Sequence[Edit]) -> str:
+    """Identity of a change (its edits without their manifests): equal for equal changes."""
+    return json.dumps([e.to_dict() | {"manifest": None} for e in edits], sort_keys=True, default=str)

@@ -39,7 +39,7 @@ from coevo.buffers.logprobs import sampler_first
 from coevo.config.mode import Mode
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
-from coevo.evolution.types import EvolveReport, HarnessEvent
+from coevo.evolution.types import HarnessEvent
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import without_outer_scaffold
 from coevo.loop.round_grpo import (
@@ -60,6 +60,7 @@ from coevo.report.progress import ProgressDisplay
 from coevo.report.tracking import Tracker, edit_rows
 from coevo.rundir import checkpoint
 from coevo.rundir.check import buffer_next_seq, verify_run
+from coevo.rundir.evolve_records import EvolveReport
 from coevo.rundir.records import BufferStats, Evaluation, GRPOMetrics, RoundRecord, StartRecord
 from coevo.rundir.state import LoopState
 from coevo.safety.secrets import contains_secret
@@ -239,14 +240,14 @@ class Coevolution:
         train); at an epoch's end, the best snapshot on validation."""
         self.rollouts.begin_critic(r)  # the Critic's re-runs go on from here
         withheld = self.withheld(r)
-        evolved = self.aegis.evolve(traces, round=r, withheld=withheld, unscaffolded=bare)
+        evolved, events = self.aegis.evolve(traces, round=r, withheld=withheld, unscaffolded=bare)
         critic_ids: set[str] = set()
         if self.training is not None and self.training.critic_traces:
             with clock("logprobs"):
                 critic_ids = self._buffer_critic_traces(r, version, withheld)
         for key in ("digest", "plan", "critic"):
             clock.seconds[key] += evolved.seconds.get(key, 0.0)
-        self._lineage(evolved.events)
+        self._lineage(events)
         if self.val_tasks and (r - self.first + 1) % self.per_epoch == 0:  # epoch end: best snapshot on validation
             with clock("eval"):
                 self._lineage(self.aegis.select(lambda h: self._harness_pass_rate(h, self.val_tasks, r), round=r))

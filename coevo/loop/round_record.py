@@ -12,11 +12,10 @@ from typing import Any
 from coevo.agent.outcomes import task_outcomes
 from coevo.agent.rollouts import infra_failures, tool_use_rate, trace_tokens
 from coevo.agent.trace import Trace
-from coevo.evolution.types import EvolveReport
+from coevo.rundir.evolve_records import EvolveReport
 from coevo.rundir.records import (
     BufferStats,
     Evaluation,
-    EvolveRecord,
     GRPOMetrics,
     RoundRecord,
     TrainStats,
@@ -77,8 +76,7 @@ def round_record(r: int, mode: str, version: int, traces: Sequence[Trace], secon
         infra_failures=infra_failures(traces),
         variants=variants,
         by_variant={v: VariantStats(sum(t.passed for t in ts) / len(ts), len(ts)) for v, ts in by_variant.items()},
-        # the engine's report through its JSON form: verdicts and proposals as the run directory holds them
-        evolve=EvolveRecord.from_dict(evolved.to_dict()) if evolved else None,
+        evolve=evolved,
         grpo=grpo,
         meta_tokens=meta_tokens,
         buffer=buffer,

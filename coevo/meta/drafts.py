@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from coevo.evolution.meta_agent import Demo, PlanContext
-from coevo.evolution.types import Cluster
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.errors import CompositionError
 from coevo.harness.events import Message
 from coevo.harness.harness import Harness
 from coevo.harness.library import processor_class
 from coevo.harness.processor import Processor
+from coevo.rundir.evolve_records import Cluster
 
 Draft = tuple[str, list[Edit]]
 """What a template returns: the hypothesis and the edits that test it."""

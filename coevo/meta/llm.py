@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 
 from coevo.config.schema import MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgentError, PlanContext, TokenLedger
-from coevo.evolution.types import Digest, Proposal
 from coevo.harness.edits import Edit, apply_edit, check_proposed
 from coevo.harness.harness import Harness
 from coevo.meta.cache import CallCache
@@ -42,6 +41,7 @@ from coevo.meta.schema import (
     SCHEMAS,
     parse_reply,
 )
+from coevo.rundir.evolve_records import Digest, Proposal
 
 log = logging.getLogger("coevo.meta")
 

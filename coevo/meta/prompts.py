@@ -12,11 +12,11 @@ import json
 from typing import Any
 
 from coevo.evolution.meta_agent import PlanContext
-from coevo.evolution.types import Digest, Proposal
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import HOOK_ORDER
 from coevo.harness.library import PROCESSORS
 from coevo.meta.schema import PLAN_SCHEMA, PROPOSAL_SCHEMA, REVISE_SCHEMA, ROUTE_SCHEMA
+from coevo.rundir.evolve_records import Digest, Proposal
 from coevo.safety.secrets import REDACTED, contains_secret, redact_text, secret_env_values
 
 

@@ -12,10 +12,10 @@ the gate's bound.
 from __future__ import annotations
 
 from coevo.evolution.meta_agent import PlanContext
-from coevo.evolution.types import RETIRE_KEEP, RETIRE_TOOL_USE, Digest, Proposal, ScaffoldEvidence
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import Dimension
 from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold
+from coevo.rundir.evolve_records import RETIRE_KEEP, RETIRE_TOOL_USE, Digest, Proposal, ScaffoldEvidence
 
 
 def ready(evidence: ScaffoldEvidence | None, tool_use: float = RETIRE_TOOL_USE, keep: float = RETIRE_KEEP) -> bool:

@@ -17,13 +17,14 @@ from dataclasses import replace
 from typing import Any
 
 from coevo.evolution.meta_agent import Demo, PlanContext, TokenLedger
-from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Proposal
+from coevo.evolution.types import CAUSES, IMPLICATED
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import split_demos
 from coevo.meta.drafts import Draft, Template, applies, flatten
 from coevo.meta.retire import retirement
 from coevo.meta.templates import CATALOGUE, TEMPLATES, template_order
+from coevo.rundir.evolve_records import Cluster, Digest, Proposal
 
 
 # ------------------------------------------------------------------------------------- ordering

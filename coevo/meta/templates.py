@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 
 from coevo.evolution.meta_agent import Demo, PlanContext
-from coevo.evolution.types import CAUSES, Cluster
+from coevo.evolution.types import CAUSES
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.harness import Harness
 from coevo.harness.library import (
@@ -42,6 +42,7 @@ from coevo.harness.library import (
 from coevo.harness.library.context import pair_demo, split_demos
 from coevo.harness.processor import Processor
 from coevo.meta.drafts import Draft, Template, find_kind, flatten, fresh_name, insert_edit, set_edit
+from coevo.rundir.evolve_records import Cluster
 
 FORMAT_PROMPT = (
     "You are a careful problem solver working on {env} tasks. Think briefly, step by step.\n"

@@ -22,8 +22,8 @@ def evolve_summary(run: Any, start: Any, k: int, env_name: str) -> dict:
         (b1, bk), (a1, ak) = pass_rates(before.outcomes), pass_rates(after.outcomes)
         splits[name] = {"tasks": len(before.outcomes), "pass@1": [b1, a1], f"pass@{k}": [bk, ak]}
     verdicts = [v for r in run.records for v in r.verdicts]
-    edits = [{"round": v.round, "variant": v.variant, "edits": [e.describe() for e in v.edits],
-              "cluster": v.proposal.get("cluster"), "gate": v.gate, "reason": v.reason,
+    edits = [{"round": v.round, "variant": v.variant, "edits": [e.describe() for e in v.proposal.edits],
+              "cluster": v.proposal.cluster, "gate": v.gate, "reason": v.reason,
               "fail_to_pass": v.fail_to_pass, "pass_to_fail": v.pass_to_fail,
               "evidence": v.evidence.to_dict() if v.evidence is not None else None}
              for v in verdicts]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coevo.report.stats import bootstrap
-from coevo.rundir.records import Evaluation, RoundRecord, StartRecord, VerdictRecord
+from coevo.rundir.records import Evaluation, RoundRecord, StartRecord, Verdict
 
 Interval = tuple[float, float, float]
 """(estimate, 2.5th percentile, 97.5th percentile)."""
@@ -45,10 +45,10 @@ def per_task_pass(outcomes: Mapping[str, Sequence[bool]], task_ids: Sequence[str
     return np.array([float(np.mean(outcomes[t])) if outcomes[t] else 0.0 for t in task_ids])
 
 
-def in_words(verdict: VerdictRecord, width: int = 110) -> str:
+def in_words(verdict: Verdict, width: int = 110) -> str:
     """A shipped edit as its operations and the meta-agent's intent: the last clause of its
     hypothesis (the rule agent's and the LLM prompt's hypotheses end with what the edit does)."""
-    intent = str(verdict.proposal.get("hypothesis", "")).rsplit("; ", 1)[-1].strip()
+    intent = verdict.proposal.hypothesis.rsplit("; ", 1)[-1].strip()
     text = verdict.describe_edits() + (f": {intent}" if intent else "")
     return text if len(text) <= width else text[: width - 1] + "…"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from coevo.harness.harness import Harness
-from coevo.rundir.records import LINEAGE_HOWS, EvolveRecord, RoundRecord
+from coevo.rundir.records import LINEAGE_HOWS, EvolveReport, RoundRecord
 from coevo.rundir.run_files import read_rounds
 from coevo.safety.secrets import REDACTED, redact  # noqa: F401 - REDACTED re-exported: the marker scrub writes
 
@@ -120,7 +120,7 @@ def _walk(prefix: str, value: Any, out: dict[str, Scalar]) -> None:
     # lists (outcomes, ids, digests...) are not metrics
 
 
-def _evolve_metrics(evolve: EvolveRecord) -> dict[str, Scalar]:
+def _evolve_metrics(evolve: EvolveReport) -> dict[str, Scalar]:
     """The evolve report as counts: verdicts, accepted / rejected (and rejected per gate) / undecided,
     shipped, spawned, warnings, failures per root cause and each variant's digest compression.
     Its ``seconds`` are left out: the RoundRecord's own ``seconds`` hold digest/plan/critic."""
@@ -142,9 +142,9 @@ def _evolve_metrics(evolve: EvolveRecord) -> dict[str, Scalar]:
     out.update({f"evolve/rejected_by/{gate}": n for gate, n in sorted(by_gate.items())})
     failures: Counter[str] = Counter()
     for digest in evolve.digests:
-        for cluster in digest["clusters"]:
-            failures[cluster["cause"]] += int(cluster["count"])
-        out[f"evolve/compression/{digest['variant']}"] = float(digest["compression"])
+        for cluster in digest.clusters:
+            failures[cluster.cause] += cluster.count
+        out[f"evolve/compression/{digest.variant}"] = digest.compression
     out.update({f"evolve/failures/{cause}": n for cause, n in sorted(failures.items())})
     return out
 

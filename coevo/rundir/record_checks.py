@@ -4,11 +4,30 @@ in the run directory's words (``<run>/rounds.jsonl:3: field 'a.b' must be int, g
 
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import asdict, fields, is_dataclass
 from functools import cache
-from typing import Any
+from typing import Annotated, Any, Self
 
 import pydantic
-from pydantic import TypeAdapter
+from pydantic import AfterValidator, Strict, TypeAdapter
+
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]  # takes an int too, never a bool or a string
+Str = Annotated[str, Strict()]
+Bool = Annotated[bool, Strict()]
+
+
+def _json(value: Any) -> Any:
+    """A free-form part of a record as the run directory holds it (tuples become lists, dict keys
+    strings, anything else JSON cannot hold its ``str``), so a record the loop builds equals the one
+    read back."""
+    return json.loads(json.dumps(value, default=str))
+
+
+JSONDict = Annotated[dict[Str, Any], AfterValidator(_json)]
+"""A free-form object of a record (kept as its JSON form)."""
 
 
 class RecordError(ValueError):
@@ -72,3 +91,31 @@ def validate(cls: type, data: Any, where: str, what: str) -> Any:
         errors = e.errors()
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ValueError(f"{where}: {_message(errors[0], what)}{more}") from None
+
+
+def plain(value: Any) -> Any:
+    """``value`` in the form a record writes: a nested record by its own ``to_dict`` (a record may
+    add or shape fields, e.g. a proposal's edits), another dataclass by ``asdict``, containers rebuilt."""
+    if isinstance(value, Record):
+        return value.to_dict()
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+class Record:
+    """``to_dict`` / ``from_dict`` of every record dataclass (``coevo.rundir.records``,
+    ``coevo.rundir.evolve_records``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str | None = None) -> Self:
+        """Validate ``data`` (a parsed JSON object) into this record; errors start with ``where``."""
+        name = re.sub(r"(?<!^)(?=[A-Z][a-z])", " ", cls.__name__).lower()
+        return validate(cls, data, where or name, f"a {name}")

@@ -1,6 +1,7 @@
 """The records a co-evolution run writes: ``RoundRecord`` (a line of ``rounds.jsonl``) with the
-records nested in it, and ``LineageRow`` (a line of ``lineage.jsonl``). docs/run-directory.md
-describes every field.
+records nested in it, and ``LineageRow`` (a line of ``lineage.jsonl``). AEGIS's part of a round
+(``EvolveReport`` with its digests and verdicts) is in ``coevo.rundir.evolve_records``.
+docs/run-directory.md describes every field.
 
 They are plain dataclasses: the loop builds them, ``to_dict()`` is what the run directory and the
 checkpoint hold, and ``from_dict()`` reads them back through pydantic (``TypeAdapter`` over these
@@ -10,76 +11,27 @@ where it came from (``<run>/rounds.jsonl:3``) and the field path (``infra_failur
 ``evolve.verdicts[0].proposal.edits[1]``). The checks that are not types live here too, in
 ``__post_init__``: a mode outside ``MODES``, a verdict both shipped and undecided, an edit that is
 no ``Edit``, a lineage ``how`` outside ``LINEAGE_HOWS`` (``coevo.rundir.run_files`` reads the files).
+The base ``Record`` and the strict scalar types are in ``coevo.rundir.record_checks``.
 Fields that records written by older versions lack have defaults, so an older run directory loads.
 
-Imports only ``coevo.config.schema``, ``coevo.harness.edit_record`` and its checks (``record_checks``).
+Imports only ``coevo.config.schema``, ``evolve_records`` and ``record_checks``.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Self
-
-from pydantic import AfterValidator, Strict
+from dataclasses import dataclass, field
+from typing import Any
 
 from coevo.config.schema import MODES
-from coevo.harness.edit_record import Edit
-from coevo.rundir.record_checks import RecordError, validate
+from coevo.rundir.evolve_records import EvolveReport, Verdict
+from coevo.rundir.record_checks import Bool, Float, Int, JSONDict, Record, RecordError, Str
 
-Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict()]  # takes an int too, never a bool or a string
-Str = Annotated[str, Strict()]
-Bool = Annotated[bool, Strict()]
 Outcomes = dict[Str, list[Bool]]
 """Task id → one boolean per attempt."""
 
 LINEAGE_HOWS = ("start", "shipped", "spawned", "selected", "released")
 """How a harness became a variant's current one: the events the lineage records (and W&B's
 ``harness`` artifacts carry); ``coevo.evolution.types.LINEAGE_EVENTS`` is this tuple."""
-
-
-def _json(value: Any) -> Any:
-    """A free-form part of a record as the run directory holds it (tuples become lists, dict keys
-    strings, anything else JSON cannot hold its ``str``), so a record the loop builds equals the one
-    read back."""
-    return json.loads(json.dumps(value, default=str))
-
-
-JSONDict = Annotated[dict[Str, Any], AfterValidator(_json)]
-"""A free-form object of a record (kept as its JSON form)."""
-
-
-def _check_proposal(proposal: dict[str, Any]) -> dict[str, Any]:
-    """A verdict's proposal as ``Proposal.to_dict`` writes it: a dict whose ``edits`` are ``Edit`` dicts."""
-    if "edits" not in proposal:
-        raise RecordError("edits", "is missing")
-    edits = proposal["edits"]
-    if not isinstance(edits, list):
-        raise RecordError("edits", f"must be list, got {type(edits).__name__}")
-    for i, edit in enumerate(edits):
-        try:
-            Edit.from_dict(dict(edit))
-        except (TypeError, ValueError) as e:
-            raise RecordError(f"edits[{i}]", f"is not an edit ({e})") from None
-    return _json(proposal)
-
-
-ProposalDict = Annotated[dict[Str, Any], AfterValidator(_check_proposal)]
-
-
-class Record:
-    """``to_dict`` / ``from_dict`` of every record here."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str | None = None) -> Self:
-        """Validate ``data`` (a parsed JSON object) into this record; errors start with ``where``."""
-        name = re.sub(r"(?<!^)(?=[A-Z][a-z])", " ", cls.__name__).lower()
-        return validate(cls, data, where or name, f"a {name}")
 
 
 # ------------------------------------------------------------------------------------- round parts
@@ -126,88 +78,6 @@ class VariantStats(Record):
 
     pass_rate: Float
     n_traces: Int
-
-
-@dataclass
-class Evidence(Record):
-    """The statistical gate's evidence for one verdict (``coevo.evolution.stat_gate``, ``critic``)."""
-
-    pairs: Int
-    wins: Int
-    losses: Int
-    episodes: Int
-    log_lr: Float | None = None  # the sequential test's; None for a removal (judged for non-inferiority)
-    tasks: Int = 0
-    both_pass: Int = 0
-    both_fail: Int = 0
-    ship_at: Float | None = None
-    reject_at: Float | None = None
-    p_gain: Float | None = None
-    p_harm: Float | None = None
-    alpha: Float | None = None
-    beta: Float | None = None
-    win_share: Float | None = None
-    regressions: list[Str] = field(default_factory=list)
-    confirmations: JSONDict = field(default_factory=dict)  # task → wins, losses, pairs, confirmed
-    decision: Str = ""
-    budget: Int | None = None
-    pooled_episodes: Int | None = None
-    max_episodes: Int | None = None
-    judged: Int | None = None
-    infra_left_out: Int = 0
-    noninferiority: Bool = False  # a removal: judged on the pass rate it may lose, not on a gain
-    harm_bound: Float | None = None  # upper bound of the pass rate lost (a share), at 1 − alpha
-    harm_lower: Float | None = None  # lower bound of it
-    margin: Float | None = None  # the loss a removal may cost
-
-
-@dataclass
-class VerdictRecord(Record):
-    """A Critic verdict as ``Verdict.to_dict`` writes it. ``proposal`` stays a dict
-    (``Proposal.to_dict``) whose ``edits`` must be ``Edit`` dicts."""
-
-    proposal: ProposalDict
-    parent_id: Str
-    candidate_id: Str | None
-    variant: Str
-    ship: Bool
-    reason: Str
-    gate: Str
-    fail_to_pass: list[Str]
-    pass_to_fail: list[Str]
-    quality: JSONDict | None = None
-    before: dict[Str, list[Bool | None]] = field(default_factory=dict)
-    after: dict[Str, list[Bool | None]] = field(default_factory=dict)
-    round: Int = 0
-    undecided: Bool = False  # stat gate; absent in verdicts written before it existed
-    evidence: Evidence | None = None
-
-    def __post_init__(self) -> None:
-        if self.ship and self.undecided:
-            raise RecordError("", "is both shipped and undecided")
-
-    @property
-    def edits(self) -> list[Edit]:
-        return [Edit.from_dict(dict(e)) for e in self.proposal["edits"]]
-
-    def describe_edits(self) -> str:
-        """The proposal's edits in ``Edit.describe()`` form, joined by '; '."""
-        return "; ".join(e.describe() for e in self.edits)
-
-
-@dataclass
-class EvolveRecord(Record):
-    """``EvolveReport.to_dict()``: the round's digests (as ``Digest.to_dict``), verdicts, shipped
-    candidate ids, spawned variant names, warnings, which patience stopped the search, seconds."""
-
-    round: Int
-    verdicts: list[VerdictRecord]
-    shipped: list[Str]
-    spawned: list[Str]
-    warnings: list[Str]
-    digests: list[JSONDict] = field(default_factory=list)
-    stopped: Str | None = None
-    seconds: dict[Str, Float] = field(default_factory=dict)
 
 
 @dataclass
@@ -304,7 +174,7 @@ class RoundRecord(Record):
     infra_failures: InfraFailures | None = None  # None: a record written before rounds counted them
     variants: dict[Str, Str]  # variant → harness id after the round
     by_variant: dict[Str, VariantStats]
-    evolve: EvolveRecord | None
+    evolve: EvolveReport | None
     grpo: GRPOMetrics | None
     meta_tokens: JSONDict  # TokenLedger.as_dict() (cumulative)
     buffer: BufferStats | None
@@ -315,7 +185,7 @@ class RoundRecord(Record):
             raise RecordError("mode", f"must be one of {MODES}, got {self.mode!r}")
 
     @property
-    def verdicts(self) -> list[VerdictRecord]:
+    def verdicts(self) -> list[Verdict]:
         """The round's Critic verdicts (none when AEGIS did not run: model_only and static rounds)."""
         return list(self.evolve.verdicts) if self.evolve is not None else []
 
@@ -324,7 +194,7 @@ class RoundRecord(Record):
         """AEGIS's warnings of the round (none when AEGIS did not run)."""
         return list(self.evolve.warnings) if self.evolve is not None else []
 
-    def verdict_status(self, verdict: VerdictRecord) -> str:
+    def verdict_status(self, verdict: Verdict) -> str:
         """``shipped``, ``spawned`` (not shipped, but kept as a new variant this round), ``undecided``
         (the statistical gate wants more evidence; judged again later) or ``rejected``."""
         if verdict.ship:

@@ -16,10 +16,11 @@ from coevo.agent import Job, ScriptedPolicy, run_episodes
 from coevo.agent.trace import Trace
 from coevo.envs.arithmetic import ArithmeticEnv, ArithmeticSession, calculator_solver
 from coevo.evolution.digest import EXCERPT_CHARS, classify, cluster_failures, digest
-from coevo.evolution.steps import first_divergence, normalise_arguments, trace_steps
 from coevo.evolution.reference import gold_reference
-from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Failure
+from coevo.evolution.steps import first_divergence, normalise_arguments, trace_steps
+from coevo.evolution.types import CAUSES, IMPLICATED, Failure
 from coevo.harness.defaults import base_harness
+from coevo.rundir.evolve_records import Cluster
 
 WRONG = 123456789  # no task's answer: expressions of up to four terms below 100 stay far smaller
 

@@ -11,15 +11,15 @@ import pytest
 from coevo.agent.policy import ScriptedPolicy
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.evolution.critic import Critic
-from tests.aegis_helpers import critic_rollout, evolve_round, routed_pass_rate
 from coevo.evolution.engine import AEGIS
+from coevo.evolution.meta_agent import PlanContext, TokenLedger
 from coevo.evolution.pool import Patience
 from coevo.evolution.reference import fresh_demos, gold_reference
-from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
-from coevo.evolution.meta_agent import PlanContext, TokenLedger
 from coevo.meta.rule import RuleMetaAgent
+from coevo.rundir.evolve_records import Proposal
+from tests.aegis_helpers import critic_rollout, evolve_round, routed_pass_rate
 
 
 def _task_expression(messages) -> str | None:
@@ -242,7 +242,7 @@ def test_an_undecided_edit_is_judged_again_next_round_with_its_evidence_pooled(e
     _, first = evolve_round(aegis, train[:4], policy, env, round=0, attempts=1, max_steps=6)
     (verdict,) = first.verdicts
     assert verdict.undecided and not verdict.ship and verdict.gate == "stat" and first.shipped == []
-    assert verdict.evidence["wins"] == 2 and edit.key() not in aegis.rejected["base"]
+    assert verdict.evidence.wins == 2 and edit.key() not in aegis.rejected["base"]
     assert "undecided" in aegis.design_lessons.items[-1]
     state = json.loads(json.dumps(aegis.state_dict()))
     resumed = make(ScriptedMeta([]))
@@ -251,7 +251,7 @@ def test_an_undecided_edit_is_judged_again_next_round_with_its_evidence_pooled(e
         _, second = evolve_round(engine, train[4:8], policy, env, round=1, attempts=1, max_steps=6)
         (again,) = second.verdicts
         assert again.proposal.key() == edit.key() and again.undecided
-        assert (again.evidence["wins"], again.evidence["judged"], again.evidence["pooled_episodes"]) == (4, 2, 8)
+        assert (again.evidence.wins, again.evidence.judged, again.evidence.pooled_episodes) == (4, 2, 8)
     _, third = evolve_round(aegis, train[8:12], policy, env, round=2, attempts=1, max_steps=6)
     (last,) = third.verdicts
     assert last.ship and third.shipped == [aegis.harness("base").id] and aegis.undecided["base"] == []

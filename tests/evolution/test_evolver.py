@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.episode import Job
+from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.runtime import run_episodes
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.evolution.evolver import BuildError, build_candidate
-from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
+from coevo.rundir.evolve_records import Proposal
 
 # a subclass of the built-in answer extraction that also accepts "RESULT=> <x>" and keeps the
 # parent's behaviour through super()

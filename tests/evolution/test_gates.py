@@ -12,10 +12,10 @@ from coevo.evolution.bloat import bloat
 from coevo.evolution.leakage import leakage, leakage_detail, normalise_answer, words
 from coevo.evolution.outcome_gates import combine, performance_gate, seesaw_gate
 from coevo.evolution.quality_gate import ETA_BLOAT, ETA_LEAK, quality_gate
-from coevo.evolution.types import QualityReport
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.library.context import DEFAULT_SYSTEM_PROMPT
+from coevo.rundir.evolve_records import QualityReport
 
 # ------------------------------------------------------------------------------- loop twins
 

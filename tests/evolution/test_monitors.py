@@ -22,10 +22,10 @@ from coevo.evolution.pathologies import (
     reward_hacking_trend,
     ship_prediction,
 )
-from coevo.evolution.types import Proposal, Verdict
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
 from coevo.harness.library.context import DEFAULT_SYSTEM_PROMPT
+from coevo.rundir.evolve_records import Proposal, Verdict
 
 
 def prompt_edit(extra: str) -> Edit:

@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from coevo.evolution.evolver import BuildError, build_candidate
-from coevo.evolution.types import Proposal
+from coevo.evolution.meta_agent import PlanContext
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit, apply_edit
-from coevo.evolution.meta_agent import PlanContext
 from coevo.meta.llm import LLMMetaAgent
+from coevo.rundir.evolve_records import Proposal
 from tests.meta.test_llm import Scripted, make_digest, plan, proposal_json
 
 HOSTILE = {"op": "insert", "processor": "zen", "spec": {"kind": "this:X", "name": "zen"}}

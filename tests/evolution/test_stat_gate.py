@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from coevo.envs.base import Task
-from coevo.evolution.critic import Critic, Evidence
+from coevo.evolution.critic import Critic, PooledPairs
 from coevo.evolution.evolver import build_candidate
 from coevo.evolution.outcome_gates import seesaw_gate
 from coevo.evolution.stat_gate import (
@@ -29,10 +29,10 @@ from coevo.evolution.stat_gate import (
     stat_gate,
     stat_thresholds,
 )
-from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
+from coevo.rundir.evolve_records import Proposal
 
 PARENT = base_harness()
 
@@ -122,11 +122,11 @@ def test_stat_gate_hand_computed_decisions():
     # 6 wins: 6 log 1.5 = 2.43 >= log 10 = 2.30 ships; 5 wins (2.03) does not
     assert stat_gate({"a": [win] * 6 + [tie] * 9}).decision == "ship"
     five = stat_gate({"a": [win] * 5, "b": [tie] * 4})
-    assert five.decision == "undecided" and five.evidence["wins"] == 5 and five.evidence["pairs"] == 9
+    assert five.decision == "undecided" and five.evidence.wins == 5 and five.evidence.pairs == 9
     assert stat_gate({"a": [win] * 5}, exhausted=True).decision == "reject"
     # 3 losses: 3 log 0.5 = -2.08 <= -1.50 rejects; the sign test on 3 losses (p 0.125) is no harm at 0.1
     three = stat_gate({"a": [loss] * 3})
-    assert three.decision == "reject" and "no effect" in three.reason and three.evidence["p_harm"] == 0.125
+    assert three.decision == "reject" and "no effect" in three.reason and three.evidence.p_harm == 0.125
     four = stat_gate({"a": [loss] * 4})
     assert four.decision == "reject" and "harm" in four.reason
     # 2 losses (-1.39) stay undecided; a confirmed regression vetoes any number of wins
@@ -155,7 +155,7 @@ def test_a_real_lift_ships_in_most_seeded_trials():
         base = {tid: rng.uniform(0.05, 0.45) for tid in pool}
         outcome, verdicts = life(Critic(synthetic(lift(base, 0.3), seed)), pool, rng)
         shipped += outcome == "ship"
-        assert all(v.evidence["episodes"] <= 64 for v in verdicts)
+        assert all(v.evidence.episodes <= 64 for v in verdicts)
     assert shipped >= 0.8 * 40, shipped
 
 
@@ -211,8 +211,8 @@ def test_an_undecided_edit_keeps_its_pairs_and_ships_on_pooled_evidence():
     seen = []
     for r in range(3):
         verdict, _ = critic.judge(proposal(), PARENT, before=before, tasks=pool, round=r)
-        seen.append((verdict.ship, verdict.undecided, verdict.evidence["wins"], verdict.evidence["pooled_episodes"],
-                     verdict.evidence["judged"], verdict.evidence["episodes"]))
+        seen.append((verdict.ship, verdict.undecided, verdict.evidence.wins, verdict.evidence.pooled_episodes,
+                     verdict.evidence.judged, verdict.evidence.episodes))
     # 2 wins per judgement: log LR 0.81, 1.62, 2.43 (>= log 10 only with all three pooled)
     assert seen == [(False, True, 2, 4, 1, 4), (False, True, 4, 8, 2, 4), (True, False, 6, 12, 3, 4)]
     assert critic.evidence == {}  # shipped: the parent is replaced, its comparisons are done
@@ -229,14 +229,14 @@ def test_pooled_evidence_is_per_parent_and_edit_and_survives_a_state_round_trip(
     critic = Critic(exact(set(pool)), k=1, n_tasks=2, budget=4, max_episodes=40)
     critic.judge(proposal(), PARENT, before=before, tasks=pool)
     other, _ = critic.judge(proposal(0.9), PARENT, before=before, tasks=pool)  # another edit starts afresh
-    assert other.evidence["wins"] == 2 and len(critic.evidence) == 2
+    assert other.evidence.wins == 2 and len(critic.evidence) == 2
     state = json.loads(json.dumps(critic.state_dict()))
     restored = Critic(exact(set(pool)), k=1, n_tasks=2, budget=4, max_episodes=40)
     restored.load_state_dict(state)
     assert restored.evidence == critic.evidence
-    assert restored.judge(proposal(), PARENT, before=before, tasks=pool)[0].evidence["wins"] == 4
-    evidence = Evidence({"a": [(True, False)]}, 2, 1)
-    assert Evidence.from_dict(json.loads(json.dumps(evidence.to_dict()))) == evidence
+    assert restored.judge(proposal(), PARENT, before=before, tasks=pool)[0].evidence.wins == 4
+    evidence = PooledPairs({"a": [(True, False)]}, 2, 1)
+    assert PooledPairs.from_dict(json.loads(json.dumps(evidence.to_dict()))) == evidence
 
 
 def test_an_edit_without_effect_is_rejected_once_its_pooled_cap_is_spent():
@@ -246,7 +246,7 @@ def test_an_edit_without_effect_is_rejected_once_its_pooled_cap_is_spent():
     first, _ = critic.judge(proposal(), PARENT, before=before, tasks=pool)
     second, _ = critic.judge(proposal(), PARENT, before=before, tasks=pool)
     assert first.undecided and not second.undecided and not second.ship
-    assert "no effect found with enough evidence" in second.reason and second.evidence["pooled_episodes"] == 8
+    assert "no effect found with enough evidence" in second.reason and second.evidence.pooled_episodes == 8
 
 
 def test_a_confirmed_regression_rejects_and_an_unconfirmed_one_does_not():
@@ -257,18 +257,18 @@ def test_a_confirmed_regression_rejects_and_an_unconfirmed_one_does_not():
     critic = Critic(exact(wins, parent_passes={"t00"}), k=2, n_tasks=12, budget=64)
     verdict, _ = critic.judge(proposal(), PARENT, before=before, tasks=pool)
     assert not verdict.ship and not verdict.undecided and verdict.pass_to_fail == ["t00"]
-    assert verdict.evidence["confirmations"] == {"t00": {"wins": 0, "losses": 4, "pairs": 4, "confirmed": True}}
-    assert verdict.evidence["log_lr"] > verdict.evidence["ship_at"]  # the wins alone would have shipped
+    assert verdict.evidence.confirmations == {"t00": {"wins": 0, "losses": 4, "pairs": 4, "confirmed": True}}
+    assert verdict.evidence.log_lr > verdict.evidence.ship_at  # the wins alone would have shipped
     assert verdict.fail_to_pass == sorted(wins)  # an AEGIS slot would keep it as a variant for them
     # the parent passed t00 once by luck: the re-run shows no regression, so the wins ship it
     lucky = Critic(exact(wins, flaky={"t00": [True]}), k=2, n_tasks=12, budget=64)
     verdict, _ = lucky.judge(proposal(), PARENT, before=before, tasks=pool)
     assert verdict.ship and verdict.pass_to_fail == []
-    assert verdict.evidence["confirmations"]["t00"]["confirmed"] is False
+    assert verdict.evidence.confirmations["t00"]["confirmed"] is False
     # without confirmation re-runs there is no veto
     verdict, _ = Critic(exact(wins, parent_passes={"t00"}), k=2, n_tasks=12, budget=64,
                         confirm_attempts=0).judge(proposal(), PARENT, before=before, tasks=pool)
-    assert verdict.ship and verdict.evidence["confirmations"] == {}
+    assert verdict.ship and verdict.evidence.confirmations == {}
 
 
 def test_tasks_are_the_claimed_then_the_passed_then_a_seeded_sample_within_budget():
@@ -287,8 +287,8 @@ def test_tasks_are_the_claimed_then_the_passed_then_a_seeded_sample_within_budge
     # stages of 8 tasks x 2 attempts x 2 harnesses = 32 episodes; 8 left: a short stage of 2 tasks
     assert [(who, len(ids), k) for who, ids, k in calls] == [("parent", 8, 2), ("candidate", 8, 2),
                                                             ("parent", 2, 2), ("candidate", 2, 2)]
-    assert calls[2][1] == judged[:2] and verdict.evidence["episodes"] == 40 == critic.reruns
-    assert verdict.undecided and verdict.evidence["pairs"] == 20
+    assert calls[2][1] == judged[:2] and verdict.evidence.episodes == 40 == critic.reruns
+    assert verdict.undecided and verdict.evidence.pairs == 20
     again = Critic(run, k=2, n_tasks=8, budget=40)
     calls.clear()
     again.judge(proposal(targets=["b02"]), PARENT, before=before, tasks=batch, extra=extra, round=3)
@@ -305,7 +305,7 @@ def test_infrastructure_failures_are_left_out_of_the_evidence():
         return {t.task_id: [None if t.task_id == "t00" else True] * k for t in judged}
 
     verdict, _ = Critic(run, k=1, n_tasks=4, budget=8).judge(proposal(), PARENT, before=before, tasks=pool)
-    assert verdict.evidence["pairs"] == 3 and verdict.evidence["infra_left_out"] == 1
+    assert verdict.evidence.pairs == 3 and verdict.evidence.infra_left_out == 1
     assert "t00" not in verdict.after and "infrastructure failure" in verdict.reason
 
 
@@ -397,7 +397,7 @@ def removal_life(rates: Rates, seed: int, rounds: int = 8) -> str:
         verdict, _ = critic.judge(REMOVAL, PARENT, before=before, tasks={t: pool[t] for t in batch_ids},
                                   extra={t: pool[t] for t in pool if t not in before}, round=r)
         if not verdict.undecided:
-            assert verdict.evidence["noninferiority"]
+            assert verdict.evidence.noninferiority
             return "ship" if verdict.ship else "reject"
     return "undecided"
 

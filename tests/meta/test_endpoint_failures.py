@@ -20,7 +20,6 @@ from coevo.agent.policy import ScriptedPolicy
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.evolution.critic import Critic
 from coevo.evolution.engine import AEGIS
-from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
 from coevo.loop.coevolution import Coevolution
@@ -30,6 +29,7 @@ from coevo.report.data import load_run
 from coevo.report.progress import NullProgress
 from coevo.report.summary import round_table
 from coevo.report.tracking import NullTracker
+from coevo.rundir.evolve_records import Proposal
 from coevo.rundir.records import RoundRecord
 from tests.aegis_helpers import critic_rollout, service
 from tests.meta.test_llm import GOOD_EDIT, HANG, KEY_ENV, FakeServer, completion, free_port, plan, proposal_json

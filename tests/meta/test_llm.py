@@ -12,17 +12,17 @@ from typing import Self
 
 import pytest
 
-from coevo.evolution.types import IMPLICATED, Cluster, Digest, Proposal
+from coevo.evolution.meta_agent import MetaAgentError, PlanContext
+from coevo.evolution.types import IMPLICATED
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit, apply_edit
 from coevo.harness.library import PROCESSORS
 from coevo.harness.library.context import pair_demo
 from coevo.meta import BACKENDS, RuleMetaAgent
-from coevo.evolution.meta_agent import PlanContext
-from coevo.evolution.meta_agent import MetaAgentError
 from coevo.meta.clients import HFClient, LLMConnectionError, OpenAIClient
 from coevo.meta.llm import LLMMetaAgent
 from coevo.meta.schema import PLAN_SCHEMA, REVISE_SCHEMA, ROUTE_SCHEMA, parse_reply, schema_errors
+from coevo.rundir.evolve_records import Cluster, Digest, Proposal
 
 SECRET = "sk-test-7f3a9c-do-not-log"
 KEY_ENV = "COEVO_TEST_META_KEY"

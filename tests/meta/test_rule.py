@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from coevo.evolution.types import CAUSES, IMPLICATED, Cluster, Digest, Proposal
+from coevo.evolution.meta_agent import PlanContext
+from coevo.evolution.types import CAUSES, IMPLICATED
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import apply_edit
 from coevo.harness.harness import Harness
@@ -20,9 +21,9 @@ from coevo.harness.library import (
     SystemPrompt,
     ToolChoice,
 )
-from coevo.evolution.meta_agent import PlanContext
 from coevo.meta.rule import RuleMetaAgent, leaked_strings, order_clusters, quotes
 from coevo.meta.templates import CATALOGUE, FORMAT_PROMPT, TEMPLATES, states_numbers
+from coevo.rundir.evolve_records import Cluster, Digest, Proposal
 
 DEMOS = [("What is 2 + 3?", "<answer>5</answer>"), ("What is 10 - 4?", "<answer>6</answer>")]
 TOOL_DEMO = [{"role": "user", "content": "What is 17 * 23?"},

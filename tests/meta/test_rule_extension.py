@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from coevo.evolution.types import IMPLICATED, Cluster, Digest
+from coevo.evolution.meta_agent import PlanContext
+from coevo.evolution.types import IMPLICATED
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import apply_edit
-from coevo.evolution.meta_agent import PlanContext
 from coevo.meta.drafts import Template, insert_edit
 from coevo.meta.rule import RuleMetaAgent
 from coevo.meta.templates import CATALOGUE, TEMPLATES
+from coevo.rundir.evolve_records import Cluster, Digest
 
 
 def digest(*causes: str) -> Digest:

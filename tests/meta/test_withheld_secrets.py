@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from coevo.evolution.meta_agent import PlanContext
-from coevo.evolution.types import IMPLICATED, Cluster, Digest
+from coevo.evolution.types import IMPLICATED
 from coevo.harness.defaults import base_harness
 from coevo.meta import LLMMetaAgent, OpenAIClient
 from coevo.meta.prompts import WITHHELD
+from coevo.rundir.evolve_records import Cluster, Digest
 from coevo.safety.secrets import REDACTED
 from tests.meta.test_llm import GOOD_EDIT, KEY_ENV, FakeServer, completion, plan, proposal_json
 

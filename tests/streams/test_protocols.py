@@ -8,16 +8,16 @@ import pytest
 
 from coevo.agent.policy import ScriptedPolicy
 from coevo.evolution.critic import Critic
-from tests.aegis_helpers import critic_rollout, service
+from coevo.evolution.meta_agent import PlanContext, TokenLedger, demo_question
 from coevo.evolution.reference import gold_reference
-from coevo.evolution.types import Proposal
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
-from coevo.evolution.meta_agent import PlanContext, TokenLedger, demo_question
+from coevo.rundir.evolve_records import Proposal
 from coevo.streams.axes import exposed_tools, tools_harness
 from coevo.streams.construct import build_stream
 from coevo.streams.metrics import backward_transfer, forward_transfer, pass_matrix, reference_rates, stage_tokens
 from coevo.streams.protocols import deployment, self_evolving, task_specific_reference
+from tests.aegis_helpers import critic_rollout, service
 from tests.streams.toolbox import TEMPLATE, ToolboxEnv, make_tasks, solve
 
 # add: 4 val tasks + 1 plain val task; at stage 2 five tools are listed and add tasks fail
