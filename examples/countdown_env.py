@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from coevo.envs.base import Score, Task, assign_split, check_split
+from coevo.envs.base import Env, EnvSession, Score, Task, assign_split, check_split
 from coevo.harness.events import Message, ToolCall, ToolResult, ToolSpec
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -69,7 +69,7 @@ def solve(numbers: list[int], target: int) -> list[dict[str, Any]] | None:
 
 
 @dataclass
-class CountdownSession:
+class CountdownSession(EnvSession):
     task: Task
     observation: str
     pool: list[tuple[int, str]]  # (value, the expression that made it)
@@ -101,7 +101,7 @@ class CountdownSession:
         pass
 
 
-class CountdownEnv:
+class CountdownEnv(Env):
     """``n_tasks`` puzzles of 3 or 4 numbers in [1, ``max_number``], generated from ``seed``."""
 
     name = "countdown"

@@ -21,7 +21,7 @@ import json
 import random
 from typing import Any
 
-from coevo.envs.base import Score, Task, assign_split, check_split
+from coevo.envs.base import Env, EnvSession, Score, Task, assign_split, check_split
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
 
 RESULT = {"type": "object", "properties": {"result": {"type": "string"}}}
@@ -114,7 +114,7 @@ class FileSystem:
         return ToolResult(json.dumps({"result": f"moved {f} to {destination}"}))
 
 
-class FunctionCallingSession:
+class FunctionCallingSession(EnvSession):
     def __init__(self, task: Task, extra_tools: dict[str, ToolSpec] | None = None) -> None:
         self.tools = {**TOOLS, **(extra_tools or {})}
         self.task, self.done, self.replies = task, False, []
@@ -154,7 +154,7 @@ def conversation(rng: random.Random, tree: dict[str, dict[str, str]]) -> tuple[l
               ToolCall("mv", {"file_name": moved, "source": old, "destination": new})], []])
 
 
-class FunctionCallingEnv:
+class FunctionCallingEnv(Env):
     name = "function_calling"
 
     def __init__(self, n_tasks: int = 30, seed: int = 0, api_tools: int = 0) -> None:

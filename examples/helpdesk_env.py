@@ -18,7 +18,7 @@ import json
 import random
 from typing import Any
 
-from coevo.envs.base import Score, Task, assign_split, check_split
+from coevo.envs.base import Env, EnvSession, Score, Task, assign_split, check_split
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
 
 PLANS = ("basic", "pro", "team")
@@ -82,7 +82,7 @@ class Accounts:
         return ToolResult(f"{aid} email is {email.lower()}")
 
 
-class HelpdeskSession:
+class HelpdeskSession(EnvSession):
     tools = TOOLS
 
     def __init__(self, task: Task) -> None:
@@ -136,7 +136,7 @@ def conversation(rng: random.Random, world: dict[str, Any], kind: int, i: int):
             [[find, refund], [change], [update]], ["Refunded.", f"You are on the {plan} plan now."])
 
 
-class HelpdeskEnv:
+class HelpdeskEnv(Env):
     name = "helpdesk"
 
     def __init__(self, n_tasks: int = 30, seed: int = 0) -> None:

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from coevo.envs.base import Score, Task, check_split
+from coevo.envs.base import Env, EnvSession, Score, Task, check_split
 from coevo.envs.line_process import LineProcess
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
 
@@ -104,7 +104,7 @@ def gold_commands(goal: str, key: str, dark: bool) -> list[str]:
     return path + (["go north"] if goal == "leave" else [])
 
 
-class SimSession:
+class SimSession(EnvSession):
     tools = {"act": ACT}
 
     def __init__(self, task: Task) -> None:
@@ -144,7 +144,7 @@ class SimSession:
         self.proc.kill()
 
 
-class TextSimEnv:
+class TextSimEnv(Env):
     name = "text_sim"
     max_sessions = 4  # at most four simulator processes at once; the runtime starts episodes as others end
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coevo.agent.policy import Policy
 from coevo.report.experiment import markdown_table
 from coevo.report.stats import wilson
 
@@ -168,7 +169,7 @@ def smollm2_setup(overrides: Sequence[str]) -> Setup:
                  start_harness(cfg), train, demonstrations(env, pool), cfg, time.perf_counter() - began)
 
 
-class KnownEffectPolicy:
+class KnownEffectPolicy(Policy):
     """A scripted model whose response to each planted edit is known: it solves a task (calculator,
     then the result) with probability ``base``, ``with_demo`` when a demonstration with a tool call
     precedes the task, and answers in words (never passing) when the system prompt asks for words.

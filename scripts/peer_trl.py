@@ -37,6 +37,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from coevo.agent.policy import Policy
 from coevo.report.data import load_run
 from coevo.report.experiment import markdown_table
 from coevo.rundir.records import RoundRecord
@@ -99,7 +100,7 @@ class StepClock(TrainerCallback):
         self.seconds.append(time.perf_counter() - self._start)
 
 
-class EchoPolicy:
+class EchoPolicy(Policy):
     """A coevo Policy whose completion is a given text: coevo's runtime then runs the harness and the
     env's verifier on a completion TRL sampled, so both arms share one reward function. It also keeps
     the requests, which are the chat the harness builds for the task (TRL's prompt)."""

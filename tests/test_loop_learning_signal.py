@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coevo.agent.policy import ScriptedPolicy
-from coevo.envs.base import Score, Task
+from coevo.agent.policy import Policy, ScriptedPolicy
+from coevo.envs.base import Env, EnvSession, Score, Task
 from coevo.evolution.added_text import edit_text
 from coevo.evolution.critic import Critic
 from coevo.evolution.engine import AEGIS
@@ -35,7 +35,7 @@ def word(box: int) -> str:
 
 
 @dataclass
-class CodeWordSession:
+class CodeWordSession(EnvSession):
     task: Task
     done: bool = False
     tools: dict = field(default_factory=lambda: {"lookup": LOOKUP})
@@ -55,7 +55,7 @@ class CodeWordSession:
         pass
 
 
-class CodeWords:
+class CodeWords(Env):
     """Tasks 'what is the code word of box k', with the lookup call as gold action."""
 
     name = "codewords"
@@ -147,7 +147,7 @@ def test_each_round_counts_its_infrastructure_failures(tmp_path):
     env = CodeWords()
     train = env.tasks("train")
 
-    class OutOfMemoryOnBox2:
+    class OutOfMemoryOnBox2(Policy):
         model_version = "oom"
 
         def __init__(self) -> None:

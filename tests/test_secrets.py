@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 
 import coevo
 from coevo.config.schema import register
+from coevo.envs.base import Env
 from coevo.safety.refusal import (
     RefuseSecrets,
     SecretInConfigError,
@@ -309,7 +310,7 @@ def test_log_records_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
 TASK_KEYS = ("OPENAI_API_KEY", "SERVICE_KEY", "PGPASSWORD")
 
 
-class KeyedArithmetic:
+class KeyedArithmetic(Env):
     """The arithmetic env (``env.name=tests.test_secrets:KeyedArithmetic``) whose every task text
     quotes the values of ``TASK_KEYS``: a task that shows the agent a key (as a tool's output or a
     scraped page could) must not bring it to the buffer, references, records or exports."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from coevo.agent.policy import ChatRequest, Generation
+from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.harness.events import DEMO, Message
 
 
@@ -48,19 +48,18 @@ def cut_span(prompt_ids: Sequence[int], bare_ids: Sequence[int]) -> list[int] | 
     return [start, end] if list(prompt_ids[end:]) == list(bare_ids[start:]) else None
 
 
-def with_demo_spans(policy: object, requests: Sequence[ChatRequest],
+def with_demo_spans(policy: Policy, requests: Sequence[ChatRequest],
                     generations: list[Generation | BaseException]) -> list[Generation | BaseException]:
     """``generations`` with ``demo_span`` (every demonstration) and ``nearest_demo_span`` (the one
     nearest the task) set where the request held demonstration turns and the policy renders prompts
     (``prompt_ids``; a scripted policy does not)."""
-    render = getattr(policy, "prompt_ids", None)
-    if render is None:
-        return generations
     out = []
     for request, gen in zip(requests, generations, strict=True):
         if isinstance(gen, Generation) and any(m.get(DEMO) for m in request.messages):
-            bare = render(without_demos(request.messages), request.reply_prefix)
-            fewer = render(without_nearest_demo(request.messages), request.reply_prefix)
+            bare = policy.prompt_ids(without_demos(request.messages), request.reply_prefix)
+            fewer = policy.prompt_ids(without_nearest_demo(request.messages), request.reply_prefix)
+            if bare is None or fewer is None:  # a policy that renders no prompt: no spans to find
+                return generations
             gen = dataclasses.replace(gen, demo_span=cut_span(gen.prompt_ids, bare),
                                       nearest_demo_span=cut_span(gen.prompt_ids, fewer))
         out.append(gen)

@@ -283,11 +283,10 @@ class EpisodeRun:
         """The env's next user turn after the agent's ``reply`` (``EnvSession.respond``, optional):
         a string continues the conversation, None (or no ``respond``) ends the episode with ``reply``
         as the final answer. A delegated sub-episode never talks to the user."""
-        respond = getattr(self.session, "respond", None)
-        if respond is None or self.depth > 0:
+        if self.depth > 0:
             return None
         try:
-            following = respond(reply)
+            following = self.session.respond(reply)
         except Exception as err:
             raise EpisodeError("env respond", err, "env") from err
         if following is not None and not isinstance(following, str):

@@ -6,9 +6,9 @@ import inspect
 import json
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from coevo.agent.rollouts import Rollout, RolloutService

@@ -61,7 +61,7 @@ class GoldPolicy(ScriptedPolicy):
 
     cut_at_budget = False
 
-    def __init__(self, tasks: Iterable[Task], *, answer: Callable[[Task], str] | None = None,
+    def __init__(self, tasks: Iterable[Task], *, answer: Callable[[Task], str | None] | None = None,
                  owner: Mapping[str, str] | None = None, model_version: str = "gold") -> None:
         super().__init__(self._unused, model_version=model_version)
         self.tasks = {t.task_id: t for t in tasks}
@@ -102,7 +102,7 @@ class GoldPolicy(ScriptedPolicy):
             if made < sum(turn_calls[: turn + 1]):
                 return self._give(request, tool_call_text(task.gold_actions[made]))
             replies = task.metadata.get("gold_replies") or []
-            final = (self.answer(task) if self.answer is not None else "done") if turn == len(turn_calls) - 1 else (
+            final = self._final(task) if turn == len(turn_calls) - 1 else (
                 replies[turn] if turn < len(replies) else "done")
             return final if task.metadata.get("plain_replies") else f"<answer>{final}</answer>"
         plan = ([(None, [c]) for c in task.gold_actions] if self.owner is None
@@ -114,5 +114,9 @@ class GoldPolicy(ScriptedPolicy):
             listing = json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
             return self._give(request, tool_call_text(
                 ToolCall(DELEGATE_PREFIX + entity, {"request": f"{CALLS_HEADER}\n{listing}"})))
-        final = self.answer(task) if self.answer is not None else "done"
-        return f"<answer>{final}</answer>"
+        return f"<answer>{self._final(task)}</answer>"
+
+    def _final(self, task: Task) -> str:
+        """The final answer once the calls are made: ``answer(task)``, or ``done`` where it gives none."""
+        final = self.answer(task) if self.answer is not None else None
+        return "done" if final is None else final

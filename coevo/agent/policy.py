@@ -1,4 +1,4 @@
-"""The Policy protocol and a deterministic scripted policy for tests and demos.
+"""The Policy base class and a deterministic scripted policy for tests and demos.
 
 A policy turns a batch of chat requests into completions. It must return the exact token ids it
 was conditioned on and produced, because the trainer learns from those ids: re-tokenising text
@@ -8,10 +8,15 @@ later can give different ids and silently corrupt the importance ratios.
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING
 
 from coevo.harness.events import Message, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +48,40 @@ class Generation:
     nearest_demo_span: list[int] | None = None  # [start, end) of the demonstration nearest the task
 
 
-@runtime_checkable
-class Policy(Protocol):
-    model_version: str
+class Policy(ABC):
+    """A model as the runtime sees it: ``generate`` and ``model_version`` (the weights' version, kept on
+    every trace). A policy subclasses this; the capabilities only some policies have are declared
+    here with what a policy without them means, so callers never probe for them:
 
+    - ``tokenizer``: token counts and trace rendering (None: the policy's ids are not a tokenizer's);
+    - ``context_window``: prompt plus completion tokens it takes (None: not checked before a run);
+    - ``seconds``: wall time spent in ``generate`` so far (the round's generation time);
+    - ``on_progress``: set by a caller to hear how far a long call is (a line of text);
+    - ``prompt_ids``: the ids a request's prompt renders to (None: it renders none, e.g. scripted);
+    - ``reseed``: restart its sampler's stream (a deterministic policy has none);
+    - ``release``: free rollout memory before a training step (a vLLM engine sleeps).
+    """
+
+    model_version: str
+    tokenizer: PreTrainedTokenizerBase | None = None
+    context_window: int | None = None
+    seconds: float = 0.0
+    on_progress: Callable[[str], None] | None = None
+
+    @abstractmethod
     def generate(self, requests: Sequence[ChatRequest]) -> list[Generation | BaseException]:
         """One completion per request, in order. An exception in a request's place fails that
         request's episode only (a prompt over the context window); a raised one fails the batch."""
-        ...
+
+    def prompt_ids(self, messages: Sequence[Message], reply_prefix: str = "") -> list[int] | None:
+        """The token ids ``messages`` (then ``reply_prefix``) render to, as ``generate`` would prompt."""
+        return None
+
+    def reseed(self, seed: int) -> None:
+        """Restart the sampler from ``seed`` (per round and phase, so a resumed run samples the same)."""
+
+    def release(self) -> None:
+        """Free what rollouts hold before the trainer needs the memory."""
 
 
 def render_plain(messages: Sequence[Message]) -> str:
@@ -63,7 +94,7 @@ def byte_ids(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(Policy):
     """Answers with ``respond(messages)`` (a subclass: ``reply(request)``); log-probs are 0 (deterministic).
 
     Its tokens are UTF-8 bytes, so the completion budget ``max_new_tokens`` counts bytes, not

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from coevo.agent.episode import RESET_TIMEOUT_S, TOOL_TIMEOUT_S
 from coevo.agent.outcomes import pass_rates, task_outcomes
 from coevo.agent.policy import Policy
-from coevo.agent.episode import RESET_TIMEOUT_S, TOOL_TIMEOUT_S
 from coevo.agent.runtime import run_attempts
 from coevo.agent.trace import Trace
 from coevo.envs.base import Env, Task
@@ -109,18 +109,16 @@ class RolloutService:
                  progress: Any | None = None, reset_timeout_s: float = RESET_TIMEOUT_S,
                  tool_timeout_s: float = TOOL_TIMEOUT_S, tokenizer: Any | None = None) -> None:
         self.policy, self.env, self.seed, self.progress = policy, env, seed, progress
-        if progress is not None and hasattr(policy, "on_progress"):  # a long model call says how far it is
+        if progress is not None:  # a long model call says how far it is
             policy.on_progress = progress.message
         self.batch_size, self.max_steps, self.workers = batch_size, max_steps, workers
         self.timeouts = {"reset_timeout_s": reset_timeout_s, "tool_timeout_s": tool_timeout_s}
-        self.tokenizer = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
+        self.tokenizer = tokenizer if tokenizer is not None else policy.tokenizer
         self._critic_round, self._critic_calls = 0, 0
         self._critic_traces: list[Trace] = []  # the re-runs since the last begin_critic
 
     def reseed(self, round: int, phase: str) -> None:
-        reseed = getattr(self.policy, "reseed", None)  # scripted policies are deterministic anyway
-        if reseed is not None:
-            reseed(phase_seed(self.seed, round, phase))
+        self.policy.reseed(phase_seed(self.seed, round, phase))
 
     def run(self, harness: Harness | Sequence[Harness], tasks: Sequence[Task], *, attempts: int,
             phase: str | None, round: int = 0, variant: str | Sequence[str] = "base", label: str = "episodes",

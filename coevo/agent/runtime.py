@@ -42,15 +42,15 @@ def run_episodes(
     ``reset_timeout_s`` bounds each ``env.reset`` and ``tool_timeout_s`` each tool call (on top of
     the harness's ``tool_timeout``; ``coevo.agent.episode`` says what ends at the limit).
 
-    An env with an integer ``max_sessions`` attribute (a simulator process per session, say) has at
+    An env with an integer ``max_sessions`` (a simulator process per session, say) has at
     most that many sessions open at once: episodes start in job order as others finish. Without
     it every episode starts at once, so all their first model calls share batches.
     """
     if batch_size < 1 or workers < 1:
         raise ValueError("batch_size and workers must be >= 1")
-    limit = getattr(env, "max_sessions", None)
+    limit = env.max_sessions
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise ValueError(f"env {getattr(env, 'name', env)!r}: max_sessions must be an integer >= 1, got {limit!r}")
+        raise ValueError(f"env {env.name!r}: max_sessions must be an integer >= 1, got {limit!r}")
     runs = [EpisodeRun(job, env, policy.model_version, max_steps, reset_timeout_s=reset_timeout_s,
                        tool_timeout_s=tool_timeout_s).run() for job in jobs]
     traces: list[Trace | None] = [None] * len(runs)

@@ -57,9 +57,9 @@ def eval_cmd(
 ) -> None:
     """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
     from coevo.agent.evaluate import TraceLog, evaluate, write_eval
-    from coevo.loop.termination import sigterm_raises
     from coevo.agent.rollouts import RolloutService
     from coevo.envs.base import SPLITS
+    from coevo.loop.termination import sigterm_raises
     from coevo.report.progress import RichProgress
     from coevo.safety.secrets import start_redaction
 
@@ -83,22 +83,18 @@ def eval_cmd(
         rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps,
                                   workers=RolloutConfig.workers, seed=seed, progress=RichProgress(console))
         out = out or Path("runs") / time.strftime(f"eval-{env.name}-%Y%m%d-%H%M%S")
-        log = TraceLog(out / "traces.jsonl", tokenizer=getattr(policy, "tokenizer", None))
+        log = TraceLog(out / "traces.jsonl", tokenizer=policy.tokenizer)
         console.print(f"traces: {log.path} (appended as episodes end)", soft_wrap=True)
-        tokenizer = getattr(policy, "tokenizer", None)
-
         def write_partial(report: Any, traces: list) -> None:
-            write_eval(out, h, report, traces, tokenizer=tokenizer)
+            write_eval(out, h, report, traces, tokenizer=policy.tokenizer)
             console.print(f"stopped: a partial report of {len(traces)} ended episode(s) in {out / 'report.md'}")
 
         with sigterm_raises():  # a SIGTERM (a scheduler, `timeout`, `kill`) stops it as Ctrl-C does
             report, traces = evaluate(h, rollouts, split, attempts=attempts, limit=limit, on_trace=log.append,
                                       on_partial=write_partial)
     finally:
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
-    write_eval(out, h, report, traces, tokenizer=getattr(policy, "tokenizer", None))
+        env.close()
+    write_eval(out, h, report, traces, tokenizer=policy.tokenizer)
     table = Table(title=f"{env_name} / {split} — harness {h.name} ({h.id}), policy {report.model_version}")
     columns = {"tasks": str(report.n_tasks), "attempts": str(attempts), "pass@1": f"{report.pass_at_1:.3f}"}
     if attempts > 1:
@@ -259,9 +255,7 @@ def stream_cmd(
         except ValueError as err:  # a stream that cannot be built from this env's annotations
             raise typer.BadParameter(str(err)) from None
     finally:
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
+        env.close()
     console.print(f"stream: {result.out_dir / 'metrics.json'}  figure: {result.out_dir / 'stream.png'}")
 
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from coevo.envs.base import Score, Task, assign_split, check_split
+from coevo.envs.base import Env, EnvSession, Score, Task, assign_split, check_split
 from coevo.harness.events import Message, ToolCall, ToolResult, ToolSpec
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -80,7 +80,7 @@ CALCULATOR = ToolSpec(
 
 
 @dataclass
-class ArithmeticSession:
+class ArithmeticSession(EnvSession):
     task: Task
     observation: str
     tools: dict[str, ToolSpec] = field(default_factory=lambda: {"calculator": CALCULATOR})
@@ -108,7 +108,7 @@ class ArithmeticSession:
         pass
 
 
-class ArithmeticEnv:
+class ArithmeticEnv(Env):
     """``n_tasks`` expressions of 2 to ``max_terms`` integer terms in [2, ``max_operand``], generated
     from ``seed``. Small operands make answers a random guesser sometimes hits: smoke runs use that
     to get reward variance (and so a GRPO signal) from an untrained tiny model, as does

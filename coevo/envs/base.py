@@ -1,20 +1,23 @@
-"""The environment protocol: tasks with stable ids and splits, multi-turn sessions, verifiers.
+"""The environment base classes: tasks with stable ids and splits, multi-turn sessions, verifiers.
 
 An episode is ``session = env.reset(task)``, then tool calls through ``session.call_tool`` (the
 multi-turn step: for a text game the action is a tool call too), then ``session.verify(answer)``
 and ``session.close()``. The ground truth in ``Task.answer`` is for verifiers and reference
 trajectories only; the agent sees ``Task.instruction`` and observations.
 
-Optional parts, read with ``getattr`` by the runtime (docs/environments.md has the checklist):
+An env subclasses ``Env`` and its sessions ``EnvSession``. The optional parts are declared there
+with what an env without them means (docs/environments.md has the checklist):
 
 - ``EnvSession.respond(reply) -> str | None``: a conversation with several user turns. When the
   agent answers (``<answer>`` in the default harness), the runtime hands the answer to
-  ``respond``; a string is the user's next message and the episode goes on, None ends it with
-  that answer as the final one. The trace keeps the earlier answers in ``Trace.replies``.
+  ``respond``; a string is the user's next message and the episode goes on, None (the default)
+  ends it with that answer as the final one. The trace keeps the earlier answers in ``Trace.replies``.
 - ``Env.max_sessions``: at most that many sessions open at once (a simulator process each); the
-  runtime starts episodes as others finish.
+  runtime starts episodes as others finish. None: no limit.
 - ``Env.tool_owners`` (tool → entity): the agents axis of harness streams; ``Env.gold_answer(task)``:
-  what ``coevo.agent.gold.GoldPolicy`` answers after replaying a task's gold actions.
+  what ``coevo.agent.gold.GoldPolicy`` and the reference trajectories answer after replaying a
+  task's gold actions (None: their own default). ``Env.scripted_solver``: a demo policy's reply
+  function (messages → completion text), for an env given by import path.
 
 ``reset`` must release what it opened when it raises: the runtime never got a session to close.
 """
@@ -22,10 +25,12 @@ Optional parts, read with ``getattr`` by the runtime (docs/environments.md has t
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, ClassVar
 
-from coevo.harness.events import ToolCall, ToolResult, ToolSpec
+from coevo.harness.events import Message, ToolCall, ToolResult, ToolSpec
 
 SPLITS = ("train", "val", "test")
 
@@ -49,24 +54,52 @@ class Score:
     info: Mapping[str, Any] = field(default_factory=dict)
 
 
-class EnvSession(Protocol):
-    observation: str  # what the agent is shown first
-    tools: dict[str, ToolSpec]  # tools this session offers (provider "env")
-    done: bool  # the environment ended the episode (e.g. a game was won or lost)
+class EnvSession(ABC):
+    """One episode of an env: what the agent is shown first, the tools it offers (provider "env"),
+    and whether the env ended the episode (a game won or lost)."""
 
-    def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult: ...
+    observation: str
+    tools: dict[str, ToolSpec]
+    done: bool = False
 
-    def verify(self, answer: str | None) -> Score: ...  # may check the session's final state, not just ``answer``
+    @abstractmethod
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run a tool of this session (a game's action is one)."""
 
-    def close(self) -> None: ...
+    @abstractmethod
+    def verify(self, answer: str | None) -> Score:
+        """The episode's score; it may check the session's final state, not only ``answer``."""
+
+    def respond(self, reply: str) -> str | None:
+        """The user's next message after the agent's answer ``reply``; None ends the episode with it."""
+        return None
+
+    def close(self) -> None:
+        """Release what the session holds."""
 
 
-class Env(Protocol):
+class Env(ABC):
+    """A task set and the sessions its episodes run in."""
+
     name: str
+    max_sessions: int | None = None  # sessions open at once (a simulator process each); None: no limit
+    tool_owners: Mapping[str, str] | None = None  # tool -> owning entity (the agents axis of harness streams)
+    scripted_solver: ClassVar[Callable[[list[Message]], str] | None] = None  # a demo policy's replies
 
-    def tasks(self, split: str) -> list[Task]: ...
+    @abstractmethod
+    def tasks(self, split: str) -> list[Task]:
+        """The tasks of ``split`` (one of ``SPLITS``), with stable ids."""
 
-    def reset(self, task: Task) -> EnvSession: ...
+    @abstractmethod
+    def reset(self, task: Task) -> EnvSession:
+        """A new session for ``task``; it releases what it opened when it raises."""
+
+    def gold_answer(self, task: Task) -> str | None:
+        """The final answer after ``task``'s gold actions are replayed (None: the caller's default)."""
+        return None
+
+    def close(self) -> None:
+        """Release what the env holds (simulators, event loops)."""
 
 
 def assign_split(task_id: str, seed: int, fractions: Sequence[float] = (0.6, 0.2, 0.2)) -> str:

@@ -11,6 +11,7 @@ import inspect
 from typing import Any, Callable
 
 from coevo.config.imports import import_object
+from coevo.envs.base import Env
 from coevo.errors import UsageError
 from coevo.harness.events import Message
 
@@ -22,8 +23,8 @@ def allowed_forms() -> str:
     return f"a built-in env {sorted(ENVS)} or an import path 'package.module:ClassName'"
 
 
-def env_class(name: str) -> Callable[..., Any]:
-    """The constructor an env name stands for; a ValueError naming the allowed forms otherwise."""
+def env_class(name: str) -> type[Env]:
+    """The class an env name stands for; a ValueError naming the allowed forms otherwise."""
     from coevo.envs import ENVS
 
     if name in ENVS:
@@ -31,10 +32,9 @@ def env_class(name: str) -> Callable[..., Any]:
     if ":" not in name:
         raise UsageError(f"unknown env {name!r}; use {allowed_forms()}")
     cls = import_object(name, "env")
-    missing = [m for m in ("tasks", "reset") if not callable(getattr(cls, m, None))]
-    if missing or not callable(cls):
-        raise UsageError(f"env {name!r} is not an environment class: it lacks {missing or ['a constructor']} "
-                         "(see the Env protocol in coevo/envs/base.py)")
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise UsageError(f"env {name!r} is not an environment class: it does not subclass coevo.envs.base.Env "
+                         "(which declares tasks and reset, and the optional parts with their defaults)")
     return cls
 
 
@@ -53,7 +53,7 @@ def check_env_args(name: str, args: dict[str, Any] | None) -> None:
                          f"its constructor is {cls.__name__}{signature}") from None
 
 
-def make_env(name: str, args: dict[str, Any] | None = None) -> Any:
+def make_env(name: str, args: dict[str, Any] | None = None) -> Env:
     """``env_class(name)(**args)``, after ``check_env_args``."""
     check_env_args(name, args)
     return env_class(name)(**(args or {}))
@@ -66,5 +66,4 @@ def scripted_solver(name: str) -> Callable[[list[Message]], str] | None:
 
     if name in SCRIPTED_SOLVERS:
         return SCRIPTED_SOLVERS[name]
-    solver = getattr(env_class(name), "scripted_solver", None)
-    return solver if callable(solver) else None
+    return env_class(name).scripted_solver

@@ -20,9 +20,20 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable
 
-from coevo.envs.base import Score, Task, assign_split, check_split
-from coevo.envs.office_world import (DATES, ENTITIES, FIELDS, MUTATING, OWNER, TOOLS, World, check, make_world,
-                                     slug, target)
+from coevo.envs.base import Env, EnvSession, Score, Task, assign_split, check_split
+from coevo.envs.office_world import (
+    DATES,
+    ENTITIES,
+    FIELDS,
+    MUTATING,
+    OWNER,
+    TOOLS,
+    World,
+    check,
+    make_world,
+    slug,
+    target,
+)
 from coevo.harness.events import Message, ToolCall, ToolResult, ToolSpec
 
 __all__ = ["ENTITIES", "FIELDS", "OWNER", "OfficeEnv", "OfficeSession", "degraded", "final_answer", "gold_solver",
@@ -178,7 +189,7 @@ def degraded(gold_actions: tuple[ToolCall, ...] | list[ToolCall]) -> list[ToolCa
 
 
 @dataclass
-class OfficeSession:
+class OfficeSession(EnvSession):
     task: Task
     observation: str
     world: World
@@ -196,7 +207,7 @@ class OfficeSession:
         pass
 
 
-class OfficeEnv:
+class OfficeEnv(Env):
     """``n_tasks`` office tasks of ``seed`` (100 by default); splits by ``assign_split``."""
 
     name = "office"

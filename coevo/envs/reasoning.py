@@ -35,7 +35,7 @@ from types import MappingProxyType
 from typing import Any
 
 from coevo.envs.arithmetic import CALCULATOR, safe_arithmetic
-from coevo.envs.base import SPLITS, Score, Task, assign_split, check_split
+from coevo.envs.base import SPLITS, Env, EnvSession, Score, Task, assign_split, check_split
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
 from coevo.safety.sandbox.python_tool import run_python
 
@@ -169,7 +169,7 @@ def _plain_json(data: Any) -> Any | None:
 
 
 @dataclass
-class ReasoningSession:
+class ReasoningSession(EnvSession):
     """One episode on one reasoning-gym entry: stateless tools, scored by the dataset itself."""
 
     task: Task
@@ -215,7 +215,7 @@ class ReasoningSession:
         pass
 
 
-class ReasoningEnv:
+class ReasoningEnv(Env):
     """``n_per_dataset`` unique questions from each of ``datasets``, generated from ``seed``.
 
     ``configs`` overrides curated config fields per dataset (e.g. ``{"chain_sum": {"max_terms": 5}}``).

@@ -29,7 +29,7 @@ from typing import Any
 
 from coevo.config.imports import import_object, is_import_path
 from coevo.config.optional import require
-from coevo.envs.base import Score, Task, check_split
+from coevo.envs.base import Env, EnvSession, Score, Task, check_split
 from coevo.envs.chat_rows import messages_text, split_rows
 from coevo.harness.events import ToolResult
 
@@ -50,7 +50,7 @@ def read_rows(rows: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-class SkyRLEnv:
+class SkyRLEnv(Env):
     """Tasks and turns of one skyrl-gym environment class over a set of rows."""
 
     def __init__(self, rows: str | list[dict[str, Any]], env_class: str | None = None,
@@ -95,7 +95,7 @@ def _capabilities(row: dict[str, Any]) -> tuple[str, ...]:
     return (f"skill:{source}",) if isinstance(source, str) and source else ()
 
 
-class SkyRLSession:
+class SkyRLSession(EnvSession):
     """One episode: the model's replies are the environment's actions."""
 
     tools: dict = {}  # SkyRL environments parse their actions from the reply text

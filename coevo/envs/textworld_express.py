@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
-from coevo.envs.base import Task, check_split
+from coevo.envs.base import Env, Task, check_split
 from coevo.envs.twx_jvm_pool import Worker, WorkerPool
 from coevo.envs.twx_session import Game, TWXSession
 from coevo.harness.events import ToolCall
@@ -85,7 +85,7 @@ def _check_gold(worker: Worker, game: Game, gold: tuple[str, ...]) -> tuple[str,
     return _check_gold(worker, game, direct)
 
 
-class TWXEnv:
+class TWXEnv(Env):
     """TextWorld-Express games with ``n_per_game`` tasks per game and split.
 
     ``game_params`` overrides ``DEFAULT_GAME_PARAMS`` per game (the package's comma-separated

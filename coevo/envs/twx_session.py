@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from coevo.envs.base import Score, Task
+from coevo.envs.base import EnvSession, Score, Task
 from coevo.envs.deadline import DeadlineExceeded
 from coevo.envs.twx_jvm_pool import Worker, WorkerPool, killed_at_deadline
 from coevo.harness.events import ToolResult, ToolSpec
@@ -50,7 +50,7 @@ class Game:
     seed: int
 
 
-class TWXSession:
+class TWXSession(EnvSession):
     """One episode of one game. Holds the command history so that any JVM can rebuild the game."""
 
     _tokens = itertools.count()

@@ -32,7 +32,7 @@ from typing import Any
 
 from coevo.config.imports import import_object, is_import_path
 from coevo.config.optional import require
-from coevo.envs.base import Score, Task, check_split
+from coevo.envs.base import Env, EnvSession, Score, Task, check_split
 from coevo.envs.chat_rows import content_text, messages_text, split_rows
 from coevo.harness.events import ToolResult, ToolSpec
 
@@ -54,7 +54,7 @@ def _dataset_rows(dataset: Any) -> list[dict[str, Any]]:
     return [] if dataset is None else [dict(row) for row in dataset]
 
 
-class VerifiersEnv:
+class VerifiersEnv(Env):
     """Tasks, tools, turns and rewards of one verifiers environment."""
 
     def __init__(self, environment: str, args: dict[str, Any] | None = None, name: str | None = None, seed: int = 0):
@@ -87,7 +87,7 @@ def _capabilities(row: dict[str, Any]) -> tuple[str, ...]:
     return (f"skill:{skill}",) if isinstance(skill, str) and skill else ()
 
 
-class VerifiersSession:
+class VerifiersSession(EnvSession):
     """One rollout of a verifiers environment, driven by coevo's runtime one action at a time."""
 
     def __init__(self, vf_env: Any, task: Task):
@@ -153,9 +153,8 @@ class VerifiersSession:
         """The reply as the rubric's parser reads it: re-tagged for an XMLParser whose answer field the
         harness's answer extraction stripped (``<answer>`` under the base harness)."""
         parser = self.env.parser
-        field = getattr(parser, "answer_field", None)
-        if isinstance(parser, self.vf.XMLParser) and field and f"<{field}>" not in reply:
-            return f"<{field}>\n{reply}\n</{field}>"
+        if isinstance(parser, self.vf.XMLParser) and parser.answer_field and f"<{parser.answer_field}>" not in reply:
+            return f"<{parser.answer_field}>\n{reply}\n</{parser.answer_field}>"
         return reply
 
     def verify(self, answer: str | None) -> Score:

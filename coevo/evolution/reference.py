@@ -125,8 +125,7 @@ def gold_reference(env: Env, task: Task) -> Trace | None:
                 trace.events.append({"hook": "after_model", "step": step, "tool_calls": [], "answer": reply,
                                      "parse_error": None})
                 trace.replies.append(reply)
-                respond = getattr(session, "respond", None)
-                following = respond(reply) if respond is not None else None
+                following = session.respond(reply)
                 if following is None:  # the conversation ended before the gold calls did
                     return None
                 messages.append({"role": "user", "content": following})
@@ -148,10 +147,9 @@ def gold_reference(env: Env, task: Task) -> Trace | None:
             trace.stop_reason = "env_done"
         else:
             step += 1
-            gold_answer = getattr(env, "gold_answer", None)
-            answer = gold_answer(task) if gold_answer is not None else answer_text(task.answer)
-            respond = getattr(session, "respond", None)  # the runtime hands every answer to the user
-            if respond is not None and respond(answer) is not None:
+            answer = env.gold_answer(task)
+            answer = answer_text(task.answer) if answer is None else answer
+            if session.respond(answer) is not None:  # the runtime hands every answer to the user
                 return None  # the user still had something to ask: not a whole conversation
             model_call(step, f"<answer>{answer}</answer>")
             trace.events.append({"hook": "after_model", "step": step, "tool_calls": [], "answer": answer,

@@ -135,14 +135,7 @@ def run(cfg: Any) -> Path:
         try:
             return run_on_env(cfg, env, accelerator, reshard_after_forward=reshard)
         finally:  # every exit path, a failing start included: a TextWorld env's JVMs must not outlive the run
-            close_env(env)
-
-
-def close_env(env: Env) -> None:
-    """``env.close()`` where the env has one (it is optional in the Env protocol)."""
-    close = getattr(env, "close", None)
-    if close is not None:
-        close()
+            env.close()
 
 
 def run_on_env(cfg: TrainConfig, env: Env, accelerator: Accelerator, *,

@@ -146,8 +146,7 @@ def scripted_policy(name: str, env: Env, env_name: str, *, delegate: bool = Fals
         from coevo.agent.gold import GoldPolicy
 
         tasks = [t for split in ("train", "val", "test") for t in env.tasks(split)]
-        return GoldPolicy(tasks, answer=getattr(env, "gold_answer", None),
-                          owner=getattr(env, "tool_owners", None) if delegate else None,
+        return GoldPolicy(tasks, answer=env.gold_answer, owner=env.tool_owners if delegate else None,
                           model_version=f"gold-{env.name}")
     solver = scripted_solver(env_name)
     if solver is None:
@@ -253,7 +252,7 @@ def build_processes(accelerator: Accelerator, policy: Policy, sync: Callable[[],
     from accelerate.utils import broadcast_object_list
 
     several = accelerator.num_processes > 1
-    given = {"sync_weights": sync, "release_rollout": getattr(policy, "release", None),
+    given = {"sync_weights": sync, "release_rollout": policy.release,
              "share": (lambda obj: broadcast_object_list([obj], from_process=0)[0]) if several else None}
     return Processes(is_main=accelerator.is_main_process, **{k: v for k, v in given.items() if v is not None})
 

@@ -87,7 +87,7 @@ class Coevolution:
         self.mode, self.rollouts, self.aegis, self.run_dir = mode, rollouts, aegis, run_dir
         self.tracker, self.progress, self.is_main = tracker, progress, processes.is_main
         self.policy = rollouts.policy
-        self.env_name = str(getattr(rollouts.env, "name", "env"))  # noted in every harness file the run writes
+        self.env_name = rollouts.env.name  # noted in every harness file the run writes
         self.evolves, self.trains = Mode(mode).evolves, trains
         self.training = training if trains else None
         self.trainer = training.trainer if trains else None
@@ -176,7 +176,7 @@ class Coevolution:
         writes; every rank takes part in the GRPO step on the traces rank 0 shares."""
         if not self.is_main:
             return self._follow_round(r)
-        clock, generating = PhaseClock(), getattr(self.policy, "seconds", 0.0)
+        clock, generating = PhaseClock(), self.policy.seconds
         batch, version = self.batches[r - self.first], self.trainer.version if self.trainer is not None else 0
         traces, bare = self._roll_out(batch, r, version, clock)
         train_ids = {t.task_id for t in batch}
@@ -203,7 +203,7 @@ class Coevolution:
                               buffer=BufferStats(len(self.buffer), self.buffer.lag(self.trainer.version))
                               if self.trains else None)
         # inside rollout, critic and eval: the share spent in the model's generate() (not a phase of its own)
-        record.generation_seconds = getattr(self.policy, "seconds", 0.0) - generating
+        record.generation_seconds = self.policy.seconds - generating
         self.state.records.append(record)
         self.state.next_round = r + 1
         with clock("checkpoint"):

@@ -232,8 +232,8 @@ def check_context_window(policy: Any, harness: Any, env: Any, task: Any, max_ste
     setting to name in the error (``--max-new-tokens`` on the command line)."""
     from coevo.agent.episode import EpisodeRun, Job
 
-    limit = getattr(policy, "context_window", None)
-    if not isinstance(limit, int) or not hasattr(policy, "prompt_ids"):
+    limit = policy.context_window
+    if limit is None:
         return None
     episode = EpisodeRun(Job(task, harness), env, "context-check", max_steps).run()
     try:
@@ -242,7 +242,10 @@ def check_context_window(policy: Any, harness: Any, env: Any, task: Any, max_ste
         return None  # the episode ended before asking the model (an env or processor error the rollout will report)
     finally:
         episode.close()  # closes the env session it opened
-    prompt = len(policy.prompt_ids(request.messages, request.reply_prefix))
+    ids = policy.prompt_ids(request.messages, request.reply_prefix)
+    if ids is None:  # a policy that renders no prompt has no tokens to count
+        return None
+    prompt = len(ids)
     budget = request.sampling.max_new_tokens
     if prompt + budget > limit:
         raise UsageError(f"{field}={budget} does not fit the model's context window: the first "

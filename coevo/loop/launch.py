@@ -47,7 +47,7 @@ def launch_accelerator(device: str, mixed_precision: str, environ: Mapping[str, 
                          "(DeepSpeed's accelerator; DS_ACCELERATOR=cpu selects the CPU one): set model.device to match")
     fsdp = getattr(accelerator.state, "fsdp_plugin", None)  # None on CPU: accelerate sets up FSDP only on GPUs
     version = getattr(fsdp, "fsdp_version", None) or int(environ.get("FSDP_VERSION", "1") or 1)
-    ds = getattr(accelerator.state, "deepspeed_plugin", None)
+    ds = accelerator.state.deepspeed_plugin  # None unless DeepSpeed runs
     zero_stage = ds.deepspeed_config.get("zero_optimization", {}).get("stage") if ds is not None else None
     sharding = check_distributed(accelerator.distributed_type, version, requested=requested, world_size=world_size,
                                  processes=accelerator.num_processes, zero_stage=zero_stage)

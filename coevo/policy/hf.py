@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from coevo.agent.policy import ChatRequest, Generation
+from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.config.schema import RolloutConfig
 from coevo.harness.events import Message, SamplingParams
 from coevo.policy.decode import RaceSampling, Report, batch_tokens, batches_within, decode, kv_bytes_per_token
@@ -51,7 +51,7 @@ SHARED_PREFIX_MIN = 32
 """Prompts of one batch that share at least this many leading tokens get that prefix read once."""
 
 
-class TransformersPolicy:
+class TransformersPolicy(Policy):
     """Generates with the model object the trainer updates, so rollouts see new weights without
     any copy. The prefix cache notices updates by itself: its states are dropped whenever a
     parameter's in-place version counter (bumped by every optimizer step and ``load_state_dict``)
@@ -92,7 +92,6 @@ class TransformersPolicy:
         # the prefix cache shares the key/value budget (``prefix_cache_mb`` caps it lower; 0 turns it off)
         cache_mb = kv_mib if prefix_cache_mb is None else min(prefix_cache_mb, kv_mib)
         self.cache = PrefixCache(int(cache_mb * 2**20))
-        self.on_progress: Callable[[str], None] | None = None  # lines from inside a long call (the rollout's display)
         self._call_began = 0.0
         self._last_said = time.perf_counter()  # the last progress line, across calls: never dark for long
         self._calls_done = self._tokens_done = 0
@@ -185,7 +184,7 @@ class TransformersPolicy:
     @property
     def context_window(self) -> int | None:
         """The model's context window in tokens (``config.max_position_embeddings``), or None."""
-        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        limit = getattr(self.model.config, "max_position_embeddings", None)  # absent from some architectures' configs
         return limit if isinstance(limit, int) and limit > 0 else None
 
     def _weights_fingerprint(self) -> tuple[str, int]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
-from coevo.agent.policy import ChatRequest, Generation
+from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.harness.events import SamplingParams
 from coevo.policy.chat import prefix_ids, render_prompt
 
@@ -267,7 +267,7 @@ class IdleEngine:
         """Nothing held."""
 
 
-class VLLMPolicy:
+class VLLMPolicy(Policy):
     def __init__(self, engine: Engine, tokenizer: Any, *, model_version: str = "0", tool_role: bool = False) -> None:
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; VLLMPolicy renders chats with it")

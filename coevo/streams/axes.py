@@ -182,9 +182,9 @@ def get_axis(name: str) -> Axis:
 
 def tool_owners(env: Env) -> dict[str, str]:
     """The env's ownership map (tool → entity) that the agents axis needs: ``env.tool_owners``."""
-    owner = getattr(env, "tool_owners", None)
+    owner = env.tool_owners
     if not isinstance(owner, Mapping) or not owner:
-        raise ValueError(f"env {getattr(env, 'name', env)!r} has no tool_owners map (tool name -> owning entity); "
+        raise ValueError(f"env {env.name!r} has no tool_owners map (tool name -> owning entity); "
                          "the agents axis groups tools into specialists by it")
     return dict(owner)
 

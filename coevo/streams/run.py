@@ -293,9 +293,9 @@ def draw_stream(path: Path, per_protocol: dict[str, dict[str, Any]], stream: Str
 
 
 def _summary_table(progress: Progress, metrics: dict[str, Any], protocols: Sequence[str]) -> None:
-    console = getattr(progress, "console", None)
-    if console is None:
+    if not isinstance(progress, RichProgress):  # no console to print to
         return
+    console = progress.console
     from rich.table import Table
 
     table = Table(title=f"{metrics['axis']} stream, {metrics['stages']} stages")

@@ -9,7 +9,7 @@ from typing import Any
 
 from coevo.agent.gold import GoldPolicy
 from coevo.agent.rollouts import RolloutService
-from coevo.envs.base import Score, Task
+from coevo.envs.base import Env, EnvSession, Score, Task
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
 
@@ -17,7 +17,7 @@ COUNTER = ToolSpec("add", "Add n to the counter.", {"type": "object", "propertie
                                                     "required": ["n"]})
 
 
-class Chat:
+class Chat(EnvSession):
     """The user asks for additions in turns; after each reply the next turn comes, then nothing.
     Passed when the counter ends at the target and every turn got a reply."""
 
@@ -48,7 +48,7 @@ class Chat:
             self.env.open -= 1
 
 
-class ChatEnv:
+class ChatEnv(Env):
     name = "chat"
 
     def __init__(self, max_sessions: int | None = None, broken: str | None = None) -> None:

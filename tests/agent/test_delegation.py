@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.episode import MAX_DELEGATION_DEPTH, Job
+from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.runtime import run_episodes
-from coevo.envs.base import Score, Task
+from coevo.envs.base import Env, EnvSession, Score, Task
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import Message, ModelRequestEvent, ToolResult, ToolSpec
 from coevo.harness.harness import Harness
@@ -26,7 +26,7 @@ OWNER = {"note_add": "notes", "clock_set": "clock", "explode": "clock"}
 
 
 @dataclass
-class DeskSession:
+class DeskSession(EnvSession):
     """Two entities' state: a notes list and a clock. The verifier checks the final state."""
 
     task: Task
@@ -63,7 +63,7 @@ class DeskSession:
         pass
 
 
-class Desk:
+class Desk(Env):
     name = "desk"
 
     def __init__(self) -> None:
@@ -248,9 +248,10 @@ def test_sub_episode_tokens_reach_the_buffer_with_exact_behaviour_logprobs(tmp_p
     freely. The buffer's behaviour log-probs of the specialist's tokens (one forward of the model,
     at each call's temperature) equal what the sampler drew them with."""
     from coevo.buffers import ReplayBuffer
+    from coevo.trainers.logprobs import logprob_fn
+
     from coevo.policy.hf import TransformersPolicy
     from coevo.policy.tiny import tiny_model, tiny_tokenizer
-    from coevo.trainers.logprobs import logprob_fn
 
     tok = tiny_tokenizer()
     model = tiny_model(tok, seed=0)

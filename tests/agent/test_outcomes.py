@@ -13,7 +13,6 @@ import pytest
 from coevo.agent.outcomes import pass_at_1, pass_at_k, pass_rates, task_outcomes, task_pass_at_k
 from coevo.agent.trace import Trace
 
-
 _ids = itertools.count()
 
 

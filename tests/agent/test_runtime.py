@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 import pytest
 
 from coevo.agent import Job, ScriptedPolicy, run_attempts, run_episode, run_episodes
-from coevo.agent.policy import byte_ids
+from coevo.agent.policy import Policy, byte_ids
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
-from coevo.envs.base import Score, Task
+from coevo.envs.base import Env, EnvSession, Score, Task
 from coevo.harness import Dimension, Hook, Processor
-from coevo.harness.processor import Param
 from coevo.harness import events as ev
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import HOOK_INPUT
 from coevo.harness.library import PythonExecutor, ToolRegistry
+from coevo.harness.processor import Param
 
 ORDER = "hook_order"
 
@@ -37,7 +37,7 @@ def recorder(hook: Hook) -> Processor:
 
 
 @dataclass
-class FakeSession:
+class FakeSession(EnvSession):
     task: Task
     fail_on: str = ""
     observation: str = "do the thing"
@@ -61,7 +61,7 @@ class FakeSession:
         pass
 
 
-class FakeEnv:
+class FakeEnv(Env):
     name = "fake"
 
     def __init__(self, fail_on: dict[str, str] | None = None):
@@ -199,7 +199,7 @@ def test_processor_returning_wrong_type_is_caught():
 
 
 def test_policy_failure_fails_the_batch_episodes_not_the_run():
-    class Broken:
+    class Broken(Policy):
         model_version = "broken"
 
         def generate(self, requests):
@@ -301,7 +301,7 @@ def test_infrastructure_failures_are_marked_on_the_trace():
     """Policy, environment and tool crashes are infrastructure failures; a processor's crash is the
     harness's own defect, and parse errors or wrong answers are the model's."""
 
-    class Broken:
+    class Broken(Policy):
         model_version = "broken"
 
         def generate(self, requests):
@@ -439,8 +439,8 @@ def test_tool_choice_makes_a_model_that_would_answer_directly_call_the_calculato
     """A scripted model that answers at once unless its reply was opened as a calculator call (it
     then writes the expression): on the base harness it never calls the tool; with tool_choice
     every episode's first call runs the calculator and the second, free call answers from it."""
-    from coevo.harness.library import ToolChoice
     from coevo.envs.arithmetic import CALCULATOR
+    from coevo.harness.library import ToolChoice
     from coevo.harness.library.tools import forced_call_prefix
 
     env = ArithmeticEnv(n_tasks=10)

@@ -13,8 +13,8 @@ if shutil.which("java") is None:
 
 import textworld_express
 
-from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.episode import Job
+from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.runtime import run_episode, run_episodes
 from coevo.envs.textworld_express import GAMES, TWXEnv
 from coevo.harness.defaults import base_harness

@@ -17,7 +17,7 @@ import pytest
 
 from coevo.agent import ScriptedPolicy, run_episode
 from coevo.agent.rollouts import RolloutService
-from coevo.envs.base import Score, Task
+from coevo.envs.base import Env, EnvSession, Score, Task
 from coevo.envs.line_process import LineProcess
 from coevo.harness import events as ev
 from coevo.harness.defaults import base_harness
@@ -42,7 +42,7 @@ def gone(pid: int) -> bool:
         return True
 
 
-class LineSession:
+class LineSession(EnvSession):
     """A session holding one simulator: its first reply is the observation; ``say`` asks it a line."""
 
     def __init__(self, task: Task) -> None:
@@ -63,7 +63,7 @@ class LineSession:
         self.sim.close()
 
 
-class LineEnv:
+class LineEnv(Env):
     name = "line"
 
     def __init__(self, first: str = "hello") -> None:
@@ -127,7 +127,7 @@ def test_a_reset_past_its_timeout_fails_the_episode_and_kills_the_simulator():
 
 
 @dataclass
-class SlowSession:
+class SlowSession(EnvSession):
     """An in-process session: nothing to kill."""
 
     closed: list[bool] = field(default_factory=list)
@@ -146,7 +146,7 @@ class SlowSession:
         self.closed.append(True)
 
 
-class SlowResetEnv:
+class SlowResetEnv(Env):
     name = "slow"
 
     def __init__(self) -> None:

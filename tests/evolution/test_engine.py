@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from coevo.agent.policy import ScriptedPolicy
+from coevo.agent.policy import Policy, ScriptedPolicy
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.evolution.critic import Critic
 from coevo.evolution.engine import AEGIS
@@ -190,7 +190,7 @@ def test_infrastructure_failures_give_the_planner_nothing(env):
     crash = {batch[1].task_id, batch[3].task_id}
     expressions = {t.instruction for t in batch if t.task_id in crash}
 
-    class OutOfMemoryOn:
+    class OutOfMemoryOn(Policy):
         model_version = "oom"
 
         def __init__(self) -> None:
@@ -292,7 +292,7 @@ def test_the_critic_rollout_reports_infrastructure_failures_as_none(env):
     batch = env.tasks("train")[:3]
     crashing = batch[1].instruction
 
-    class CrashesOn:
+    class CrashesOn(Policy):
         model_version = "crash"
 
         def generate(self, requests):

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from coevo.envs.base import Score, Task, check_split
+from coevo.envs.base import Env, EnvSession, Score, Task, check_split
 from coevo.harness.events import Message, ToolCall, ToolResult, ToolSpec
 
 OPS = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "neg": lambda a, b: -a}
@@ -49,7 +49,7 @@ def make_tasks() -> list[Task]:
 
 
 @dataclass
-class ToolboxSession:
+class ToolboxSession(EnvSession):
     task: Task
     observation: str
     tools: dict[str, ToolSpec] = field(default_factory=lambda: {n: spec(n) for n in OPS})
@@ -71,7 +71,7 @@ class ToolboxSession:
         pass
 
 
-class ToolboxEnv:
+class ToolboxEnv(Env):
     name = "toolbox"
 
     def __init__(self) -> None:
