@@ -21,7 +21,7 @@ import copy
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import TYPE_CHECKING, Any, Callable, Generator
 
 from coevo.agent.firing import EpisodeError, fire
 from coevo.agent.policy import ChatRequest, Generation
@@ -33,6 +33,9 @@ from coevo.harness.errors import ProcessorContractError
 from coevo.harness.events import Message
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import Hook
+
+if TYPE_CHECKING:
+    from coevo.harness.library.delegation import Specialist
 
 Episode = Generator[ChatRequest, Generation, Trace]
 
@@ -294,7 +297,7 @@ class EpisodeRun:
                                                          "expected the next user message (str) or None"), "env")
         return following
 
-    def _delegate(self, specialist: Any, call: ev.ToolCall) -> Generator[ChatRequest, Generation, ev.ToolResult]:
+    def _delegate(self, specialist: Specialist, call: ev.ToolCall) -> Generator[ChatRequest, Generation, ev.ToolResult]:
         """Run ``specialist``'s sub-episode on this episode's session and return its report as the
         tool's result. Its model calls, tool calls and events join this trace (tagged with the
         specialist's name, exact token ids kept, so GRPO trains on them); anything that goes wrong

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo.agent.rollouts import Rollout, RolloutService
 from coevo.agent.trace import Trace
@@ -17,6 +17,9 @@ from coevo.envs.base import check_split
 from coevo.harness.harness import Harness
 from coevo.safety.secrets import redact, redact_text, secret_env_values
 from coevo.safety.traces import redact_trace
+
+if TYPE_CHECKING:
+    from coevo.envs.base import Env, Task
 
 
 @dataclass
@@ -115,7 +118,7 @@ class TraceLog:
             f.write(line)
 
 
-def first_tasks(env: Any, split: str, limit: int | None) -> list:
+def first_tasks(env: Env, split: str, limit: int | None) -> list[Task]:
     """The first ``limit`` tasks of ``split`` (all when None), asking the env for only those when
     its ``tasks`` accepts a ``limit`` keyword."""
     if limit is None:

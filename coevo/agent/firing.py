@@ -6,12 +6,14 @@ as a failed trace; the stream axes fire hooks the same way)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from coevo.harness import events as ev
 from coevo.harness.errors import ProcessorContractError
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import Hook
+
+E = TypeVar("E", bound=ev.Event)
 
 
 class EpisodeError(Exception):
@@ -42,7 +44,7 @@ def _summary(event: ev.Event) -> dict[str, Any]:
     return {}
 
 
-def fire(harness: Harness, hook: Hook, event: ev.Event, log: list[dict[str, Any]]) -> Any:
+def fire(harness: Harness, hook: Hook, event: E, log: list[dict[str, Any]]) -> E:
     """Run the processors of ``hook`` in order, checking each returns its declared event type."""
     start = time.perf_counter()
     for p in harness.at(hook):

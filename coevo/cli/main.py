@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
@@ -27,6 +27,10 @@ from coevo.cli.options import (
 )
 from coevo.config.schema import RolloutConfig
 from coevo.errors import USAGE_EXIT, debugging, one_line, reported_as_one_line
+
+if TYPE_CHECKING:
+    from coevo.agent.evaluate import EvalReport
+    from coevo.agent.trace import Trace
 
 app = typer.Typer(help="coevo: harness-model co-evolution for LLM agents.", no_args_is_help=True, add_completion=False)
 app.add_typer(harness_app, name="harness")
@@ -85,7 +89,7 @@ def eval_cmd(
         out = out or Path("runs") / time.strftime(f"eval-{env.name}-%Y%m%d-%H%M%S")
         log = TraceLog(out / "traces.jsonl", tokenizer=policy.tokenizer)
         console.print(f"traces: {log.path} (appended as episodes end)", soft_wrap=True)
-        def write_partial(report: Any, traces: list) -> None:
+        def write_partial(report: EvalReport, traces: list[Trace]) -> None:
             write_eval(out, h, report, traces, tokenizer=policy.tokenizer)
             console.print(f"stopped: a partial report of {len(traces)} ended episode(s) in {out / 'report.md'}")
 

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from coevo.envs.base import assign_split
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
-def _field(message: Any, name: str) -> Any:
+
+def _field(message: Mapping[str, Any] | BaseModel, name: str) -> Any:
     """A message's field, whether the message is a dict or a pydantic model."""
     return message.get(name) if isinstance(message, Mapping) else getattr(message, name, None)
 
 
-def content_text(content: Any) -> str:
+def content_text(content: str | Iterable[Mapping[str, Any] | BaseModel] | None) -> str:
     """A message's content as text: a string, or the text parts of a list of content parts."""
     if content is None:
         return ""

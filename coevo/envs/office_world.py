@@ -98,7 +98,7 @@ class ToolError(Exception):
     pass
 
 
-def _check_args(name: str, args: Any) -> dict[str, Any]:
+def _check_args(name: str, args: object) -> dict[str, Any]:
     if not isinstance(args, dict):
         raise ToolError(f"{name} needs an object of arguments")
     props = TOOLS[name].parameters["properties"]
@@ -122,7 +122,7 @@ def _check_args(name: str, args: Any) -> dict[str, Any]:
     return args
 
 
-def _dump(value: Any) -> str:
+def _dump(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -137,7 +137,7 @@ class World:
         self.state = copy.deepcopy(self.state)
         self.handlers = {name: getattr(self, name) for name in TOOLS}
 
-    def call(self, name: str, arguments: Any) -> ToolResult:
+    def call(self, name: str, arguments: object) -> ToolResult:
         if name not in self.handlers:
             return ToolResult("", error=f"unknown tool {name!r}; available: {sorted(TOOLS)}")
         try:

@@ -32,12 +32,15 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo.envs.arithmetic import CALCULATOR, safe_arithmetic
 from coevo.envs.base import SPLITS, Env, EnvSession, Score, Task, assign_split, check_split
 from coevo.harness.events import ToolCall, ToolResult, ToolSpec
 from coevo.safety.sandbox.python_tool import run_python
+
+if TYPE_CHECKING:
+    from reasoning_gym.dataset import ProceduralDataset
 
 PYTHON = ToolSpec(
     "python",
@@ -62,7 +65,7 @@ def format_number(value: float) -> str:
     return f"{value:.12g}"
 
 
-def calculate(expression: Any) -> ToolResult:
+def calculate(expression: object) -> ToolResult:
     """The calculator tool: ``safe_arithmetic`` with every failure reported as a tool error."""
     if not isinstance(expression, str):
         return ToolResult("", error="calculator needs a string argument 'expression'")
@@ -160,7 +163,7 @@ and an answer note are judgements about the dataset that cannot be inferred from
 DEFAULT_DATASETS: tuple[str, ...] = tuple(CURATED)
 
 
-def _plain_json(data: Any) -> Any | None:
+def _plain_json(data: object) -> Any | None:
     """``data`` as plain JSON values (tuples become lists), or None when it is not serialisable."""
     try:
         return json.loads(json.dumps(data))
@@ -173,7 +176,7 @@ class ReasoningSession(EnvSession):
     """One episode on one reasoning-gym entry: stateless tools, scored by the dataset itself."""
 
     task: Task
-    dataset: Any  # the reasoning_gym ProceduralDataset that produced the entry
+    dataset: ProceduralDataset  # the dataset that produced the entry
     entry: Entry
     observation: str
     python_timeout_s: float
@@ -308,7 +311,7 @@ class ReasoningEnv(Env):
             self._tasks.append(task)
             self._sources[task.task_id] = (dataset, entry)
 
-    def _task(self, name: str, spec: DatasetSpec, dataset: Any, entry: Entry) -> Task:
+    def _task(self, name: str, spec: DatasetSpec, dataset: ProceduralDataset, entry: Entry) -> Task:
         question = entry["question"]
         task_id = f"reasoning/{name}/{hashlib.sha256(question.encode()).hexdigest()[:ID_HASH_CHARS]}"
         gold = spec.gold(entry) if spec.gold is not None else ()

@@ -25,13 +25,16 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo.config.imports import import_object, is_import_path
 from coevo.config.optional import require
 from coevo.envs.base import Env, EnvSession, Score, Task, check_split
 from coevo.envs.chat_rows import messages_text, split_rows
 from coevo.harness.events import ToolResult
+
+if TYPE_CHECKING:
+    from skyrl_gym.envs.base_text_env import BaseTextEnv
 
 
 def read_rows(rows: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -100,7 +103,7 @@ class SkyRLSession(EnvSession):
 
     tools: dict = {}  # SkyRL environments parse their actions from the reply text
 
-    def __init__(self, env: Any, task: Task, pass_threshold: float):
+    def __init__(self, env: BaseTextEnv, task: Task, pass_threshold: float):
         self.env, self.task, self.pass_threshold, self.done = env, task, pass_threshold, False
         prompt, _ = env.init(list(task.metadata["row"]["prompt"]))
         self.observation = messages_text(prompt)

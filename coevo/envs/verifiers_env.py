@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from typing import Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from coevo.config.imports import import_object, is_import_path
 from coevo.config.optional import require
@@ -36,10 +37,19 @@ from coevo.envs.base import Env, EnvSession, Score, Task, check_split
 from coevo.envs.chat_rows import content_text, messages_text, split_rows
 from coevo.harness.events import ToolResult, ToolSpec
 
+if TYPE_CHECKING:
+    from types import ModuleType
+    
+    from datasets import Dataset
+    from verifiers import Environment
+
 NOT_HERE = "coevo's runtime calls the model; a verifiers client is never asked to"
 
 
-def _load(environment: str, args: dict[str, Any]) -> Any:
+T = TypeVar("T")
+
+
+def _load(environment: str, args: dict[str, Any]) -> Environment:
     vf = require("verifiers", "verifiers")
     if is_import_path(environment):
         env = import_object(environment, "verifiers environment")(**args)
@@ -50,7 +60,7 @@ def _load(environment: str, args: dict[str, Any]) -> Any:
     return env
 
 
-def _dataset_rows(dataset: Any) -> list[dict[str, Any]]:
+def _dataset_rows(dataset: Dataset | None) -> list[dict[str, Any]]:
     return [] if dataset is None else [dict(row) for row in dataset]
 
 
@@ -90,7 +100,7 @@ def _capabilities(row: dict[str, Any]) -> tuple[str, ...]:
 class VerifiersSession(EnvSession):
     """One rollout of a verifiers environment, driven by coevo's runtime one action at a time."""
 
-    def __init__(self, vf_env: Any, task: Task):
+    def __init__(self, vf_env: Environment, task: Task):
         vf = require("verifiers", "verifiers")
         self.vf, self.env, self.task, self.done = vf, vf_env, task, False
         self._loop = asyncio.new_event_loop()
@@ -107,7 +117,7 @@ class VerifiersSession(EnvSession):
         self.tools = {t.name: ToolSpec(t.name, t.description, dict(t.parameters)) for t in self.state["tool_defs"]}
         self._calls = 0
 
-    def _run(self, coroutine: Any) -> Any:
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self._loop.run_until_complete(coroutine)
 
     def _step(self, completion: list[Any]) -> None:
@@ -174,7 +184,7 @@ class VerifiersSession(EnvSession):
 
 
 @functools.cache
-def _client_class(vf: Any) -> type:
+def _client_class(vf: ModuleType) -> type:
     """A concrete verifiers ``Client`` for ``init_state`` whose every model method refuses: coevo's
     runtime calls the model, the session only records what it generated."""
 

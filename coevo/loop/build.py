@@ -36,6 +36,7 @@ from coevo.loop.termination import sigterm_raises
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
+    from omegaconf import DictConfig
 
     from coevo.envs.base import Env, Task
     from coevo.harness.harness import Harness
@@ -46,7 +47,7 @@ RESUMABLE_CHANGES = {"rounds", "logger", "val_every", "test", "test_limit"}
 """Top-level keys that may differ when a run is started again on its directory."""
 
 
-def to_config(cfg: Any) -> TrainConfig:
+def to_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
     """A ``TrainConfig`` from a Hydra ``DictConfig`` (or a ``TrainConfig`` as is)."""
     if isinstance(cfg, TrainConfig):
         return cfg
@@ -102,7 +103,7 @@ def completed_rounds(run_dir: Path) -> int:
 
 
 @sigterm_raises()  # a SIGTERM (scheduler, `kill`) unwinds through the finally below instead of skipping it
-def run(cfg: Any) -> Path:
+def run(cfg: DictConfig | TrainConfig) -> Path:
     """Build everything from the config, run the rounds (resuming when the run directory holds a
     committed round), write the report. Returns the run directory."""
     import torch

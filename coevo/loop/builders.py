@@ -21,12 +21,16 @@ from coevo.loop.config_check import SCRIPTED_MODELS
 from coevo.loop.schedule import Processes, Schedule, Training
 
 if TYPE_CHECKING:
+    import torch
     from accelerate import Accelerator
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from coevo.agent.rollouts import RolloutService
     from coevo.agent.trace import Trace
     from coevo.envs.base import Env, Task
     from coevo.evolution.critic import Critic
+    from coevo.evolution.critic import Rollout as CriticRollout
     from coevo.evolution.engine import AEGIS
     from coevo.evolution.meta_agent import MetaAgent
     from coevo.harness.harness import Harness
@@ -87,7 +91,7 @@ def build_rollout_policy(cfg: TrainConfig, env: Env, models: Models, *,
     return policy, sync
 
 
-def build_policy(cfg: TrainConfig, model: Any, tok: Any, *,
+def build_policy(cfg: TrainConfig, model: PreTrainedModel | PeftModel, tok: PreTrainedTokenizerBase, *,
                  generates: bool = True) -> tuple[Policy, Callable[[], None] | None]:
     """(policy, sync) where ``sync()`` pushes the trained weights to the rollout engine. A rank that
     does not generate (``generates=False``: rank > 0) gets an idle vLLM engine, not one of its own."""
@@ -117,7 +121,7 @@ def build_policy(cfg: TrainConfig, model: Any, tok: Any, *,
     return policy, (lambda: policy.sync_weights(model, policy.model_version)) if generates else None
 
 
-def gathered_sync(sharded_model: Any, rollout_model: Any | None) -> Callable[[], None]:
+def gathered_sync(sharded_model: torch.nn.Module, rollout_model: torch.nn.Module | None) -> Callable[[], None]:
     """The weight sync of a sharded run: every rank gathers the trained weights (a collective), rank 0
     loads them into its rollout copy (``rollout_model``; None on the other ranks)."""
 
@@ -197,7 +201,7 @@ def build_aegis(cfg: TrainConfig, start: Harness, rollouts: RolloutService, meta
                  patience=Patience(rounds=e.patience) if e.patience is not None else None)
 
 
-def make_critic(e: EvolutionConfig, rollout: Any) -> Critic:
+def make_critic(e: EvolutionConfig, rollout: CriticRollout) -> Critic:
     """The Critic of ``evolution.*`` over ``rollout`` (also used by scripts/gate_quality.py)."""
     from coevo.evolution.critic import Critic
 

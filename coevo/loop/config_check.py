@@ -12,11 +12,18 @@ callers that build them directly (``Critic``, ``LossParams``, ``GRPOTrainer``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from coevo.config.mode import Mode
 from coevo.config.schema import TrainConfig, violations
 from coevo.errors import UsageError
+
+if TYPE_CHECKING:
+    from accelerate.utils import DistributedType
+
+    from coevo.agent.policy import Policy
+    from coevo.envs.base import Env, Task
+    from coevo.harness.harness import Harness
 
 SCRIPTED_MODELS = ("scripted", "gold")
 """``model.name`` values that run without weights (``coevo.loop.builders.scripted_policy``)."""
@@ -174,8 +181,9 @@ def launch_request(environ: Mapping[str, str]) -> tuple[str | None, int]:
     return strategy, int(environ.get("WORLD_SIZE", "1") or 1)
 
 
-def check_distributed(distributed_type: Any, fsdp_version: int | None = None, *, requested: str | None = None,
-                      world_size: int = 1, processes: int = 1, zero_stage: int | None = None) -> str | None:
+def check_distributed(distributed_type: DistributedType, fsdp_version: int | None = None, *,
+                      requested: str | None = None, world_size: int = 1, processes: int = 1,
+                      zero_stage: int | None = None) -> str | None:
     """The launch against what accelerate set up, before any work: a launch gets the strategy it asked
     for or a ValueError saying why not, never another one. Returns the trainer's sharding: ``"fsdp2"``
     for FSDP version 2 (the trainer shards itself, ``coevo.trainers.sharding``; on CPU, where accelerate
@@ -222,7 +230,7 @@ def check_triton_device(cfg: TrainConfig) -> None:
                          "chunked elsewhere)")
 
 
-def check_context_window(policy: Any, harness: Any, env: Any, task: Any, max_steps: int,
+def check_context_window(policy: Policy, harness: Harness, env: Env, task: Task, max_steps: int,
                          field: str = "config rollout.max_new_tokens") -> str | None:
     """The completion budget plus the prompt of ``task``'s first model call (under ``harness``, as the
     first rollout renders it) against the model's context window, before any rollout: past it the

@@ -14,10 +14,14 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from coevo.errors import UsageError
 from coevo.loop.config_check import check_distributed, launch_request
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from omegaconf import DictConfig
 
 
 def launch_accelerator(device: str, mixed_precision: str, environ: Mapping[str, str] | None = None
@@ -63,7 +67,7 @@ def launch_accelerator(device: str, mixed_precision: str, environ: Mapping[str, 
 
 
 @contextmanager
-def torn_down_on_exit(accelerator: Any) -> Iterator[None]:
+def torn_down_on_exit(accelerator: Accelerator) -> Iterator[None]:
     """Around a multi-process run's work: on the way out, however it leaves, the process group is
     destroyed while the interpreter is whole. Left to interpreter shutdown, gloo's worker threads
     can still hold async work (ZeRO-3's prefetching all-gathers, DDP's bucket reductions) whose
@@ -108,7 +112,7 @@ def end_rank() -> None:
     os._exit(0)
 
 
-def with_launch_sharding(cfg: Any, sharding: str | None) -> Any:
+def with_launch_sharding(cfg: DictConfig, sharding: str | None) -> DictConfig:
     """``cfg`` with the launch's sharding (``launch_accelerator``'s) as ``trainer.sharding`` (the
     FSDP2 launch config's resharding choice goes to the trainer as an argument: ``coevo.loop.build``).
     A config that names another sharding than the launch gives is a ValueError:

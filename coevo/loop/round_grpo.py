@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo.agent.trace import Trace
 from coevo.envs.base import Task
 from coevo.rundir.records import GRPOMetrics
 from coevo.trainers.advantages import group_advantages
+
+if TYPE_CHECKING:
+    from coevo.buffers import ReplayBuffer
 
 CRITIC = "critic"
 """The buffer variant of the Critic's re-runs (``RolloutService.critic_rollout``)."""
@@ -20,7 +23,7 @@ UNSCAFFOLDED = "unscaffolded"
 """The buffer variant of the episodes run without the harness's scaffolding (``rollout.unscaffolded_attempts``)."""
 
 
-def buffered_rollouts(buffer: Any, r: int) -> tuple[list[Trace], list[Trace]] | None:
+def buffered_rollouts(buffer: ReplayBuffer, r: int) -> tuple[list[Trace], list[Trace]] | None:
     """The rollouts a killed run already committed to ``buffer`` for round ``r`` (reused on resume),
     and apart from them the round's episodes without the scaffolding; the Critic's traces of the
     round are not rollouts and are left out. None when the round committed none."""
@@ -31,7 +34,7 @@ def buffered_rollouts(buffer: Any, r: int) -> tuple[list[Trace], list[Trace]] | 
             buffer.load([e for e in entries if e.variant == UNSCAFFOLDED]))
 
 
-def critic_traces_to_store(traces: Sequence[Trace], buffer: Any, r: int, withheld: set[str]) -> list[Trace]:
+def critic_traces_to_store(traces: Sequence[Trace], buffer: ReplayBuffer, r: int, withheld: set[str]) -> list[Trace]:
     """The Critic's re-runs of round ``r`` that join the groups: only tasks in ``withheld`` (no
     demonstration any harness of the round showed can hold their gold answer, so no trained prompt
     holds the answer it is scored on), none already stored (a resumed round: the critic phase is
@@ -42,12 +45,12 @@ def critic_traces_to_store(traces: Sequence[Trace], buffer: Any, r: int, withhel
     return kept[: max(0, buffer.capacity - len(buffer.query(round=r)))]
 
 
-def critic_task_ids(buffer: Any, r: int) -> set[str]:
+def critic_task_ids(buffer: ReplayBuffer, r: int) -> set[str]:
     """Tasks whose groups round ``r``'s Critic traces joined."""
     return {e.task_id for e in buffer.query(round=r) if e.variant == CRITIC}
 
 
-def training_batch(buffer: Any, task_ids: set[str]) -> tuple[list[Trace], list[int]]:
+def training_batch(buffer: ReplayBuffer, task_ids: set[str]) -> tuple[list[Trace], list[int]]:
     """Every buffered trace of ``task_ids`` (cross-harness, cross-checkpoint groups) and the model
     version that produced each."""
     entries = [e for e in buffer.entries() if e.task_id in task_ids]

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from coevo.envs.base import Task
 
 if TYPE_CHECKING:
     from coevo.buffers import ReplayBuffer
     from coevo.trainers.grpo import GRPOTrainer
+
+
+T = TypeVar("T")
 
 
 def every_round(r: int) -> bool:
@@ -72,7 +75,7 @@ class Training:
     critic_traces: bool = False
 
 
-def _identity(obj: Any) -> Any:
+def _identity(obj: T) -> T:
     return obj
 
 

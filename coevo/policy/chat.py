@@ -7,9 +7,12 @@ than the ones sampled.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from coevo.harness.events import HARNESS, Message, is_harness_note
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def to_template_messages(messages: Sequence[Message], tool_role: bool) -> list[dict[str, str]]:
@@ -27,7 +30,8 @@ def to_template_messages(messages: Sequence[Message], tool_role: bool) -> list[d
     return out
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[Message], tool_role: bool, reply_prefix: str = "") -> list[int]:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], tool_role: bool,
+                  reply_prefix: str = "") -> list[int]:
     """The ids a policy conditions on: the chat template with its generation prompt, then the
     tokens of ``reply_prefix`` (no special tokens), the start of the assistant turn the model
     continues from. Only the ids generated after them are the completion."""
@@ -37,6 +41,6 @@ def render_prompt(tokenizer: Any, messages: Sequence[Message], tool_role: bool, 
     return ids + prefix_ids(tokenizer, reply_prefix)
 
 
-def prefix_ids(tokenizer: Any, reply_prefix: str) -> list[int]:
+def prefix_ids(tokenizer: PreTrainedTokenizerBase, reply_prefix: str) -> list[int]:
     """The ids ``render_prompt`` appends for ``reply_prefix`` (none for "")."""
     return list(tokenizer.encode(reply_prefix, add_special_tokens=False)) if reply_prefix else []

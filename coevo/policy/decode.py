@@ -36,12 +36,17 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from coevo.policy.prefix_cache import ChainStates, LayerKV
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import Cache
 
 PREFILL_CHUNK = 512
 """Prompt columns read per forward: a chunk's activations (``[rows, chunk, 1536]`` in SmolLM2's MLP)
@@ -62,7 +67,7 @@ class Row:
     kv: LayerKV | None
 
 
-def cache_kwarg(model: Any) -> str:
+def cache_kwarg(model: PreTrainedModel | PeftModel) -> str:
     """The forward argument that takes a cache: ``cache`` in transformers >= 5.x, before that
     ``past_key_values``."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -173,7 +178,7 @@ class PreallocatedLayer(DynamicLayer):
         self._views()
 
 
-def kv_bytes_per_token(model: Any) -> int:
+def kv_bytes_per_token(model: PreTrainedModel | PeftModel) -> int:
     """Bytes of key/value states one token adds to the past: layers x 2 x kv heads x head dim x
     the dtype's size (46,080 for SmolLM2-135M in fp32)."""
     config = model.config.get_text_config()
@@ -219,13 +224,13 @@ def _past_tokens(past: LayerKV | ChainStates) -> int:
     return past.tokens if isinstance(past, ChainStates) else past[0][0].shape[1]
 
 
-def _layer_states(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _layer_states(cache: Cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]  # [B, heads, filled, head_dim]
 
 
 @torch.no_grad()
 def decode(
-    model: Any,
+    model: PreTrainedModel | PeftModel,
     prompts: Sequence[Sequence[int]],
     past: Sequence[LayerKV | ChainStates | None],
     *,
@@ -352,7 +357,7 @@ def decode(
     return [Row(out_ids[b], out_lp[b], kv[b]) for b in range(B)]
 
 
-def _row_states(cache: Any, row: int, mask_row: torch.Tensor, keep_from: int) -> LayerKV:
+def _row_states(cache: Cache, row: int, mask_row: torch.Tensor, keep_from: int) -> LayerKV:
     """The states of batch row ``row``'s real (unmasked) columns from position ``keep_from`` on:
     ``[heads, n, head_dim]`` per layer. ``mask_row`` is that row's attention mask, as long as the
     cache's sequence."""

@@ -23,17 +23,21 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.config.schema import RolloutConfig
 from coevo.harness.events import Message, SamplingParams
-from coevo.policy.decode import RaceSampling, Report, batch_tokens, batches_within, decode, kv_bytes_per_token
 from coevo.policy.chat import prefix_ids, render_prompt
+from coevo.policy.decode import RaceSampling, Report, batch_tokens, batches_within, decode, kv_bytes_per_token
 from coevo.policy.heap import trim_heap
 from coevo.policy.prefix_cache import Entry, PrefixCache, common_prefix_len
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 ENGINES = ("cached", "hf")
 """Generation paths, the same completions from the same seed: ``cached`` (``coevo.policy.decode``,
@@ -59,8 +63,8 @@ class TransformersPolicy(Policy):
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: PreTrainedModel | PeftModel,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         model_version: str = "0",
         max_batch_size: int = RolloutConfig.batch_size,  # defaults: the schema's, stated there only
@@ -381,7 +385,7 @@ class TransformersPolicy(Policy):
         )
 
 
-def _sliding_window(config: Any) -> bool:
+def _sliding_window(config: PretrainedConfig) -> bool:
     """Whether some layer attends within a sliding window (the prefix cache assumes full attention)."""
     if "sliding_attention" in (getattr(config, "layer_types", None) or []):
         return True

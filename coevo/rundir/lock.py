@@ -14,11 +14,14 @@ import fcntl
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 
 from coevo.errors import RUN_DIR_EXIT, RunDirError, one_line
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 LOCK_NAME = ".run.lock"
 _HELD: dict[Path, int] = {}  # resolved run directory -> the open, locked file descriptor
@@ -67,7 +70,7 @@ class LockRunDir(Callback):
     Hydra turns an exception in a callback into a warning, so a held (or unusable) directory exits the process
     (status 1) instead. Sweeps lock each job's directory in ``coevo.run``."""
 
-    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         from omegaconf import OmegaConf
 
         if int(os.environ.get("RANK", "0")) > 0:

@@ -8,15 +8,21 @@ import json
 import re
 from dataclasses import asdict, fields, is_dataclass
 from functools import cache
-from typing import Annotated, Any, Self
+from typing import TYPE_CHECKING, Annotated, Any, Self, TypeVar
 
 import pydantic
 from pydantic import AfterValidator, Strict, TypeAdapter
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]  # takes an int too, never a bool or a string
 Str = Annotated[str, Strict()]
 Bool = Annotated[bool, Strict()]
+
+
+R = TypeVar("R")
 
 
 def _json(value: Any) -> Any:
@@ -64,7 +70,7 @@ def _join(path: str, sub: str) -> str:
     return f"{path}{sub}" if sub.startswith("[") or not path else f"{path}.{sub}"
 
 
-def _message(error: Any, what: str) -> str:
+def _message(error: ErrorDetails, what: str) -> str:
     """One pydantic error in this module's words: ``required field 'a.b' is missing``,
     ``field 'a.b' must be int, got str``, ``field 'a.b' <problem>``."""
     path, kind, value = _path(error["loc"]), error["type"], error.get("input")
@@ -83,7 +89,7 @@ def _message(error: Any, what: str) -> str:
     return f"field {path!r}: {error['msg']}" if path else f"{what}: {error['msg']}"
 
 
-def validate(cls: type, data: Any, where: str, what: str) -> Any:
+def validate(cls: type[R], data: object, where: str, what: str) -> R:
     """``data`` as a ``cls`` record, or ``ValueError`` naming ``where`` and the first bad field."""
     try:
         return _adapter(cls).validate_python(data)
@@ -115,7 +121,7 @@ class Record:
         return {f.name: plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
 
     @classmethod
-    def from_dict(cls, data: Any, where: str | None = None) -> Self:
+    def from_dict(cls, data: object, where: str | None = None) -> Self:
         """Validate ``data`` (a parsed JSON object) into this record; errors start with ``where``."""
         name = re.sub(r"(?<!^)(?=[A-Z][a-z])", " ", cls.__name__).lower()
         return validate(cls, data, where or name, f"a {name}")
