@@ -19,16 +19,19 @@ import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, fields, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo.agent.trace import Trace
+
+if TYPE_CHECKING:
+    from coevo.agent.trace import ModelCall
 
 _META_LEN = struct.Struct("<I")
 _INT32 = range(-(2**31), 2**31)
 _CALL_ARRAYS = ("prompt_ids", "completion_ids", "sampler_logprobs")
 _SWAP = sys.byteorder != "little"
 
-Spec = list[Any] | None  # [typecode, length], or None for a field that is None
+Spec = list[str | int] | None  # [typecode, length], or None for a field that is None
 
 
 def _pack(values: Sequence[float] | Sequence[int] | None, *, floats: bool, out: list[bytes]) -> Spec:
@@ -46,7 +49,7 @@ def _pack(values: Sequence[float] | Sequence[int] | None, *, floats: bool, out: 
     return [code, len(packed)]
 
 
-def _unpack(spec: Spec, view: memoryview, pos: int) -> tuple[list[Any] | None, int]:
+def _unpack(spec: Spec, view: memoryview, pos: int) -> tuple[list[int] | list[float] | None, int]:
     """Decode one array starting at ``pos``; returns (values, next position)."""
     if spec is None:
         return None, pos
@@ -61,12 +64,12 @@ def _unpack(spec: Spec, view: memoryview, pos: int) -> tuple[list[Any] | None, i
     return packed.tolist(), end
 
 
-def _fields(obj: Any) -> dict[str, Any]:
+def _fields(obj: Trace | ModelCall) -> dict[str, Any]:
     """A dataclass's fields as a dict, without the deep copy ``asdict`` makes (the arrays are big)."""
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
-def _json_default(obj: Any) -> Any:
+def _json_default(obj: Any) -> dict[str, Any]:
     """Nested dataclasses (e.g. inside events or metrics) serialise as ``Trace.to_dict`` would."""
     if is_dataclass(obj) and not isinstance(obj, type):
         return asdict(obj)

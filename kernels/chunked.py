@@ -43,13 +43,16 @@ per batch instead of once per 128 rows: at 8,192 tokens and V=151936 in bf16, 1,
 from __future__ import annotations
 
 import functools
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from .objective import LossParams, TokenTerms
 from .rows_torch import torch_rows
 from .spec import GRPOLossOutput, Tokens, check_inputs
+
+if TYPE_CHECKING:
+    from torch.autograd.function import FunctionCtx
 
 # Rows per tile. At V=151936 a float32 tile is 74 MiB beside the 519 MiB fp32 weight gradient every path must
 # hold: peak 600 MiB, 0.34x the naive path's. Taller tiles make the CPU GEMMs more efficient (interleaved runs,
@@ -188,7 +191,7 @@ class _ChunkedGRPOLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any,
+        ctx: FunctionCtx,
         hidden: torch.Tensor,  # [N, H]
         weight: torch.Tensor,  # [V, H]
         tokens: Tokens,  # [N] each; not differentiated
@@ -217,7 +220,7 @@ class _ChunkedGRPOLoss(torch.autograd.Function):
         return loss, terms.logp, terms.ratio, terms.clipped, kl
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: torch.Tensor, *_unused: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: FunctionCtx, grad_loss: torch.Tensor, *_unused: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight = ctx.saved_tensors
         # The common case (loss.backward()) passes exactly 1: skip a full-size multiply of grad_weight.
         if float(grad_loss) != 1.0:

@@ -28,7 +28,7 @@ import dataclasses
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from coevo.kernels import LossParams, grpo_loss
@@ -56,6 +56,13 @@ from coevo.trainers.strategies import strategy_for
 
 from coevo.agent.trace import Trace
 from coevo.config.schema import ModelConfig, TrainerConfig
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from coevo.kernels import GRPOLossOutput
+    from coevo.trainers.batch import Collated
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 """``trainer.optimizer``: its name → the torch optimizer."""
@@ -94,14 +101,14 @@ class GRPOTrainer:
 
     def __init__(
         self,
-        model: Any,
+        model: PreTrainedModel | PeftModel,
         config: TrainerConfig,
         *,
         pad_id: int,
         total_steps: int,
         loss_horizon: int | None,
-        accelerator: Any | None = None,
-        ref_model: Any | None = None,
+        accelerator: Accelerator | None = None,
+        ref_model: PreTrainedModel | PeftModel | None = None,
         pack_calls: bool = True,
         share_prefix: bool = True,
         drop_zero_variance: bool = True,
@@ -147,7 +154,7 @@ class GRPOTrainer:
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
 
     @property
-    def unwrapped(self) -> Any:
+    def unwrapped(self) -> PreTrainedModel | PeftModel:
         return self.accelerator.unwrap_model(self.model)
 
     # ----------------------------------------------------------------- the step
@@ -197,7 +204,7 @@ class GRPOTrainer:
         return dataclasses.replace(metrics, **mismatch)
 
     def _micro_step(self, mb: list[TrainSequence | PackedSequence], step_tokens: int, step_seqs: int,
-                    filler: TrainSequence | PackedSequence, world: int) -> tuple[float, Any]:
+                    filler: TrainSequence | PackedSequence, world: int) -> tuple[float, GRPOLossOutput | None]:
         """Forward and backward of the micro-batch's share of the step loss; returns (loss, detail). A
         process with fewer sequences than the others still takes part in the gradient reduction: with
         zeros, or sharded (every forward gathers parameters with every rank) with a forward of
@@ -224,8 +231,9 @@ class GRPOTrainer:
             self.strategy.backward(out.loss * world)
         return float(out.loss.detach()), out
 
-    def _loss(self, mb: list[TrainSequence | PackedSequence], batch: Any, hidden: torch.Tensor, weight: torch.Tensor,
-              ref: torch.Tensor | None, temperature: float | torch.Tensor, step_tokens: int, step_seqs: int) -> Any:
+    def _loss(self, mb: list[TrainSequence | PackedSequence], batch: Collated, hidden: torch.Tensor,
+              weight: torch.Tensor, ref: torch.Tensor | None, temperature: float | torch.Tensor, step_tokens: int,
+              step_seqs: int) -> GRPOLossOutput:
         """The fused GRPO loss of the micro-batch (``coevo.kernels``' output: loss and per-token detail)
         from ``hidden`` [N, H] and the LM head ``weight`` [V, H], without [N, V] logits at once."""
         weights = token_weights(batch.lengths, self.aggregation, step_tokens=step_tokens, step_sequences=step_seqs,
@@ -237,7 +245,7 @@ class GRPOTrainer:
         return grpo_loss(hidden, weight, batch.targets, batch.old_logp, batch.advantages, weights, ref_logp=ref,
                          temperature=temperature, params=self.loss_params, **self.kernel)
 
-    def _share_prefix(self, batch: Any) -> bool:
+    def _share_prefix(self, batch: Collated) -> bool:
         """Whether this micro-batch reads its common prefix once (where the strategy allows it:
         ``reads_shared_prefix``)."""
         if not self.share_prefix or not self.strategy.reads_shared_prefix:
@@ -245,7 +253,7 @@ class GRPOTrainer:
         return shared_prefix_length(batch.input_ids, batch.attention_mask, batch.positions) >= MIN_SHARED_PREFIX
 
     @torch.no_grad()
-    def _ref_logp(self, batch: Any, temperature: float | torch.Tensor, share: bool) -> torch.Tensor:
+    def _ref_logp(self, batch: Collated, temperature: float | torch.Tensor, share: bool) -> torch.Tensor:
         """[N] reference log-probs at each token's own temperature, so the k3 KL compares like with like."""
         model = self.unwrapped
         if hasattr(model, "disable_adapter"):  # LoRA: the reference is the base model
@@ -297,16 +305,16 @@ class GRPOTrainer:
         self.version = int(state["version"])
 
 
-def _temperature(items: Sequence[TrainSequence | PackedSequence], batch: Any) -> float | torch.Tensor:
+def _temperature(items: Sequence[TrainSequence | PackedSequence], batch: Collated) -> float | torch.Tensor:
     """The micro-batch's temperature: one float when every sequence was sampled at the same one (the
     kernels' scalar path), else the [N] per-token tensor. Decided from the sequences, on the host."""
     temperatures = {s.temperature for item in items for s in parts_of(item)}
     return next(iter(temperatures)) if len(temperatures) == 1 else batch.temperatures
 
 
-def apply_lora(model: Any, *, r: int = ModelConfig.lora_r, alpha: int = ModelConfig.lora_alpha,
+def apply_lora(model: PreTrainedModel, *, r: int = ModelConfig.lora_r, alpha: int = ModelConfig.lora_alpha,
                dropout: float = ModelConfig.lora_dropout,
-               target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> Any:
+               target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> PeftModel:
     """Wrap ``model`` with a LoRA adapter (PEFT); only the adapter is trainable. PEFT reads a
     property transformers 5 deprecates; its FutureWarning says nothing a user can act on."""
     import warnings

@@ -8,19 +8,31 @@ row chunks. Using one path keeps the ratio exactly 1 on-policy up to float round
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
-
+from coevo.trainers import zero
 from coevo.trainers.batch import TrainSequence, collate
 
+Query = tuple[Sequence[int], Sequence[int]] | tuple[Sequence[int], Sequence[int], float | None]
+"""What ``logprob_fn``'s function scores: a ``LogprobQuery`` (prompt ids, completion ids, temperature or
+None) or a plain (prompt ids, completion ids) pair."""
 
-def lm_head_weight(model: Any) -> torch.Tensor:
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DDP (or DataParallel) wrapper or a DeepSpeed engine, which hold it as
+    ``module``; any other model as it is."""
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) or zero.is_engine(model):
+        return model.module
+    return model
+
+
+def lm_head_weight(model: torch.nn.Module) -> torch.Tensor:
     """The LM head weight [V, H] of a causal LM, under PEFT and DDP wrappers."""
-    base = getattr(model, "module", model)  # DDP wrapper
+    base = _unwrapped(model)
     base = base.get_base_model() if hasattr(base, "get_base_model") else base
-    head = base.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
+    head = base.get_output_embeddings()  # an nn.Linear [V, H]
+    if head.bias is not None:
         raise ValueError("LM heads with a bias are not supported by the fused GRPO loss")
     return head.weight
 
@@ -42,15 +54,15 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return int(same.long().cumprod(0).sum())
 
 
-def _cache_kwarg(model: Any) -> str:
+def _cache_kwarg(model: torch.nn.Module) -> str:
     """The forward argument that takes a KV cache: ``cache`` in newer transformers, ``past_key_values``
     before (an unknown keyword would be swallowed by ``**kwargs`` and the prefix silently ignored)."""
-    base = getattr(model, "module", model)
+    base = _unwrapped(model)
     base = base.get_base_model() if hasattr(base, "get_base_model") else base
     return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
 
-def completion_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
+def completion_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor,
                       positions: torch.Tensor, *, share_prefix: bool = False) -> torch.Tensor:
     """[N, H] hidden states that predict each completion token.
 
@@ -72,7 +84,7 @@ def completion_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch
 
     key = _cache_kwarg(model)
     # The prefix pass goes to the wrapped module: a DDP wrapper must see exactly one forward per backward.
-    inner = getattr(model, "module", model)
+    inner = _unwrapped(model)
     cache = DynamicCache()  # filled in place by the prefix pass
     inner(input_ids=input_ids[:1, :shared], use_cache=True, logits_to_keep=1, **{key: cache})
     cache.batch_repeat_interleave(input_ids.shape[0])  # [1, heads, S, d] -> [B, heads, S, d] per layer
@@ -100,8 +112,8 @@ LOGPROB_BATCH_SIZE = 8
 config field."""
 
 
-def logprob_fn(model: Any, pad_id: int, *, temperature: float, batch_size: int, share_prefix: bool = False
-               ) -> Callable[[Sequence[Sequence[Any]]], list[list[float]]]:
+def logprob_fn(model: torch.nn.Module, pad_id: int, *, temperature: float, batch_size: int,
+               share_prefix: bool = False) -> Callable[[Sequence[Query]], list[list[float]]]:
     """The replay buffer's LogprobFn: behaviour log-probs of ``LogprobQuery`` items (prompt ids,
     completion ids, temperature) under ``model`` as it is now, each at its own temperature, in
     batches of ``batch_size`` sequences (one forward per batch). ``temperature`` is the run's
@@ -111,7 +123,7 @@ def logprob_fn(model: Any, pad_id: int, *, temperature: float, batch_size: int, 
     within fp32 rounding): a run passes True, the tests prove the equivalence with False."""
 
     @torch.no_grad()
-    def fn(pairs: Sequence[Sequence[Any]]) -> list[list[float]]:
+    def fn(pairs: Sequence[Query]) -> list[list[float]]:
         was_training = model.training
         model.eval()
         out: list[list[float]] = []

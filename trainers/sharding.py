@@ -16,16 +16,24 @@ sharded run saves the same files as one process and resumes from them on any num
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.fsdp import FSDPModule
 
-def decoder_layers(model: Any) -> list[torch.nn.Module]:
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a causal LM (under a PEFT wrapper): the modules named by the
     model's ``_no_split_modules``, which transformers sets to its decoder-layer classes."""
+    from transformers import PreTrainedModel
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    names = set(getattr(base, "_no_split_modules", None) or ())
+    names = set(base._no_split_modules or ()) if isinstance(base, PreTrainedModel) else set()
     layers = [m for m in base.modules() if type(m).__name__ in names]
     if not layers:
         raise ValueError(f"{type(base).__name__} names no decoder-layer class (_no_split_modules); FSDP2 needs one "
@@ -33,7 +41,7 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
     return layers
 
 
-def shard_model(model: Any, *, reshard_after_forward: bool = True) -> Any:
+def shard_model(model: ModuleT, *, reshard_after_forward: bool = True) -> ModuleT:
     """``fully_shard`` every decoder layer (``reshard_after_forward`` applies to them), then the root,
     which FSDP2 does not reshard after its forward (in place; returns ``model``). The process group
     must be initialised (accelerate's launcher does it)."""
@@ -45,25 +53,25 @@ def shard_model(model: Any, *, reshard_after_forward: bool = True) -> Any:
     return model
 
 
-def is_sharded(model: Any) -> bool:
+def is_sharded(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
 
 
-def set_gradient_sync(model: Any, sync: bool) -> None:
+def set_gradient_sync(model: FSDPModule, sync: bool) -> None:
     """FSDP2's ``no_sync``: without sync a micro-batch's gradients stay unsharded and are
     reduce-scattered with the last micro-batch's (one collective per step)."""
     model.set_requires_gradient_sync(sync)
 
 
-def _options(**kw: Any) -> Any:
+def _options(**kw: bool) -> StateDictOptions:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
 
 
-def full_model_state(model: Any) -> dict[str, torch.Tensor]:
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer gathered whole on rank 0 (CPU tensors; an empty dict on the other
     ranks). A collective: every rank calls it. A DeepSpeed ZeRO-3 engine is gathered by
     ``coevo.trainers.zero`` (the run's weight sync calls this for either)."""
@@ -76,7 +84,7 @@ def full_model_state(model: Any) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_options())
 
 
-def model_keys(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def model_keys(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A checkpoint's tensors under the model's own state-dict names: a PEFT adapter is saved without
     its adapter name (``...lora_A.weight``) and lives in the model as ``...lora_A.<adapter>.weight``.
     A name that matches neither is a ValueError (a checkpoint of another model)."""
@@ -95,7 +103,7 @@ def model_keys(model: Any, tensors: dict[str, torch.Tensor]) -> dict[str, torch.
     return out
 
 
-def load_full_model_state(model: Any, state: dict[str, torch.Tensor]) -> None:
+def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load a whole (not sharded) state dict into the sharded model; every rank passes the same
     ``state`` (missing keys, e.g. a tied head or the frozen base under LoRA, keep their values)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
@@ -103,14 +111,14 @@ def load_full_model_state(model: Any, state: dict[str, torch.Tensor]) -> None:
     set_model_state_dict(model, state, options=_options(strict=False))
 
 
-def full_optimizer_state(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's state gathered whole on rank 0, keyed by parameter name (a collective)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     return get_optimizer_state_dict(model, optimizer, options=_options())
 
 
-def load_full_optimizer_state(model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=_options())

@@ -5,15 +5,18 @@ so the figures a round records are read off tensors, not off the trainer."""
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from coevo.trainers.batch import TrainSequence
 
 from coevo.rundir.records import StepMetrics
 
+if TYPE_CHECKING:
+    from coevo.kernels import GRPOLossOutput
 
-def sampler_mismatch(seqs: Sequence[TrainSequence], tis_cap: float | None) -> dict[str, Any]:
+
+def sampler_mismatch(seqs: Sequence[TrainSequence], tis_cap: float | None) -> dict[str, float | int | None]:
     """The mismatch figures of ``StepMetrics`` over every sequence of the step (each process holds
     them all, so no reduction): |old - sampler| per token, and the share of tokens whose importance
     weight exp(old - sampler) exceeds ``tis_cap``. Empty when no sequence has sampler log-probs."""
@@ -30,7 +33,7 @@ def sampler_mismatch(seqs: Sequence[TrainSequence], tis_cap: float | None) -> di
             "sampler_tokens": int(delta.numel()), "tis_truncated_fraction": truncated}
 
 
-def step_metrics(loss: float, details: list[Any], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,
+def step_metrics(loss: float, details: list[GRPOLossOutput], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,
                  start: float, grad_norm: float, staleness: dict[int, int], lr: float, *,
                  excluded: tuple[int, int] = (0, 0), rewards: torch.Tensor | None = None) -> StepMetrics:
     """``details``: the micro-batches' loss details (ratio, log-probs, clipped mask, KL per token);

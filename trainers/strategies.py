@@ -17,11 +17,11 @@ import contextlib
 from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
-
 from coevo.trainers import sharding, zero
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin
 
 Module = torch.nn.Module
 
@@ -44,7 +44,7 @@ class Whole:
 
     def __init__(self, accelerator: Accelerator) -> None:
         self.accelerator = accelerator
-        self.model: Any = None  # the wrapped model: DDP's module, FSDP2's, or DeepSpeed's engine
+        self.model: Module | None = None  # the wrapped model: DDP's module, FSDP2's, or DeepSpeed's engine
         self.optimizer: torch.optim.Optimizer | None = None
 
     def prepare_model(self, model: Module, *, reshard_after_forward: bool) -> None:
@@ -139,7 +139,7 @@ class ZeRO3(Whole):
     name = "zero3"
     every_rank_forwards = True
 
-    def __init__(self, accelerator: Accelerator, plugin: Any, *, max_grad_norm: float) -> None:
+    def __init__(self, accelerator: Accelerator, plugin: DeepSpeedPlugin, *, max_grad_norm: float) -> None:
         super().__init__(accelerator)
         self.plugin, self.max_grad_norm = plugin, max_grad_norm
         self.dtypes: dict[str, torch.dtype] = {}  # the weights' dtypes, as a checkpoint writes them
@@ -180,7 +180,7 @@ def strategy_for(name: str, accelerator: Accelerator, *, max_grad_norm: float) -
     launch go together."""
     if name not in SHARDINGS:
         raise ValueError(f"config trainer.sharding={name!r}; choose one of {sorted(SHARDINGS)}")
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)  # a DeepSpeed launch's config
+    plugin = accelerator.state.deepspeed_plugin  # a DeepSpeed launch's config; None under any other launch
     if (name == "zero3") != (plugin is not None):
         raise ValueError(f"trainer.sharding={name!r} under accelerate's {accelerator.distributed_type}: DeepSpeed "
                          "ZeRO-3 and trainer.sharding=zero3 go together (accelerate launch --config_file "

@@ -26,12 +26,16 @@ imports it.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TypeGuard
 
 import torch
 
+if TYPE_CHECKING:
+    from accelerate.utils import DeepSpeedPlugin
+    from deepspeed import DeepSpeedEngine
 
-def is_engine(model: Any) -> bool:
+
+def is_engine(model: torch.nn.Module) -> TypeGuard[DeepSpeedEngine]:
     """Whether ``model`` is a DeepSpeed engine (without importing deepspeed where it is not in use)."""
     return type(model).__name__ == "DeepSpeedEngine" and hasattr(model, "optimizer")
 
@@ -53,7 +57,7 @@ def configure(ds_config: dict[str, Any], *, max_grad_norm: float, world: int) ->
                      gradient_clipping=float(max_grad_norm))
 
 
-def plain_transformers(plugin: Any) -> None:
+def plain_transformers(plugin: DeepSpeedPlugin) -> None:
     """Turn off transformers' ZeRO-3 mode, which accelerate's DeepSpeed plugin switches on for the whole
     process (a global weak reference, whatever ``zero3_init_flag`` says): under it ``from_pretrained``
     builds partitioned models (``deepspeed.zero.Init``) and ``generate`` waits for every rank at each
@@ -85,17 +89,17 @@ def whole(param: torch.nn.Parameter) -> Iterator[torch.nn.Parameter]:
         yield param
 
 
-def set_boundary(engine: Any, last: bool) -> None:
+def set_boundary(engine: DeepSpeedEngine, last: bool) -> None:
     """Mark whether the coming backward is the step's last micro-batch (DeepSpeed's accumulation boundary)."""
     engine.set_gradient_accumulation_boundary(last)
 
 
-def backward(engine: Any, loss: torch.Tensor) -> None:
+def backward(engine: DeepSpeedEngine, loss: torch.Tensor) -> None:
     """The engine's backward: ZeRO-3's hooks reduce-scatter each gradient into the rank's slice."""
     engine.backward(loss)
 
 
-def step(engine: Any) -> float:
+def step(engine: DeepSpeedEngine) -> float:
     """Clip (the config's ``gradient_clipping``), step the optimizer, zero the gradients; returns the
     global gradient norm before clipping, the same number on every rank."""
     engine.step()
@@ -115,7 +119,7 @@ def _unique_params(module: torch.nn.Module) -> list[tuple[list[str], torch.nn.Pa
     return [(names[k], params[k]) for k in params]
 
 
-def full_model_state(engine: Any, dtypes: dict[str, torch.dtype] | None = None) -> dict[str, torch.Tensor]:
+def full_model_state(engine: DeepSpeedEngine, dtypes: dict[str, torch.dtype] | None = None) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of the engine's module gathered whole on rank 0, as CPU tensors
     named as in the module's state dict (an empty dict on the other ranks). Trainable parameters
     come from the optimizer's fp32 master weights, frozen ones from the module. ``dtypes``: the
@@ -143,12 +147,12 @@ def full_model_state(engine: Any, dtypes: dict[str, torch.dtype] | None = None) 
     return out
 
 
-def load_full_model_state(engine: Any, state: dict[str, torch.Tensor]) -> None:
+def load_full_model_state(engine: DeepSpeedEngine, state: dict[str, torch.Tensor]) -> None:
     """Load whole tensors (named as in the module's state dict; every rank passes the same ``state``)
     into the partitioned module and, for trainable parameters, the optimizer's fp32 master weights.
     Names absent from ``state`` (a tied head, the frozen base under LoRA) keep their values."""
-    from deepspeed.utils import safe_set_full_fp32_param
     from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+    from deepspeed.utils import safe_set_full_fp32_param
 
     for names, param in _unique_params(engine.module):
         name = next((n for n in names if n in state), None)
@@ -161,20 +165,20 @@ def load_full_model_state(engine: Any, state: dict[str, torch.Tensor]) -> None:
             safe_set_full_fp32_param(param, value.float().flatten())
 
 
-def _inner_optimizer(engine: Any) -> tuple[Any, list[torch.Tensor]]:
+def _inner_optimizer(engine: DeepSpeedEngine) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
     """(the trainer's torch optimizer inside ZeRO-3, its fp32 flat slices: one per sub-group)."""
     zero = engine.optimizer
     return zero.optimizer, list(zero.fp32_partitioned_groups_flat)
 
 
-def _state_keys(inner: Any, flats: list[torch.Tensor]) -> list[str]:
+def _state_keys(inner: torch.optim.Optimizer, flats: list[torch.Tensor]) -> list[str]:
     """The per-element state of the optimizer (AdamW: exp_avg, exp_avg_sq; SGD without momentum:
     none): tensors the size of a flat slice. Empty before the first step."""
     state = inner.state.get(flats[0], {}) if flats else {}
     return sorted(k for k, v in state.items() if k != "step" and torch.is_tensor(v) and v.shape == flats[0].shape)
 
 
-def full_optimizer_state(engine: Any) -> dict[str, Any]:
+def full_optimizer_state(engine: DeepSpeedEngine) -> dict[str, Any]:
     """The optimizer's state gathered whole on rank 0, keyed by parameter name as FSDP2's full state
     dicts are ({"state": {name: {"step", "exp_avg", ...}}, "param_groups": [{..., "params": [names]}]}),
     an empty dict on the other ranks. A collective."""
@@ -201,7 +205,7 @@ def full_optimizer_state(engine: Any) -> dict[str, Any]:
     return {"state": states, "param_groups": groups}
 
 
-def load_full_optimizer_state(engine: Any, saved: dict[str, Any]) -> None:
+def load_full_optimizer_state(engine: DeepSpeedEngine, saved: dict[str, Any]) -> None:
     """Restore ``full_optimizer_state``'s dict (every rank passes the same): the group settings (the
     learning rate a schedule reached among them) and, when it holds any, the per-parameter state
     written into each rank's slices (created first: a fresh optimizer has none before its first step)."""
