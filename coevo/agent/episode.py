@@ -235,7 +235,7 @@ class EpisodeRun:
         if result is None:
             spec = state.tools.get(call.name)
             provider = harness.get(spec.provider) if spec is not None and spec.provider in harness else None
-            if getattr(provider, "delegates", False):
+            if provider is not None and provider.delegates:
                 result = yield from self._delegate(provider, call)
             else:
                 result = self._execute(call, min(before.timeout_s, self.tool_timeout_s))

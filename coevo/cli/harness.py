@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from coevo.harness import PROCESSORS, Harness, format_diff
-from coevo.harness.errors import CompositionError
 from coevo.harness.defaults import BUILTIN_HARNESSES
+from coevo.harness.errors import CompositionError
 from coevo.harness.hooks import HOOK_ORDER, Dimension
 
 harness_app = typer.Typer(help="Inspect and compare harness specs.", no_args_is_help=True)
@@ -144,7 +144,7 @@ def harness_processors() -> None:
     for col in ("kind", "hook", "dimension", "description"):
         table.add_column(col)
     for kind, cls in sorted(PROCESSORS.items(), key=lambda kv: (kv[1].__dict__.get("hook", ""), kv[0])):
-        hook = getattr(cls, "hook", None)
+        hook = getattr(cls, "hook", None)  # CodeProcessor sets both per instance, from its source
         dim = getattr(cls, "dimension", None)
         table.add_row(kind, hook.value if hook else "(declared by code)", dim.value if dim else "-", cls.description)
     console.print(table)

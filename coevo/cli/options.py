@@ -5,7 +5,7 @@ Bad input is a ``typer.BadParameter`` naming the option, which the CLI prints as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -13,6 +13,10 @@ from rich.console import Console
 from coevo.envs import ENVS
 from coevo.harness import Harness
 from coevo.harness.defaults import with_step_cap
+
+if TYPE_CHECKING:
+    from coevo.agent.policy import Policy
+    from coevo.envs.base import Env
 
 console = Console()
 ENV_HELP = (f"environment: {' | '.join(ENVS)}, or the import path package.module:ClassName "
@@ -65,7 +69,7 @@ def resolve_env(name: str):
         raise typer.BadParameter(str(err), param_hint="--env") from None
 
 
-def say_prompt_size(policy: Any, harness: Harness, env: Any, split: str, max_steps: int) -> None:
+def say_prompt_size(policy: Policy, harness: Harness, env: Env, split: str, max_steps: int) -> None:
     """The first prompt's size against the model's context window, printed before any episode (a
     large tool listing shows here); a completion budget that does not fit is a usage error."""
     from coevo.agent.evaluate import first_tasks
@@ -78,7 +82,7 @@ def say_prompt_size(policy: Any, harness: Harness, env: Any, split: str, max_ste
 
 
 def cli_policy(model: str, backend: str, device: str, adapter: str | None, env_name: str, seed: int, *,
-                 env: Any, delegate: bool = False):
+                 env: Env, delegate: bool = False):
     """The policy for ``coevo eval`` and ``coevo stream``: ``gold`` (``env``'s tasks' own gold
     actions; with ``delegate``, as a lead handing them to specialists by ``env.tool_owners``),
     ``scripted`` (the env's scripted solver), or a model name or path served by transformers or vLLM."""

@@ -19,10 +19,15 @@ decoder) always take the faster one (docs/config.md, "Fields you should ever tou
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T")
 
 MODES = ("coevolve", "harness_only", "model_only", "static")
 
@@ -30,8 +35,9 @@ RULES = ("choices", "ge", "gt", "le", "lt")
 """The metadata keys that constrain a field's value (``opt``)."""
 
 
-def opt(default: Any, help: str, *, choices: Any = None, ge: Any = None, gt: Any = None, le: Any = None,
-        lt: Any = None, none: str | None = None, why: str | None = None) -> Any:
+def opt(default: T, help: str, *, choices: tuple[object, ...] | str | None = None, ge: float | str | None = None,
+        gt: float | str | None = None, le: float | str | None = None, lt: float | str | None = None,
+        none: str | None = None, why: str | None = None) -> T:
     """A schema field with its help text and the values it allows (mutable defaults are copied per
     instance). ``choices``: the allowed values; ``ge``/``gt``/``le``/``lt``: bounds. Either may be the
     import path ``package.module:NAME`` of a table or constant that lives beside the code using it
@@ -288,7 +294,7 @@ def describe(schema: type, prefix: str = "") -> list[tuple[str, str, str]]:
 
 
 # ------------------------------------------------------------------------------ allowed values
-def resolve(rule: Any) -> Any:
+def resolve(rule: object) -> Any:
     """A rule's value: itself, or the table or constant its ``package.module:NAME`` import path names."""
     if not isinstance(rule, str) or ":" not in rule:
         return rule
@@ -296,7 +302,7 @@ def resolve(rule: Any) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _number(x: Any) -> str:
+def _number(x: float) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
@@ -323,13 +329,13 @@ BOUNDS = {"ge": lambda v, b: v >= b, "gt": lambda v, b: v > b, "le": lambda v, b
 """Bound keys of ``opt`` and the test each applies (value, bound)."""
 
 
-def _fits(value: Any, meta: Any) -> bool:
+def _fits(value: object, meta: Mapping[str, object]) -> bool:
     if "choices" in meta:
         return value in resolve(meta["choices"])
     return all(test(value, resolve(meta[k])) for k, test in BOUNDS.items() if k in meta)
 
 
-def violations(cfg: Any, prefix: str = "") -> Iterator[str]:
+def violations(cfg: DataclassInstance, prefix: str = "") -> Iterator[str]:
     """One line per field of ``cfg`` (a ``TrainConfig`` or one of its groups) whose value its
     metadata does not allow, naming the field, the value and what is allowed, in schema order."""
     for f in fields(cfg):
@@ -347,7 +353,7 @@ def violations(cfg: Any, prefix: str = "") -> Iterator[str]:
 
 
 # ------------------------------------------------------------------------- a run's stored config
-def stale_fields(data: Any, schema: type | None = None, prefix: str = "") -> list[str]:
+def stale_fields(data: Mapping[str, object] | None, schema: type | None = None, prefix: str = "") -> list[str]:
     """The dotted keys of a stored config (``config.yaml`` as a dict) that ``schema`` (default
     ``TrainConfig``) no longer has: fields a run recorded by an earlier version sets."""
     schema = schema or TrainConfig

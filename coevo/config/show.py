@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ head of docs/config.md. Group options (``rollout=vllm``, ``logger=wandb``, ``met
 
 
 def compose_defaults(overrides: Sequence[str] = (),
-                     config_dir: Path = CONFIGS) -> tuple[dict[str, Any], dict[str, Any]]:
+                     config_dir: Path = CONFIGS) -> tuple[dict[str, Any], dict[str, str | None]]:
     """(the composed run config without ``hydra``, unresolved; group → chosen option) of ``train.yaml``."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -77,7 +77,7 @@ def _helps() -> dict[str, str]:
     return {key: help_text for key, _, help_text in describe(TrainConfig)}
 
 
-def _scalar(value: Any) -> str:
+def _scalar(value: object) -> str:
     """One value as a single line of YAML (flow style for lists and dicts)."""
     text = yaml.safe_dump(value, default_flow_style=True, width=10**9, allow_unicode=True).strip()
     return text[: -len("...")].rstrip() if text.endswith("\n...") else text
@@ -120,7 +120,7 @@ def _cell(text: str, *, code: bool = False) -> str:
     return text if code else text.replace("<", "\\<")
 
 
-def _schema_default(f: Any) -> Any:
+def _schema_default(f: Field) -> object:
     if f.default is not MISSING:
         return f.default
     return f.default_factory() if f.default_factory is not MISSING else "???"

@@ -77,16 +77,20 @@ def simulate_edits(edits: Sequence[Edit],
     return before, state
 
 
-def _is_turn(value: Any) -> bool:
+def _is_turn(value: object) -> bool:
     return isinstance(value, Mapping) and isinstance(value.get("content"), str)
 
 
-def _turn_key(turn: Mapping[str, Any]) -> tuple[str, str, str]:
+def _turn_key(turn: Mapping[str, object]) -> tuple[str, str, str]:
     """A chat turn as a hashable value: (role, tool name, content)."""
     return (str(turn.get("role", "")), str(turn.get("name") or ""), str(turn.get("content", "")))
 
 
-def param_leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+Leaf = str | list[str] | list[tuple[str, str, str]]
+"""A leaf ``param_leaves`` finds: a string, a list of strings, or a list of turns as ``_turn_key`` tuples."""
+
+
+def param_leaves(value: object, path: str) -> Iterator[tuple[str, Leaf]]:
     """String, list-of-string and list-of-turn leaves of a parameter value (dicts are walked);
     a turn list comes back as a list of ``_turn_key`` tuples."""
     if isinstance(value, str):

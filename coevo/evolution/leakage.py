@@ -29,7 +29,6 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 NGRAM = 8
 MIN_WORDS = 4
@@ -59,7 +58,7 @@ def words(text: str) -> list[str]:
     return [_canon_number(t) if t[0].isdigit() else t for t in _WORD_RE.findall(text.lower())]
 
 
-def normalise_answer(answer: Any) -> str | None:
+def normalise_answer(answer: object) -> str | None:
     """The answer's normal form (its words joined by one space), or None when it is ignored:
     shorter than 2 characters, or made of ``COMMON_TOKENS`` only."""
     toks = words(str(answer).strip())
@@ -95,7 +94,7 @@ def _check_ngram(ngram: int, min_words: int) -> None:
 
 def leakage_detail(
     added_text: str,
-    answers: Mapping[str, Any],
+    answers: Mapping[str, object],
     task_texts: Mapping[str, str],
     *,
     allowed: Sequence[str] = (),
@@ -186,7 +185,7 @@ def _runs(toks: Sequence[str], covered: Sequence[bool]) -> list[str]:
 
 def leakage(
     added_text: str,
-    answers: Mapping[str, Any],
+    answers: Mapping[str, object],
     task_texts: Mapping[str, str],
     *,
     ngram: int = NGRAM,

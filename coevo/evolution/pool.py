@@ -140,7 +140,7 @@ class SnapshotPool:
         return pool
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -61,7 +61,7 @@ def normalise_arguments(arguments: Mapping[str, Any]) -> str:
     between a model's call and a reference's; case is kept because code is case-sensitive.
     """
 
-    def strip(value: Any) -> Any:
+    def strip(value: object) -> object:
         if isinstance(value, str):
             return _WS_RE.sub("", value)
         if isinstance(value, Mapping):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
 
 from coevo.harness.harness import Harness
 from coevo.harness.hooks import HOOK_ORDER
@@ -21,8 +20,8 @@ class Change:
     kind: str  # "added" | "removed" | "replaced" | "moved" | "param" | "prompt"
     processor: str
     param: str | None = None
-    old: Any = None
-    new: Any = None
+    old: object = None
+    new: object = None
     text_diff: tuple[str, ...] = field(default_factory=tuple)
 
     def __str__(self) -> str:

@@ -23,7 +23,7 @@ from coevo.harness.hooks import HOOK_ORDER, Hook
 from coevo.harness.processor import Processor
 
 
-def canonical_json(obj: Any) -> str:
+def canonical_json(obj: object) -> str:
     """JSON with sorted keys and no whitespace: the byte string the id hashes."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
@@ -32,6 +32,11 @@ class Harness:
     """Immutable composition of processors, ordered by hook and, within a hook, by firing order."""
 
     __slots__ = ("_processors", "name", "parent_id", "edit", "_id")
+    _processors: tuple[Processor, ...]
+    name: str
+    parent_id: str | None
+    edit: Edit | None
+    _id: str
 
     def __init__(
         self,
@@ -50,7 +55,7 @@ class Harness:
         object.__setattr__(self, "edit", edit)
         object.__setattr__(self, "_id", hashlib.sha256(canonical_json(self.spec()).encode()).hexdigest()[:16])
 
-    def __setattr__(self, key: str, value: Any) -> None:
+    def __setattr__(self, key: str, value: object) -> None:
         raise AttributeError("Harness is immutable; use insert/remove/replace/set_param")
 
     # ------------------------------------------------------------------ reading
@@ -149,7 +154,7 @@ class Harness:
         procs = [processor if p is target else p for p in self._processors]
         return self._child(procs, Edit("replace", name, spec=processor.spec(), manifest=manifest or {}))
 
-    def set_param(self, name: str, param: str, value: Any, *, manifest: dict[str, Any] | None = None) -> "Harness":
+    def set_param(self, name: str, param: str, value: object, *, manifest: dict[str, Any] | None = None) -> "Harness":
         target = self.get(name)
         updated = target.with_params(**{param: value})
         procs = [updated if p is target else p for p in self._processors]

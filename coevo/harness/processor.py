@@ -25,8 +25,12 @@ turn also names its tool: ``"name": str``), the messages the runtime itself woul
 
 TURN_ROLES = ("user", "assistant", "tool")
 
+ParamValue = int | float | bool | str | list[str] | dict[Any, Any] | list[dict[str, str]]
+"""A parameter's value once ``Param.coerce`` checked it, by type: ``int``, ``float``, ``bool``, ``str``
+and ``prompt`` (str), ``str_list``, ``dict`` (its keys unchecked), ``turns`` (a list of turns)."""
 
-def _turn(value: Any) -> dict[str, str] | None:
+
+def _turn(value: object) -> dict[str, str] | None:
     """One chat turn as a plain dict with only its known keys, or None when it is not one."""
     if not isinstance(value, Mapping) or set(value) - {"role", "content", "name"}:
         return None
@@ -48,7 +52,7 @@ class Param:
     description: str
     choices: tuple[Any, ...] | None = None
 
-    def coerce(self, value: Any, owner: str) -> Any:
+    def coerce(self, value: Any, owner: str) -> ParamValue:
         """Check ``value`` against the declared type and return it normalised (ints accepted as
         floats, tuples as lists); raise ``ParamError`` naming the processor otherwise."""
         ok: bool
@@ -105,6 +109,7 @@ class Processor(ABC):
         params: typed parameters with defaults.
         group: singleton group; a harness holds at most one processor of a group.
         runs_after: kinds or groups that, when present at the same hook, must run before it.
+        delegates: whether the runtime answers the tool it offers with a sub-episode (``Specialist``).
     """
 
     kind: ClassVar[str] = "processor"
@@ -116,8 +121,9 @@ class Processor(ABC):
     params: ClassVar[tuple[Param, ...]] = ()
     group: ClassVar[str | None] = None
     runs_after: ClassVar[frozenset[str]] = frozenset()
+    delegates: ClassVar[bool] = False
 
-    def __init__(self, name: str | None = None, **params: Any) -> None:
+    def __init__(self, name: str | None = None, **params: object) -> None:
         self.name = name or self.kind
         declared = {p.name: p for p in self.params}
         unknown = sorted(set(params) - set(declared))
@@ -142,7 +148,7 @@ class Processor(ABC):
         """Canonical, YAML-serialisable description: kind, instance name, every parameter."""
         return {"kind": self.kind, "name": self.name, "params": dict(self.config)}
 
-    def with_params(self, **changes: Any) -> "Processor":
+    def with_params(self, **changes: object) -> "Processor":
         """A copy with some parameters changed (processors are immutable)."""
         return type(self)(name=self.name, **{**self.config, **changes})
 

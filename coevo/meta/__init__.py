@@ -5,7 +5,8 @@
 also be the import path of a no-argument factory of your own (``load_meta_agent``).
 """
 
-from typing import Any
+import os
+from collections.abc import Callable
 
 from coevo.config.imports import import_object, missing_dependency
 from coevo.config.schema import MetaAgentConfig
@@ -20,7 +21,7 @@ BACKENDS = {"rule": RuleMetaAgent, "openai": openai_meta_agent, "hf": hf_meta_ag
 """backend name → constructor of its meta-agent."""
 
 
-def meta_agent_factory(path: str) -> Any:
+def meta_agent_factory(path: str) -> Callable[[], MetaAgent]:
     """The no-argument factory (or class) named by ``package.module:name``, for a meta-agent of your own,
     e.g. a ``RuleMetaAgent`` with extra templates (docs/processors.md): ``meta_agent.backend=pkg.mod:make``
     or ``coevo evolve --meta pkg.mod:make``. Checked here, called by ``load_meta_agent``.
@@ -35,7 +36,7 @@ def meta_agent_factory(path: str) -> Any:
 
 
 def make_meta_agent(backend: str, *, url: str | None = None, model: str | None = None,
-                    cache_dir: Any = None, api_key_env: str = MetaAgentConfig.api_key_env,
+                    cache_dir: str | os.PathLike[str] | None = None, api_key_env: str = MetaAgentConfig.api_key_env,
                     timeout_s: float = TIMEOUT_S, max_retries: int = MAX_RETRIES,
                     request_retries: int = REQUEST_RETRIES, router_failure: str = ROUTER_FAILURES[0]) -> MetaAgent:
     """The meta-agent of ``backend`` (a ``BACKENDS`` name or a factory's import path), for
@@ -67,7 +68,7 @@ def load_meta_agent(path: str) -> MetaAgent:
     except ModuleNotFoundError as err:
         raise missing_dependency("meta-agent factory", path, err) from err
     needed = ("propose", "revise", "state_dict", "load_state_dict")
-    missing = [m for m in needed if not callable(getattr(agent, m, None))]
+    missing = [m for m in needed if not callable(getattr(agent, m, None))]  # a factory of one's own may return anything
     if missing or not hasattr(agent, "ledger"):
         raise ValueError(f"{path!r} returned {agent!r}, which lacks {missing or ['ledger']} of a meta-agent "
                          "(see MetaAgent in coevo/evolution/meta_agent.py)")

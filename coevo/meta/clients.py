@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from coevo.config.schema import MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgentError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # The OpenAI client's constants (defaults of its arguments; no config field: a run does not tune them).
 TIMEOUT_S = 60.0
@@ -107,6 +110,8 @@ class OpenAIClient:
 
     def complete(self, messages: list[dict[str, str]], *, schema: dict[str, Any], stage: str) -> tuple[str, int, int]:
         import openai
+        from openai.types import CompletionUsage
+        from openai.types.chat import ChatCompletion
 
         api_key = os.environ.get(self.api_key_env) or "unused"
         with openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=self.timeout_s,
@@ -135,13 +140,17 @@ class OpenAIClient:
                 except json.JSONDecodeError as err:
                     raise MetaAgentError(f"{self.base_url} answered the {stage} request with a body that is not "
                                          f"JSON: {err}") from err
-        choices = getattr(response, "choices", None)
+        # The SDK builds its models without validating the body: a body that is not JSON comes back as its text,
+        # JSON that is not an object as it is, and a field the server left out reads None.
+        choices = response.choices if isinstance(response, ChatCompletion) else None
         if not isinstance(choices, list):  # a JSON body of another shape, or text under another content type
             raise MetaAgentError(f"{self.base_url} answered the {stage} request with something that is not a chat "
                                  f"completion: {_excerpt(repr(response))}")
         text = (choices[0].message.content or "") if choices else ""
-        usage = getattr(response, "usage", None)
-        return text, int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0)
+        usage = response.usage if isinstance(response.usage, CompletionUsage) else None  # or of a shape of its own
+        if usage is None:
+            return text, 0, 0
+        return text, int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0)
 
 
 class HFClient:
@@ -161,19 +170,18 @@ class HFClient:
         self.device = device
         self.max_new_tokens = max_new_tokens
         self.seed = seed
-        self._lm: Any = None
-        self._tok: Any = None
+        self._loaded: tuple[PreTrainedModel, PreTrainedTokenizerBase] | None = None
 
     def __repr__(self) -> str:
         return f"HFClient(model={self.model!r}, device={self.device!r}, max_new_tokens={self.max_new_tokens})"
 
-    def loaded(self) -> tuple[Any, Any]:
+    def loaded(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """(model, tokenizer), loading them on first use."""
-        if self._lm is None:
+        if self._loaded is None:
             from coevo.policy.load import load_model
 
-            self._lm, self._tok = load_model(self.model, device=self.device, seed=self.seed)
-        return self._lm, self._tok
+            self._loaded = load_model(self.model, device=self.device, seed=self.seed)
+        return self._loaded
 
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The exact ids the model is prompted with."""
@@ -186,7 +194,7 @@ class HFClient:
 
         lm, tok = self.loaded()
         prompt = self.prompt_ids(messages)
-        limit = getattr(lm.config, "max_position_embeddings", None)
+        limit = getattr(lm.config, "max_position_embeddings", None)  # not every architecture's config has one
         if limit is not None and len(prompt) + self.max_new_tokens > limit:
             raise MetaAgentError(
                 f"{stage} prompt of {len(prompt)} tokens + max_new_tokens {self.max_new_tokens} exceeds the "

@@ -95,7 +95,7 @@ class LLMMetaAgent:
         is another party, and a task's text may quote a key."""
         messages = withhold_secrets(messages)
         schema = SCHEMAS[stage]
-        model = str(getattr(self.client, "model", type(self.client).__name__))
+        model = str(getattr(self.client, "model", type(self.client).__name__))  # a client of one's own may have none
         if self.cache is not None:
             hit = self.cache.get(model, stage, messages, schema)
             if hit is not None:

@@ -34,13 +34,13 @@ def harness_summary(harness: Harness) -> str:
 def processor_catalogue() -> str:
     """Every processor kind a spec may name, with its hook, parameters and what it does."""
     def order(kind: str) -> tuple[int, str]:
-        hook = getattr(PROCESSORS[kind], "hook", None)
+        hook = getattr(PROCESSORS[kind], "hook", None)  # CodeProcessor sets its hook per instance, from its source
         return (HOOK_ORDER.index(hook) if hook in HOOK_ORDER else len(HOOK_ORDER), kind)
 
     lines = []
     for kind in sorted(PROCESSORS, key=order):
         cls = PROCESSORS[kind]
-        hook = getattr(cls, "hook", None)
+        hook = getattr(cls, "hook", None)  # None for the code kind (see order)
         where = (f"at {hook.value} ({cls.dimension.value})" if hook is not None
                  else "at the hook its base class declares")
         group = f", singleton group {cls.group}" if cls.group else ""

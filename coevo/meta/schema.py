@@ -82,7 +82,7 @@ ROUTE_SCHEMA: dict[str, Any] = {
 SCHEMAS: dict[str, dict[str, Any]] = {"plan": PLAN_SCHEMA, "revise": REVISE_SCHEMA, "route": ROUTE_SCHEMA}
 """stage → the JSON schema its reply must match."""
 
-_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+_JSON_TYPES: dict[str, Callable[[object], bool]] = {
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
     "string": lambda v: isinstance(v, str),
@@ -93,7 +93,7 @@ _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return next((name for name, test in _JSON_TYPES.items() if test(value)), type(value).__name__)
 
 

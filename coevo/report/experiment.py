@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from coevo.report.stats import points
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 ARMS = ("static", "harness_only", "model_only", "coevolve")
 """The co-evolution ablation's arms in report order: nothing evolves, the harness evolves, the
@@ -42,7 +45,7 @@ def paired_differences(scores: Mapping[str, np.ndarray], pairs: Sequence[tuple[s
     return out
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table: one header row, a rule, then the rows (cells written with ``str``)."""
     line = lambda cells: "| " + " | ".join(str(c) for c in cells) + " |"  # noqa: E731
     if any(len(r) != len(header) for r in rows):
@@ -50,7 +53,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(header), "|" + "---|" * len(header), *map(line, rows)])
 
 
-def ci_bars(ax: Any, labels: Sequence[str], estimates: Sequence[Sequence[float]], *, width: float = 0.72,
+def ci_bars(ax: Axes, labels: Sequence[str], estimates: Sequence[Sequence[float]], *, width: float = 0.72,
             offset: float = 0.0, label: str | None = None) -> None:
     """Bars of ``[mean, lo, hi]`` estimates with their interval as error bars, one per label."""
     ax.bar([i + offset for i in range(len(labels))], [v[0] for v in estimates], width=width,
@@ -58,7 +61,7 @@ def ci_bars(ax: Any, labels: Sequence[str], estimates: Sequence[Sequence[float]]
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
 
 
-def write_outputs(out: Path, name: str, text: str, summary: Mapping[str, Any]) -> None:
+def write_outputs(out: Path, name: str, text: str, summary: Mapping[str, object]) -> None:
     """``out/name.md`` (the report) and ``out/name.json`` (the summary it was written from), and
     the report on the console."""
     out.mkdir(parents=True, exist_ok=True)

@@ -150,7 +150,7 @@ def _shows_secret(trace: Trace, k: int, secrets: Sequence[str]) -> bool:
 
 
 # ---------------------------------------------------------------------------------- selection
-def _as_list(value: Any) -> list[Any] | None:
+def _as_list(value: int | str | Iterable[int | str] | None) -> list[int | str] | None:
     if value is None:
         return None
     if isinstance(value, (str, int)) and not isinstance(value, bool):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +19,10 @@ from coevo.harness.scaffold import scaffold_layers
 from coevo.report.data import TIME_KEYS, Run, lineage_layout, matrix_source, short, task_matrix
 from coevo.report.result import run_result
 from coevo.rundir.records import LINEAGE_HOWS
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 FIGURES = ("result.png", "pass_rate.png", "lineage.png", "task_matrix.png", "time_breakdown.png")
 """The figures' file names, in the order ``write_figures`` draws them."""
@@ -39,7 +43,7 @@ def write_figures(run: Run, out: Path) -> None:
         _save(draw(run), out / name)
 
 
-def _figure(width: float, height: float) -> Any:
+def _figure(width: float, height: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -48,11 +52,11 @@ def _figure(width: float, height: float) -> Any:
     return fig
 
 
-def _save(fig: Any, path: Path) -> None:
+def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, format="png", bbox_inches="tight")
 
 
-def round_axis(ax: Any, rounds: Sequence[int]) -> None:
+def round_axis(ax: Axes, rounds: Sequence[int]) -> None:
     """Whole-number round ticks (every round while they fit), half a round of margin each side: every
     figure with rounds on an axis draws it through this, so none shows a tick at round 0.5."""
     from matplotlib.ticker import MaxNLocator
@@ -65,7 +69,7 @@ def round_axis(ax: Any, rounds: Sequence[int]) -> None:
     ax.set_xlabel("round")
 
 
-def _draw_result(run: Run) -> Any:
+def _draw_result(run: Run) -> Figure:
     """The run's result at a glance: the starting and the final agent's pass@1 on the same held-out
     tasks (95% intervals), beside train pass, tool use and mean reward by round with the rounds
     whose harness edit shipped marked."""
@@ -112,7 +116,7 @@ def _draw_result(run: Run) -> Any:
     return fig
 
 
-def _draw_pass_rate(run: Run) -> Any:
+def _draw_pass_rate(run: Run) -> Figure:
     fig = _figure(9, 5)
     ax = fig.add_subplot()
     rounds = run.rounds
@@ -152,7 +156,7 @@ def _draw_pass_rate(run: Run) -> Any:
     return fig
 
 
-def _draw_lineage(run: Run) -> Any:
+def _draw_lineage(run: Run) -> Figure:
     layout = lineage_layout(run.lineage)
     width = max((x for x, _ in layout.values()), default=0) + 1
     depth = max((d for _, d in layout.values()), default=0) + 1
@@ -187,7 +191,7 @@ def _draw_lineage(run: Run) -> Any:
     return fig
 
 
-def _draw_task_matrix(run: Run) -> Any:
+def _draw_task_matrix(run: Run) -> Figure:
     import matplotlib
 
     task_ids, rounds, values = task_matrix(run)
@@ -215,7 +219,7 @@ def _draw_task_matrix(run: Run) -> Any:
     return fig
 
 
-def _draw_time(run: Run) -> Any:
+def _draw_time(run: Run) -> Figure:
     fig = _figure(max(6.0, 0.3 * len(run.records) + 4), 4.5)
     ax = fig.add_subplot()
     bottom = np.zeros(len(run.records))
@@ -230,7 +234,7 @@ def _draw_time(run: Run) -> Any:
     return fig
 
 
-def _draw_scaffold(run: Run) -> Any:
+def _draw_scaffold(run: Run) -> Figure:
     """Scaffold retirement by round: how many scaffold layers (prefills, demonstrations) the base
     harness held after each round (edits that added or removed them marked), beside the tool use
     and pass rate of the round's episodes with the scaffolding and without its outermost layer."""

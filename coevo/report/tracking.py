@@ -23,12 +23,15 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from coevo.harness.harness import Harness
 from coevo.rundir.records import LINEAGE_HOWS, EvolveReport, RoundRecord
 from coevo.rundir.run_files import read_rounds
 from coevo.safety.secrets import REDACTED, redact  # noqa: F401 - REDACTED re-exported: the marker scrub writes
+
+if TYPE_CHECKING:
+    from wandb import Run
 
 Scalar = float | int | str
 
@@ -106,7 +109,7 @@ def scrub(config: Mapping[str, Any]) -> dict[str, Any]:
     return redact(config, by_name=True)
 
 
-def _walk(prefix: str, value: Any, out: dict[str, Scalar]) -> None:
+def _walk(prefix: str, value: object, out: dict[str, Scalar]) -> None:
     if value is None:
         return
     if isinstance(value, bool):
@@ -280,7 +283,7 @@ class WandbTracker:
         self._step = -1
         self._finished = False
 
-    def _live(self) -> Any:
+    def _live(self) -> Run:
         if self._finished:
             raise RuntimeError(f"tracker of W&B run {self.run_id} is finished; nothing more can be logged")
         return self._run
@@ -328,7 +331,7 @@ class WandbTracker:
 TRACKERS: dict[str, type] = {"none": NullTracker, "wandb": WandbTracker}
 
 
-def make_tracker(kind: str, **kwargs: Any) -> Tracker:
+def make_tracker(kind: str, **kwargs: object) -> Tracker:
     """The tracker a config's ``logger.kind`` names, built from the remaining logger arguments
     (those of ``WandbTracker``; the null tracker ignores them)."""
     if kind not in TRACKERS:

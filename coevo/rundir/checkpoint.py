@@ -23,7 +23,7 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -119,7 +119,13 @@ def load_state(directory: Path, resumable: bool = False) -> dict[str, Any]:
     return state
 
 
-def load_trainer(trainer: Any, directory: Path) -> None:
+class Loadable(Protocol):
+    """What ``load_trainer`` loads: a trainer (``coevo.trainers.grpo.GRPOTrainer``) that reads its files back."""
+
+    def load(self, directory: Path) -> None: ...
+
+
+def load_trainer(trainer: Loadable, directory: Path) -> None:
     """``trainer.load(directory)``, any failure (a file the hashes did not cover, NaN weights) raised
     as ``CheckpointError`` naming the directory and how to recover."""
     try:
@@ -129,7 +135,7 @@ def load_trainer(trainer: Any, directory: Path) -> None:
                               f"the run cannot resume from it: {RECOVER}") from err
 
 
-def file_digests(directory: Path) -> dict[str, dict[str, Any]]:
+def file_digests(directory: Path) -> dict[str, dict[str, int | str]]:
     """{path relative to ``directory``: {"bytes", "sha256"}} of every file under it (read back from
     disk, so the record is of what was written)."""
     return {str(p.relative_to(directory)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
@@ -179,9 +185,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     return [_jsonable(v) for v in value] if isinstance(value, tuple | list) else value
 
 
-def _tupled(value: Any) -> Any:
+def _tupled(value: object) -> Any:
     return tuple(_tupled(v) for v in value) if isinstance(value, list) else value

@@ -29,12 +29,15 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from hydra.experimental.callback import Callback
 
 from coevo.safety.secrets import contains_secret, holds_secret, is_secret_name
+
+if TYPE_CHECKING:
+    from omegaconf import Container, DictConfig, DictKeyType
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KEY_FORMATS = {
@@ -113,7 +116,7 @@ def secret_reason(field: str, value: object, environ: Mapping[str, str] | None =
     return f"it looks like {shape}" if shape else None
 
 
-def find_secrets(config: Any, environ: Mapping[str, str] | None = None, prefix: str = "") -> list[tuple[str, str]]:
+def find_secrets(config: object, environ: Mapping[str, str] | None = None, prefix: str = "") -> list[tuple[str, str]]:
     """(dotted field, reason) for every leaf of a config tree (dicts and lists) that holds a secret."""
     found: list[tuple[str, str]] = []
     if isinstance(config, Mapping):
@@ -204,14 +207,14 @@ class RefuseSecrets(Callback):
     callback into a warning, so the refusal exits the process (``SystemExit``, status 1) instead.
     """
 
-    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         self._check(config)
 
-    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
         self._check(config)
 
     @staticmethod
-    def _check(config: Any) -> None:
+    def _check(config: DictConfig) -> None:
         from omegaconf import OmegaConf
 
         task = {k: _leaves(config, k) for k in config if k != "hydra"}
@@ -225,7 +228,7 @@ class RefuseSecrets(Callback):
             raise SystemExit(f"Error: {err}") from None
 
 
-def _leaves(config: Any, key: str) -> Any:
+def _leaves(config: Container, key: DictKeyType) -> object:
     """The value at ``key`` as plain data, each interpolation resolved where it can be (an
     ``${oc.env:...}`` would bring a key in) and left as written where it cannot yet (``${hydra:...}``)."""
     from omegaconf import DictConfig, ListConfig, OmegaConf

@@ -107,7 +107,7 @@ def redact_text(text: str, secrets: Sequence[str] | None = None) -> str:
     return text
 
 
-def redact(value: Any, secrets: Sequence[str] | None = None, *, by_name: bool = False) -> Any:
+def redact(value: object, secrets: Sequence[str] | None = None, *, by_name: bool = False) -> Any:
     """A copy of ``value`` (dicts, lists, tuples, strings at any depth) with secret values redacted.
 
     ``secrets`` defaults to ``secret_env_values()``. With ``by_name``, every value under a
@@ -118,7 +118,7 @@ def redact(value: Any, secrets: Sequence[str] | None = None, *, by_name: bool = 
     return _redact(value, found, by_name)
 
 
-def _redact(value: Any, secrets: list[str], by_name: bool) -> Any:
+def _redact(value: object, secrets: list[str], by_name: bool) -> object:
     if isinstance(value, str):
         return redact_text(value, secrets) if secrets else value
     if isinstance(value, Mapping):
@@ -136,7 +136,7 @@ def _redact(value: Any, secrets: list[str], by_name: bool) -> Any:
 _NUMERIC_FIELDS = {"prompt_ids", "completion_ids", "sampler_logprobs", "behaviour_logprobs"}
 
 
-def contains_secret(value: Any, secrets: Sequence[str] | None = None) -> bool:
+def contains_secret(value: object, secrets: Sequence[str] | None = None) -> bool:
     """Whether any string of ``value`` (dicts with their keys, lists, tuples, dataclasses such as a
     ``Trace``, at any depth) holds a secret value. The cheap test before a copy: it stops at the
     first hit, copies nothing and skips token-id and log-prob arrays."""
@@ -144,7 +144,7 @@ def contains_secret(value: Any, secrets: Sequence[str] | None = None) -> bool:
     return bool(found) and _contains(value, found)
 
 
-def _contains(value: Any, secrets: list[str]) -> bool:
+def _contains(value: object, secrets: list[str]) -> bool:
     if isinstance(value, str):
         return any(s in value for s in secrets)
     if isinstance(value, Mapping):

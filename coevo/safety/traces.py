@@ -13,13 +13,53 @@ like ``coevo.safety.secrets`` it imports nothing of coevo but that module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from coevo.safety.secrets import contains_secret, redact, redact_text, secret_env_values
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def redact_trace(trace: Any, tokenizer: Any | None = None, secrets: Sequence[str] | None = None) -> Any:
+
+class TraceCall(Protocol):
+    """What ``redact_trace`` reads and rewrites of a model call (a ``coevo.agent.trace.ModelCall``)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampler_logprobs: list[float] | None
+    trainable: bool
+
+    @property
+    def messages(self) -> Sequence[Mapping[str, object]]: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def reply_prefix(self) -> str: ...
+
+
+class RedactableTrace(Protocol):
+    """What ``redact_trace`` needs of a trace (a ``coevo.agent.trace.Trace``)."""
+
+    @property
+    def model_calls(self) -> Sequence[TraceCall]: ...
+
+    @property
+    def behaviour_logprobs(self) -> list[list[float]] | None: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self: ...
+
+
+TraceT = TypeVar("TraceT", bound=RedactableTrace)
+
+
+def redact_trace(trace: TraceT, tokenizer: PreTrainedTokenizerBase | None = None,
+                 secrets: Sequence[str] | None = None) -> TraceT:
     """``trace`` (a ``coevo.agent.trace.Trace``) with no secret value in its strings or token ids;
     the trace itself when it holds none (the common case: one substring scan, no copy), else a copy.
 
@@ -51,7 +91,8 @@ def redact_trace(trace: Any, tokenizer: Any | None = None, secrets: Sequence[str
     return out
 
 
-def _redact_call_ids(before: Any, call: Any, tokenizer: Any | None, secrets: list[str]) -> bool:
+def _redact_call_ids(before: TraceCall, call: TraceCall, tokenizer: PreTrainedTokenizerBase | None,
+                     secrets: list[str]) -> bool:
     """Rewrite ``call``'s ids in place (see ``redact_trace``); whether its completion ids changed."""
     if tokenizer is None:
         if not contains_secret([before.messages, before.text, before.reply_prefix], secrets):
@@ -79,7 +120,8 @@ def _redact_call_ids(before: Any, call: Any, tokenizer: Any | None, secrets: lis
     return changed
 
 
-def _scrub_ids(ids: list[int], secrets: list[str], decode: Any, encode: Any) -> list[int] | None:
+def _scrub_ids(ids: list[int], secrets: list[str], decode: Callable[[Sequence[int]], str],
+               encode: Callable[[str], list[int]]) -> list[int] | None:
     """``ids`` with each secret's shortest covering token run re-encoded from its redacted text;
     the whole text re-encoded when that does not work; None when neither removes every secret."""
     for _ in range(64):  # one occurrence (at least) per pass
@@ -96,7 +138,7 @@ def _scrub_ids(ids: list[int], secrets: list[str], decode: Any, encode: Any) -> 
     return whole if not any(s in decode(whole) for s in secrets) else None
 
 
-def _covering_run(ids: list[int], secret: str, decode: Any) -> tuple[int, int]:
+def _covering_run(ids: list[int], secret: str, decode: Callable[[Sequence[int]], str]) -> tuple[int, int]:
     """The shortest ``ids[start:end]`` whose text holds ``secret`` (its first occurrence), by two
     binary searches over decoded prefixes and suffixes (a few decodes, not one per token)."""
     lo, hi = 1, len(ids)

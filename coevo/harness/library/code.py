@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import ast
 import pickle
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeGuard, TypeVar
 
 from coevo.harness import events as ev
 from coevo.harness.errors import ParamError
@@ -21,6 +22,8 @@ from coevo.harness.library.builtin import BUILTIN
 from coevo.harness.processor import Param, Processor
 from coevo.safety.sandbox.child_runner import call_in_sandbox
 from coevo.safety.sandbox.source_policy import SandboxRefusal, check_source
+
+T = TypeVar("T")
 
 EVENT_TYPES: dict[str, type[ev.Event]] = {
     cls.__name__: cls
@@ -45,9 +48,9 @@ def subclassable() -> tuple[type[Processor], ...]:
     return tuple(cls for cls in BUILTIN if cls.call_tool is Processor.call_tool)
 
 
-def _exposed() -> dict[str, Any]:
+def _exposed() -> dict[str, type]:
     """Names the source may use: subclassable processors, event and payload types, Param."""
-    names: dict[str, Any] = {cls.__name__: cls for cls in subclassable()}
+    names: dict[str, type] = {cls.__name__: cls for cls in subclassable()}
     names.update(EVENT_TYPES)
     names.update(ToolCall=ev.ToolCall, ToolResult=ev.ToolResult, Param=Param)
     return names
@@ -79,14 +82,13 @@ def check_structure(source: str, class_name: str) -> None:
     allowed = {id(process) for _, process in defs}
     for node in ast.walk(tree):
         if id(node) not in allowed and _binds_process(node):
-            raise SandboxRefusal(f"line {getattr(node, 'lineno', 0)}: 'process' may only be bound by one def in a "
-                                 "class body")
+            raise SandboxRefusal(f"line {node.lineno}: 'process' may only be bound by one def in a class body")
     for owner in {id(c): c for c, _ in defs}.values():
         if sum(isinstance(n, ast.FunctionDef) and n.name == "process" for n in owner.body) > 1:
             raise SandboxRefusal(f"class {owner.name!r} defines process more than once")
 
 
-def _binds_process(node: ast.AST) -> bool:
+def _binds_process(node: ast.AST) -> TypeGuard[ast.stmt | ast.expr | ast.alias | ast.pattern]:
     """Whether ``node`` binds the name or attribute ``process`` (outside the allowed defs)."""
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return node.name == "process"
@@ -161,7 +163,7 @@ class CodeProcessor(Processor):
         self.description = meta["description"]
         self.base_kind: str = meta["base"]
 
-    def _call(self, entry: Any, max_result_bytes: int = MAX_GROWTH_BYTES) -> Any:
+    def _call(self, entry: Callable[[dict[str, Any]], T], max_result_bytes: int = MAX_GROWTH_BYTES) -> T:
         return call_in_sandbox(
             self.config["source"],
             entry,

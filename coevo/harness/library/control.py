@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 from coevo.harness.errors import ParamError
 from coevo.harness.events import ParsedOutputEvent, StepEndEvent, ToolCallEvent, ToolResult, harness_note
@@ -23,7 +22,7 @@ class StepBudget(Processor):
     group = "step_budget"
     params = (Param("max_steps", "int", 6, "agent steps (model calls) per episode"),)
 
-    def __init__(self, name: str | None = None, **params: Any) -> None:
+    def __init__(self, name: str | None = None, **params: object) -> None:
         super().__init__(name, **params)
         if self.config["max_steps"] < 1:  # an episode takes at least one step, so 0 or less would silently mean 1
             raise ParamError(self.name, f"parameter 'max_steps' must be >= 1 (agent steps per episode), "

@@ -18,7 +18,8 @@ harness holding them loads back from YAML.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol, Self, TypeVar
 
 from coevo.harness.errors import ParamError
 from coevo.harness.events import TaskStartEvent, ToolResult, ToolSpec
@@ -38,6 +39,22 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _REQUEST = {"type": "object", "properties": {"request": {"type": "string"}}, "required": ["request"]}
 
 
+class LeadHarness(Protocol):
+    """What ``harness_for`` uses of the lead's harness: a ``coevo.harness.Harness``, whose module imports this
+    library (so this module cannot import it)."""
+
+    def __iter__(self) -> Iterator[Processor]: ...
+
+    def remove(self, name: str) -> Self: ...
+
+    def set_param(self, name: str, param: str, value: object) -> Self: ...
+
+    def insert(self, processor: Processor, *, index: int | None = None) -> Self: ...
+
+
+H = TypeVar("H", bound=LeadHarness)
+
+
 class Specialist(Processor):
     kind = "specialist"
     description = ("Offers the lead agent an ask_<name> tool that delegates a request to a specialist sub-agent with "
@@ -54,7 +71,7 @@ class Specialist(Processor):
         Param("max_steps", "int", 6, "model calls of one delegated sub-episode at most"),
     )
 
-    def __init__(self, name: str | None = None, **params: Any) -> None:
+    def __init__(self, name: str | None = None, **params: object) -> None:
         agent = params.get("agent", "")
         super().__init__(name or f"specialist_{agent}", **params)
         if not _NAME.match(self.config["agent"]):
@@ -83,7 +100,7 @@ class Specialist(Processor):
         # reached only when a runtime without delegation runs the harness
         return ToolResult("", error=f"{call_name} delegates to a sub-agent, which this runtime cannot run")
 
-    def harness_for(self, lead: Any) -> Any:
+    def harness_for(self, lead: H) -> H:
         """The specialist's harness (a ``coevo.harness.Harness``), derived from the lead's ``lead``
         (see the module docstring)."""
         h = lead

@@ -27,7 +27,7 @@ class PythonExecutor(Processor):
     LIMITS = {"timeout_s": 60.0, "memory_mb": 4096, "max_output_chars": 100_000}
     """Upper bounds of the parameters: a proposal edits them, and must not buy itself unbounded time."""
 
-    def __init__(self, name: str | None = None, **params: Any) -> None:
+    def __init__(self, name: str | None = None, **params: object) -> None:
         super().__init__(name, **params)
         for param, cap in self.LIMITS.items():
             if not 0 < self.config[param] <= cap:

@@ -69,7 +69,7 @@ class StageTools(Processor):
         Param("distractors", "str_list", [], f"distractor tools to offer, from {sorted(DISTRACTORS)}"),
     )
 
-    def __init__(self, name: str | None = None, **params: Any) -> None:
+    def __init__(self, name: str | None = None, **params: object) -> None:
         super().__init__(name, **params)
         released, universe, fake = self.config["released"], self.config["universe"], self.config["distractors"]
         stray = sorted(set(released) - set(universe))
@@ -130,7 +130,7 @@ class SkillLibrary(Processor):
         Param("top_k", "int", 1, "notes returned per lookup"),
     )
 
-    def __init__(self, name: str | None = None, **params: Any) -> None:
+    def __init__(self, name: str | None = None, **params: object) -> None:
         super().__init__(name, **params)
         bad = sorted(k for k, v in self.config["skills"].items() if not isinstance(k, str) or not isinstance(v, str))
         if bad:

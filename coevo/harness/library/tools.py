@@ -51,7 +51,7 @@ def _json_objects(text: str) -> list[Any]:
     return found
 
 
-def _as_call(obj: Any) -> ToolCall | None:
+def _as_call(obj: object) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))

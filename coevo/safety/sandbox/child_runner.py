@@ -25,8 +25,8 @@ import resource
 import selectors
 import signal
 import time
-from types import MappingProxyType, ModuleType
-from typing import Any, Callable, Mapping, TypeVar
+from types import CodeType, MappingProxyType, ModuleType
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from coevo.safety.sandbox.source_policy import ALLOWED_MODULES, check_source
 
@@ -82,7 +82,7 @@ class _ModuleProxy:
 
     __slots__ = ("_label", "_attrs")
 
-    def __init__(self, label: str, attrs: Mapping[str, Any]) -> None:
+    def __init__(self, label: str, attrs: Mapping[str, object]) -> None:
         object.__setattr__(self, "_label", label)
         object.__setattr__(self, "_attrs", MappingProxyType(dict(attrs)))
 
@@ -92,7 +92,7 @@ class _ModuleProxy:
         except KeyError:
             raise AttributeError(f"module {self._label!r} has no attribute {name!r} in the sandbox") from None
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"module {self._label!r} is read-only in the sandbox")
 
     def __delattr__(self, name: str) -> None:
@@ -109,6 +109,7 @@ def _module_proxy(name: str) -> _ModuleProxy:
     """Build (once per process) the proxy for an allowed module; ``__all__`` defines 'public'."""
     if name not in _PROXIES:
         module = importlib.import_module(name)
+        # a module need not define __all__, nor every name its __all__ lists
         public = getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]
         denied = _DENIED_MODULE_ATTRIBUTES.get(name, frozenset())
         attrs = {}
@@ -121,16 +122,17 @@ def _module_proxy(name: str) -> _ModuleProxy:
     return _PROXIES[name]
 
 
-def _no_print(*args: Any, **kwargs: Any) -> None:
+def _no_print(*args: object, **kwargs: object) -> None:
     """``print`` in the sandbox does nothing: the child shares the parent's stdout, and a
     processor has no business writing to it (nor can it flood the logs this way)."""
 
 
-def _restricted_builtins(allowed_modules: frozenset[str]) -> dict[str, Any]:
+def _restricted_builtins(allowed_modules: frozenset[str]) -> dict[str, object]:
     proxies = {name: _module_proxy(name) for name in sorted(allowed_modules)}
 
     def restricted_import(
-        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+        name: str, globals: Mapping[str, object] | None = None, locals: Mapping[str, object] | None = None,
+        fromlist: Sequence[str] = (), level: int = 0,
     ) -> _ModuleProxy:
         if level != 0 or name not in proxies:
             raise ImportError(f"import of {name!r} is not allowed in the sandbox")
@@ -148,7 +150,7 @@ _TOO_LARGE = b"<too large>"  # a sentinel compared by identity
 _REPORT_OVERHEAD = 64  # the ("ok", ...) tuple around the result
 
 
-def _find_prctl() -> Any:
+def _find_prctl() -> Callable[[int, int, int, int, int], int] | None:
     """libc's prctl, looked up in the parent: a forked child of a threaded process must not
     dlopen (the loader's lock may be held by a thread that no longer exists there)."""
     try:
@@ -167,7 +169,7 @@ def call_in_sandbox(
     source: str,
     entry: Callable[[dict[str, Any]], T],
     *,
-    exposed: Mapping[str, Any] | None = None,
+    exposed: Mapping[str, object] | None = None,
     time_limit_s: float = 2.0,
     memory_limit_mb: int = 256,
     allowed_modules: frozenset[str] = ALLOWED_MODULES,
@@ -226,7 +228,7 @@ def _die_with(parent: int) -> None:
 
 
 def _child_main(
-    write_fd: int, code: Any, entry: Callable[[dict[str, Any]], Any], namespace: dict[str, Any],
+    write_fd: int, code: CodeType, entry: Callable[[dict[str, Any]], object], namespace: dict[str, Any],
     time_limit_s: float, memory_limit_mb: int,
 ) -> None:  # fmt: skip
     """Everything the child does. Kept small: the parent may have had threads holding locks."""
