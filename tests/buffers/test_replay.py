@@ -437,7 +437,11 @@ def test_sigkill_at_random_moments_leaves_whole_batches(tmp_path):
             time.sleep(rng.uniform(0.0, 0.5))
         finally:
             os.kill(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
+            # through the text wrapper: readline may have buffered the lines after "ready", and
+            # communicate() reads the pipe beneath it, which would lose them
+            out = proc.stdout.read()
+            proc.stderr.read()
+            proc.wait()
         assert proc.returncode == -signal.SIGKILL
         kills += 1
         markers = [line.split() for line in out.splitlines()]
