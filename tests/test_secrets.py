@@ -330,7 +330,7 @@ class KeyedArithmetic(Env):
     def tasks(self, split: str) -> list:
         return [self._tasks[t.task_id] for t in self._env.tasks(split)]
 
-    def reset(self, task):  # noqa: ANN001, ANN201 - the Env protocol
+    def reset(self, task):  # noqa: ANN001, ANN201 - Env.reset
         return self._env.reset(task)
 
 

@@ -1,4 +1,4 @@
-"""Environments: the Env protocol and the built-in task sets."""
+"""Environments: the Env base classes and the built-in task sets."""
 
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
 from coevo.envs.base import SPLITS, Env, EnvSession, Score, Task, assign_split

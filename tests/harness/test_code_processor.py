@@ -103,6 +103,8 @@ BYPASSES = [
                            "class X(A):\n    def process(self, e):\n        return super().process(e)\n"),
     ("walrus", "class X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n"
                "    [process := (lambda self, e: e)]\n"),
+    ("match-mapping-rest", "class X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n"
+                           "    match {}:\n        case {**process}:\n            pass\n"),
 ]
 
 

@@ -100,6 +100,8 @@ def _binds_process(node: ast.AST) -> TypeGuard[ast.stmt | ast.expr | ast.alias |
         return (node.asname or node.name) == "process"
     if isinstance(node, ast.arg) or isinstance(node, ast.ExceptHandler):
         return False
+    if isinstance(node, ast.MatchMapping):  # case {**process}: the rest of the mapping
+        return node.rest == "process"
     return isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name == "process"
 
 
