@@ -141,6 +141,7 @@ def test_grpo_advantages_are_recomputed_over_the_exported_groups(run_dir: Path, 
 @pytest.mark.parametrize(("filters", "message"), [
     ({"rounds": 7}, r"rounds=\[7\]: the buffer holds rounds \[0, 1\]"),
     ({"rounds": ["0"]}, r"the buffer holds rounds \[0, 1\]"),
+    ({"rounds": True}, r"rounds=\[True\]: the buffer holds rounds \[0, 1\]"),  # a bool is no round
     ({"harness_ids": "nope"}, r"harness_ids=\['nope'\]: the buffer holds harness ids \['[0-9a-f]{16}'"),
     ({"min_reward": float("nan")}, r"min_reward=nan must be a finite number \(rewards in the buffer span \["),
     ({"max_reward": "high"}, r"max_reward='high' must be a finite number"),

@@ -151,9 +151,10 @@ def _shows_secret(trace: Trace, k: int, secrets: Sequence[str]) -> bool:
 
 # ---------------------------------------------------------------------------------- selection
 def _as_list(value: int | str | Iterable[int | str] | None) -> list[int | str] | None:
+    """One filter value or several as a list (a bool stays one value, which the filter then refuses by name)."""
     if value is None:
         return None
-    if isinstance(value, (str, int)) and not isinstance(value, bool):
+    if isinstance(value, (str, int)):
         return [value]
     return list(value)
 
