@@ -170,7 +170,8 @@ class FunctionCallingEnv(Env):
 
     def _make(self, i: int) -> Task:
         rng = random.Random(f"function_calling:{self.seed}:{i}")
-        tree = {d: {f"{d}_{k}.txt": f"note {k}" for k in range(2)} for d in rng.sample(["docs", "src", "tmp", "art"], 2)}
+        folders = rng.sample(["docs", "src", "tmp", "art"], 2)
+        tree = {d: {f"{d}_{k}.txt": f"note {k}" for k in range(2)} for d in folders}
         turns, per_turn = conversation(rng, tree)
         gold = [c for calls in per_turn for c in calls]
         target = FileSystem(tree)

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_subpackages_import_after_install(tmp_path):
     # run from an unrelated directory so the repository root is not on sys.path
-    code = "import coevo.trainers, coevo.buffers, coevo.kernels, coevo.harness, coevo.agent; print(coevo.kernels.__file__)"
+    code = ("import coevo.trainers, coevo.buffers, coevo.kernels, coevo.harness, coevo.agent; "
+            "print(coevo.kernels.__file__)")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).parent == ROOT / "kernels"
@@ -100,7 +101,8 @@ def test_the_bootstrap_constraints_pin_every_dependency_within_its_range():
         if name in ("torch", "triton") or (req.marker and not req.marker.evaluate()):
             continue
         assert name in pins, f"{req.name} is not pinned in scripts/constraints.txt"
-        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} is outside {req.specifier}"
+        assert req.specifier.contains(pins[name], prereleases=True), \
+            f"{req.name}=={pins[name]} is outside {req.specifier}"
     assert "torch" not in pins and "triton" not in pins
     bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
     assert f'"deepspeed=={pins["deepspeed"]}"' in bootstrap  # the version it installs is the pinned one

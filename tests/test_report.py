@@ -232,13 +232,15 @@ def test_malformed_json_names_file_and_line(tmp_path: Path):
     with pytest.raises(ValueError, match=re.escape(f"{run_dir / 'rounds.jsonl'}:3: malformed JSON")):
         load_run(run_dir)
     (run_dir / "rounds.jsonl").write_text("[1, 2]\n")
-    with pytest.raises(ValueError, match=re.escape(f"{run_dir / 'rounds.jsonl'}:1: a round record must be a JSON object")):
+    not_an_object = f"{run_dir / 'rounds.jsonl'}:1: a round record must be a JSON object"
+    with pytest.raises(ValueError, match=re.escape(not_an_object)):
         load_run(run_dir)
 
 
 @pytest.mark.parametrize("index, change, message", [
     (2, lambda e: e.pop("parent_id"), "required field 'parent_id' is missing"),
-    (4, lambda e: e.update(how="forked"), "field 'how' must be one of ('start', 'shipped', 'spawned', 'selected', 'released'), got 'forked'"),
+    (4, lambda e: e.update(how="forked"),
+     "field 'how' must be one of ('start', 'shipped', 'spawned', 'selected', 'released'), got 'forked'"),
     (1, lambda e: e.update(edits="insert"), "field 'edits' must be list, got str"),
 ])
 def test_bad_lineage_entry_names_file_and_line(tmp_path: Path, index: int, change, message: str):

@@ -49,7 +49,9 @@ SCAFFOLDED = ROOT / "examples" / "harnesses" / "lenient_tool_choice_demos.yaml"
 
 
 def _trace(task: str, passed: bool, tool: bool, variant: str = "base") -> Trace:
-    calls = [ToolCallRecord(step=0, name="calculator", arguments={"expression": "1+1"}, output="2", error=None, seconds=0.0)] if tool else []
+    call = ToolCallRecord(step=0, name="calculator", arguments={"expression": "1+1"}, output="2", error=None,
+                          seconds=0.0)
+    calls = [call] if tool else []
     return Trace(trace_id=f"{task}-{passed}-{tool}", task_id=task, env="e", split="train", harness_id="h",
                  variant=variant, model_version="0", reward=float(passed), passed=passed, tool_calls=calls)
 
@@ -128,7 +130,8 @@ def test_rule_agent_proposes_the_removal_only_when_the_evidence_is_ready():
     assert [(e.op, e.processor, e.param) for e in fewer.edits] == [("set_param", "few_shot", "turns")]
     assert "its last demonstration" in fewer.hypothesis
     # evidence measured without another layer than the harness's outermost proposes nothing
-    assert agent.propose(_digest(ScaffoldEvidence(["tool_choice"], 8, 0.9, 0.7, 1.0, 0.75), shown), shown, context) == []
+    other_layer = ScaffoldEvidence(["tool_choice"], 8, 0.9, 0.7, 1.0, 0.75)
+    assert agent.propose(_digest(other_layer, shown), shown, context) == []
 
 
 class ForcedOnly(ScriptedPolicy):
@@ -148,7 +151,8 @@ def _aegis(env, policy, gate: str = "seesaw", start: Harness | None = None) -> A
     critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate=gate)
     start = start if start is not None else base_harness().insert(ToolChoice(tool="calculator"))
     return AEGIS(start, RuleMetaAgent(), critic,
-                 tasks={t.task_id: t for t in train}, references={t.task_id: gold_reference(env, t) for t in train[-4:]},
+                 tasks={t.task_id: t for t in train},
+                 references={t.task_id: gold_reference(env, t) for t in train[-4:]},
                  tools=["calculator"])
 
 
@@ -258,7 +262,9 @@ def test_a_training_run_puts_episodes_without_the_scaffolding_in_their_tasks_gro
     assert all(r["unscaffolded"] is None for r in records(off)) and all(not v for v in seen.values())
     # the unscaffolded episodes sample on a stream of their own: round 0's batch is the run's without them
     _, plain = _buffer(off)
-    key = lambda ts: sorted((t.trace_id, t.final_answer, t.reward) for t in ts if t.trace_id.startswith("r0000"))  # noqa: E731
+    def key(ts):
+        return sorted((t.trace_id, t.final_answer, t.reward) for t in ts if t.trace_id.startswith("r0000"))
+
     assert key(traces) == key(plain) and key(plain)
 
 

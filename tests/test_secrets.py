@@ -44,7 +44,8 @@ def test_secret_names_are_whole_words() -> None:
                  "GOOGLE_APPLICATION_CREDENTIALS", "SENTRY_DSN", "HTTP_AUTH", "MYSECRET", "STRIPE_APIKEY"):
         assert is_secret_name(name), name
     for name in ("max_new_tokens", "tokenizer", "keyboard", "keep_truncated", "TOKENIZERS_PARALLELISM", "MONKEY",
-                 "PWD", "OLDPWD", "SSH_AUTH_SOCK", "HF_TOKEN_PATH", "api_key_env", "exclude_keys", "TOX_TESTENV_PASSENV"):
+                 "PWD", "OLDPWD", "SSH_AUTH_SOCK", "HF_TOKEN_PATH", "api_key_env", "exclude_keys",
+                 "TOX_TESTENV_PASSENV"):
         assert not is_secret_name(name), name
 
 
@@ -187,8 +188,9 @@ def keyed_trace(key: str, tok) -> "Trace":  # noqa: F821 - imported where used
                 {"role": "user", "content": "What is 2+3?"}]
     prompt = render_prompt(tok, messages, True)
     texts = [f"The key is {key}. <answer>5</answer>", "<answer>5</answer>"]
-    calls = [ModelCall(s, messages, list(prompt), tok.encode(text, add_special_tokens=False),
-                       [-0.5] * len(tok.encode(text, add_special_tokens=False)), text, "stop") for s, text in enumerate(texts)]
+    completions = [tok.encode(text, add_special_tokens=False) for text in texts]
+    calls = [ModelCall(s, messages, list(prompt), ids, [-0.5] * len(ids), text, "stop")
+             for s, (text, ids) in enumerate(zip(texts, completions, strict=True))]
     return Trace("t0", "task", "arithmetic", "train", "h" * 16, "base", "0", model_calls=calls,
                  messages=[*messages, {"role": "assistant", "content": texts[0]}], final_answer="5")
 
@@ -251,7 +253,8 @@ def test_checkpoint_state_and_meta_cache_are_written_redacted(tmp_path: Path, mo
     assert checkpoint.load_state(checkpoint.latest(tmp_path / "ckpt"))["notes"] == {"t": f"db password {REDACTED}"}
 
 
-def test_wandb_metrics_tables_and_staged_artifacts_are_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_metrics_tables_and_staged_artifacts_are_redacted(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """wandb stages an artifact's files outside the run directory (its data dir, and first a temp dir):
     the harness YAML must be redacted before wandb copies it anywhere."""
     import tempfile

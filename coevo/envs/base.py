@@ -5,19 +5,12 @@ multi-turn step: for a text game the action is a tool call too), then ``session.
 and ``session.close()``. The ground truth in ``Task.answer`` is for verifiers and reference
 trajectories only; the agent sees ``Task.instruction`` and observations.
 
-An env subclasses ``Env`` and its sessions ``EnvSession``. The optional parts are declared there
-with what an env without them means (docs/environments.md has the checklist):
-
-- ``EnvSession.respond(reply) -> str | None``: a conversation with several user turns. When the
-  agent answers (``<answer>`` in the default harness), the runtime hands the answer to
-  ``respond``; a string is the user's next message and the episode goes on, None (the default)
-  ends it with that answer as the final one. The trace keeps the earlier answers in ``Trace.replies``.
-- ``Env.max_sessions``: at most that many sessions open at once (a simulator process each); the
-  runtime starts episodes as others finish. None: no limit.
-- ``Env.tool_owners`` (tool → entity): the agents axis of harness streams; ``Env.gold_answer(task)``:
-  what ``coevo.agent.gold.GoldPolicy`` and the reference trajectories answer after replaying a
-  task's gold actions (None: their own default). ``Env.scripted_solver``: a demo policy's reply
-  function (messages → completion text), for an env given by import path.
+An env subclasses ``Env`` and its sessions ``EnvSession``; the optional parts are declared on those
+classes with what an env without them means (docs/environments.md has the table and the checklist).
+The one that shapes an episode is ``EnvSession.respond``: a conversation with several user turns.
+When the agent answers (``<answer>`` in the default harness), the runtime hands the answer to
+``respond``; a string is the user's next message and the episode goes on, None (the default) ends
+it with that answer as the final one. The trace keeps the earlier answers in ``Trace.replies``.
 
 ``reset`` must release what it opened when it raises: the runtime never got a session to close.
 """

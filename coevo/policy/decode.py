@@ -46,7 +46,6 @@ from coevo.policy.prefix_cache import ChainStates, LayerKV
 if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PreTrainedModel
-    from transformers.cache_utils import Cache
 
 PREFILL_CHUNK = 512
 """Prompt columns read per forward: a chunk's activations (``[rows, chunk, 1536]`` in SmolLM2's MLP)

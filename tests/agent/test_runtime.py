@@ -43,7 +43,8 @@ class FakeSession(EnvSession):
     observation: str = "do the thing"
     done: bool = False
     tools: dict = field(default_factory=lambda: {
-        "echo": ev.ToolSpec("echo", "echo"), "hang": ev.ToolSpec("hang", "hangs"), "boom": ev.ToolSpec("boom", "raises")})
+        "echo": ev.ToolSpec("echo", "echo"), "hang": ev.ToolSpec("hang", "hangs"),
+        "boom": ev.ToolSpec("boom", "raises")})
 
     def call_tool(self, name, arguments):
         if name == "hang":
@@ -82,6 +83,11 @@ def tool_then_answer(tool: str):
             return "<answer>42</answer>"
         return f'<tool_call>{{"name": "{tool}", "arguments": {{"x": 1}}}}</tool_call>'
     return respond
+
+
+def echo_forever(messages):
+    """A new echo call every step (its argument is the conversation's length), never an answer."""
+    return f'<tool_call>{{"name": "echo", "arguments": {{"x": {len(messages)}}}}}</tool_call>'
 
 
 def test_hooks_fire_in_order():
@@ -131,7 +137,8 @@ def test_model_calls_are_batched_across_episodes():
 
 def test_env_that_raises_fails_only_its_episode():
     env = FakeEnv({"t1": "reset", "t2": "verify"})
-    traces = run_episodes([Job(t, base_harness()) for t in env.tasks("test")], ScriptedPolicy(tool_then_answer("echo")), env)
+    jobs = [Job(t, base_harness()) for t in env.tasks("test")]
+    traces = run_episodes(jobs, ScriptedPolicy(tool_then_answer("echo")), env)
     by_id = {t.task_id: t for t in traces}
     assert "env reset: ConnectionError: env down" in by_id["t1"].error
     assert "env verify: ValueError: verifier broke" in by_id["t2"].error
@@ -194,7 +201,8 @@ def test_processor_that_raises_fails_only_its_episode():
 
 def test_processor_returning_wrong_type_is_caught():
     env = FakeEnv()
-    trace = run_episode(env.tasks("test")[0], base_harness().insert(WrongType()), ScriptedPolicy(tool_then_answer("echo")), env)
+    harness = base_harness().insert(WrongType())
+    trace = run_episode(env.tasks("test")[0], harness, ScriptedPolicy(tool_then_answer("echo")), env)
     assert "processor 'wrong_type' at step_end: ProcessorContractError" in trace.error
 
 
@@ -231,7 +239,7 @@ def test_unknown_tool_and_processor_tools():
 
 def test_step_budget_and_no_action_stop_episodes():
     env = FakeEnv()
-    looping = ScriptedPolicy(lambda m: '<tool_call>{"name": "echo", "arguments": {"x": ' + str(len(m)) + "}}</tool_call>")
+    looping = ScriptedPolicy(echo_forever)
     trace = run_episode(env.tasks("test")[0], base_harness().set_param("step_budget", "max_steps", 3), looping, env)
     assert trace.stop_reason == "step_budget" and len(trace.model_calls) == 3
     silent = ScriptedPolicy(lambda m: "hmm")
@@ -243,7 +251,7 @@ def test_step_budget_and_no_action_stop_episodes():
 
 def test_hard_step_cap_without_budget_processor():
     env = FakeEnv()
-    looping = ScriptedPolicy(lambda m: '<tool_call>{"name": "echo", "arguments": {"x": ' + str(len(m)) + "}}</tool_call>")
+    looping = ScriptedPolicy(echo_forever)
     h = base_harness().remove("step_budget")
     trace = run_episode(env.tasks("test")[0], h, looping, env, max_steps=5)
     assert trace.stop_reason == "step_cap" and len(trace.model_calls) == 5

@@ -25,7 +25,8 @@ def test_built_in_names_and_import_paths_resolve():
               r"import path 'package\.module:ClassName'"),
     ("no_such_pkg.envs:Env", r"module 'no_such_pkg\.envs' is not importable .*PYTHONPATH"),
     ("examples.countdown_env:Nope", r"has no attribute 'Nope'"),
-    ("examples.countdown_env:check_expression", r"is not an environment class: it does not subclass coevo.envs.base.Env"),
+    ("examples.countdown_env:check_expression",
+     r"is not an environment class: it does not subclass coevo.envs.base.Env"),
     ("not a path:X", r"is not an import path; write it as 'package\.module:Name'"),
 ])
 def test_bad_names_say_what_is_allowed(name, message):

@@ -364,7 +364,8 @@ def test_a_length_cut_is_the_budget_or_the_context_window_by_its_token_counts(ro
     last = trace.model_calls[-1]
     last.prompt_ids, last.completion_ids, last.max_new_tokens = [1] * 2600, [2] * 256, 256
     got = classify(trace)
-    assert (got.cause, got.detail) == ("truncated", "the completion hit its token budget (2600 prompt + 256 completion tokens)")
+    assert got.cause == "truncated"
+    assert got.detail == "the completion hit its token budget (2600 prompt + 256 completion tokens)"
     last.prompt_ids, last.completion_ids = [1] * 8100, [2] * 92  # the window (8192) stopped it
     got = classify(trace)
     assert (got.cause, got.detail) == ("context_overflow",

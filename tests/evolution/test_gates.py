@@ -181,11 +181,13 @@ def test_added_segments_reports_new_prompt_words_and_demo_turns():
 
 def test_added_segments_compares_replaced_and_reinserted_processors_with_the_old_one():
     h = apply_edit(base_harness(), demo_edit("q1", "a1"))
-    replace = Edit("replace", "few_shot", spec={"kind": "few_shot", "name": "few_shot", "params": {"demos": ["q1", "a1", "q2", "a2"]}})
+    demos = {"demos": ["q1", "a1", "q2", "a2"]}
+    replace = Edit("replace", "few_shot", spec={"kind": "few_shot", "name": "few_shot", "params": demos})
     assert [s.text for s in added_segments([replace], h)] == ["q2", "a2"]
     again = [Edit("remove", "few_shot"), demo_edit("q1", "a1", "q3", "a3")]
     assert [s.text for s in added_segments(again, h)] == ["q3", "a3"]
-    renamed = Edit("replace", "few_shot", spec={"kind": "few_shot", "name": "demos2", "params": {"demos": ["q1", "a1"]}})
+    renamed = Edit("replace", "few_shot", spec={"kind": "few_shot", "name": "demos2",
+                                                "params": {"demos": ["q1", "a1"]}})
     assert [s.text for s in added_segments([renamed], h)] == []
     assert added_segments([Edit("remove", "few_shot")], h) == []
     # without the parent harness everything an edit carries counts
@@ -273,7 +275,8 @@ def test_leakage_agrees_with_loop_twin_on_random_inputs():
     rng = random.Random(1234)
     vocab = ["alpha", "beta", "gamma", "delta", "sum", "of", "the", "yes", "12", "34", "7", "3.50", "paris"]
     for _ in range(300):
-        texts = {f"t{i}": " ".join(rng.choice(vocab) for _ in range(rng.randint(2, 10))) for i in range(rng.randint(0, 4))}
+        texts = {f"t{i}": " ".join(rng.choice(vocab) for _ in range(rng.randint(2, 10)))
+                 for i in range(rng.randint(0, 4))}
         answers = {f"t{i}": rng.choice(vocab + ["saint petersburg", "x"]) for i in range(rng.randint(0, 5))}
         pieces = [rng.choice(vocab) for _ in range(rng.randint(0, 12))]
         if texts and rng.random() < 0.5:
@@ -332,7 +335,8 @@ def test_bloat_agrees_with_building_the_candidate():
             elif "few_shot" in current and choice < 0.45:
                 e = Edit("remove", "few_shot")
             elif "few_shot" in current and choice < 0.6:
-                e = Edit("replace", "few_shot", spec={"kind": "few_shot", "name": "few_shot", "params": {"demos": demos}})
+                spec = {"kind": "few_shot", "name": "few_shot", "params": {"demos": demos}}
+                e = Edit("replace", "few_shot", spec=spec)
             elif "few_shot" not in current and choice < 0.6:
                 e = demo_edit(*demos)
             else:
@@ -486,8 +490,10 @@ def test_performance_gate_agrees_with_exact_twin():
 
 
 def test_combine_modes():
-    s_ok, s_no = seesaw_gate({"a": [False]}, {"a": [True]}, scope=["a"]), seesaw_gate({"a": [True]}, {"a": [False]}, scope=["a"])
-    p_ok, p_no = performance_gate(0.1, 0.2, [], [], delta=0.0, epsilon=0.0), performance_gate(0.2, 0.1, [], [], delta=0.0, epsilon=0.0)
+    s_ok = seesaw_gate({"a": [False]}, {"a": [True]}, scope=["a"])
+    s_no = seesaw_gate({"a": [True]}, {"a": [False]}, scope=["a"])
+    p_ok = performance_gate(0.1, 0.2, [], [], delta=0.0, epsilon=0.0)
+    p_no = performance_gate(0.2, 0.1, [], [], delta=0.0, epsilon=0.0)
     assert combine("seesaw", seesaw=s_ok)[:2] == (True, "seesaw")
     assert combine("performance", performance=p_no)[:2] == (False, "performance")
     assert combine("both", seesaw=s_ok, performance=p_ok)[:2] == (True, "seesaw+performance")

@@ -61,17 +61,22 @@ def test_code_processor_state_changes_come_back():
     assert out.answer == "12" and out.state is state and state.memory["digits_only_used"] is True
 
 
+CALLS_SUPER = "    def process(self, e):\n        return super().process(e)\n"
+"""A class body's process() that calls super(), as the structure check wants."""
+
+
 @pytest.mark.parametrize(
     "source,class_name,reason",
     [
-        ("import os\nclass X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n", "X", "os"),
+        ("import os\nclass X(AnswerExtraction):\n" + CALLS_SUPER, "X", "os"),
         ("class X(AnswerExtraction):\n    def process(self, e):\n        return e\n", "X", "super()"),
         ("class X:\n    def process(self, e):\n        return super().process(e)\n", "X", "subclass"),
         (STRICT_ANSWER, "Missing", "no top-level class"),
         # tool-providing processors are not exposed: a subclass could run code through the tool
-        ("class X(PythonExecutor):\n    def process(self, e):\n        return super().process(e)\n", "X", "PythonExecutor"),
-        ("class X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e).__class__\n", "X", "_"),
-        ("while True:\n    pass\nclass X(AnswerExtraction):\n    def process(self, e):\n        return super().process(e)\n", "X", "Timeout"),
+        ("class X(PythonExecutor):\n" + CALLS_SUPER, "X", "PythonExecutor"),
+        ("class X(AnswerExtraction):\n    def process(self, e):\n"
+         "        return super().process(e).__class__\n", "X", "_"),
+        ("while True:\n    pass\nclass X(AnswerExtraction):\n" + CALLS_SUPER, "X", "Timeout"),
     ],
 )
 def test_bad_code_is_refused_with_a_reason(source, class_name, reason):
@@ -81,7 +86,8 @@ def test_bad_code_is_refused_with_a_reason(source, class_name, reason):
 
 
 def test_code_that_hangs_at_call_time_fails_the_episode_only():
-    hangs = STRICT_ANSWER.replace("event = super().process(event)", "event = super().process(event)\n        while event.answer:\n            pass")
+    hangs = STRICT_ANSWER.replace("event = super().process(event)",
+                                  "event = super().process(event)\n        while event.answer:\n            pass")
     h = base_harness().replace("answer_extraction", build_processor(code_spec(hangs, time_limit_s=0.5)))
     env = ArithmeticEnv(n_tasks=10)
     task = env.tasks("test")[0]

@@ -27,11 +27,13 @@ from coevo.rundir.evolve_records import Cluster, Digest, Proposal
 
 DEMOS = [("What is 2 + 3?", "<answer>5</answer>"), ("What is 10 - 4?", "<answer>6</answer>")]
 TOOL_DEMO = [{"role": "user", "content": "What is 17 * 23?"},
-             {"role": "assistant", "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "17 * 23"}}</tool_call>'},
+             {"role": "assistant",
+              "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "17 * 23"}}</tool_call>'},
              {"role": "tool", "name": "calculator", "content": "391"},
              {"role": "assistant", "content": "<answer>391</answer>"}]
 PYTHON_DEMO = [{"role": "user", "content": "How many r in 'error'?"},
-               {"role": "assistant", "content": '<tool_call>{"name": "python", "arguments": {"code": "print(3)"}}</tool_call>'},
+               {"role": "assistant",
+                "content": '<tool_call>{"name": "python", "arguments": {"code": "print(3)"}}</tool_call>'},
                {"role": "tool", "name": "python", "content": "3"},
                {"role": "assistant", "content": "<answer>3</answer>"}]
 
@@ -392,7 +394,8 @@ def test_tool_demos_append_only_what_the_harness_does_not_show():
     c = cluster("premature_answer")
     assert TEMPLATES["tool_demos"].build(c, h, context(demos=[TOOL_DEMO])) is None
     (edit,) = TEMPLATES["tool_demos"].build(c, h, context(demos=[TOOL_DEMO, PYTHON_DEMO]))[1]
-    assert (edit.op, edit.processor, edit.param, edit.value) == ("set_param", "demos", "turns", [*TOOL_DEMO, *PYTHON_DEMO])
+    assert (edit.op, edit.processor, edit.param) == ("set_param", "demos", "turns")
+    assert edit.value == [*TOOL_DEMO, *PYTHON_DEMO]
 
 
 def test_premature_answers_get_a_forced_tool_call_with_demonstrations_first():
