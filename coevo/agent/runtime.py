@@ -14,12 +14,24 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from coevo.agent.demos import with_demo_spans
-from coevo.agent.episode import RESET_TIMEOUT_S, TOOL_TIMEOUT_S, EpisodeRun, Job
+from coevo.agent.episode import RESET_TIMEOUT_S, TOOL_TIMEOUT_S, Episode, EpisodeRun, Job
 from coevo.agent.policy import ChatRequest, Generation, Policy
+from coevo.agent.program_episode import ProgramEpisodeRun
 from coevo.agent.trace import Trace
 from coevo.config.schema import RolloutConfig
 from coevo.envs.base import Env, Task
+from coevo.envs.program_env import ProgramEnv
 from coevo.harness.harness import Harness
+
+
+def start_episode(job: Job, env: Env, model_version: str, max_steps: int, *,
+                  reset_timeout_s: float = RESET_TIMEOUT_S, tool_timeout_s: float = TOOL_TIMEOUT_S) -> Episode:
+    """``job``'s episode, not yet advanced: a program-driven one when ``env`` runs programs (the
+    program asks and the episode answers), else coevo's own loop over the env's session."""
+    if isinstance(env, ProgramEnv):
+        return ProgramEpisodeRun(job, env, model_version, max_steps).run()
+    return EpisodeRun(job, env, model_version, max_steps, reset_timeout_s=reset_timeout_s,
+                      tool_timeout_s=tool_timeout_s).run()
 
 
 def run_episodes(
@@ -51,8 +63,8 @@ def run_episodes(
     limit = env.max_sessions
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"env {env.name!r}: max_sessions must be an integer >= 1, got {limit!r}")
-    runs = [EpisodeRun(job, env, policy.model_version, max_steps, reset_timeout_s=reset_timeout_s,
-                       tool_timeout_s=tool_timeout_s).run() for job in jobs]
+    runs = [start_episode(job, env, policy.model_version, max_steps, reset_timeout_s=reset_timeout_s,
+                          tool_timeout_s=tool_timeout_s) for job in jobs]
     traces: list[Trace | None] = [None] * len(runs)
     pending: dict[int, ChatRequest] = {}
     started = 0

@@ -7,10 +7,11 @@ from typing import Any
 
 from coevo.harness.events import Message
 
-INFRA_SOURCES = ("policy", "env", "tool")
+INFRA_SOURCES = ("policy", "env", "tool", "program")
 """``Trace.error_source`` values that make a trace an infrastructure failure: the policy call raised
-(out-of-memory included), the environment raised (reset, an env tool, verify, close), or a tool's
-implementation raised. ``"processor"`` (a harness processor raised) is the harness's own defect."""
+(out-of-memory included), the environment raised (reset, an env tool, verify, close), a tool's
+implementation raised, or an agent program failed (it crashed, hung or sent a request coevo cannot
+read: ``coevo.agent.program_episode``). ``"processor"`` (a harness processor raised) is the harness's own defect."""
 
 
 @dataclass

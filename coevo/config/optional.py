@@ -26,7 +26,7 @@ INSTALL: dict[str, str] = {
     "deepspeed": "pip install 'coevo[deepspeed]' (without a GPU: DS_BUILD_OPS=0 pip install deepspeed==0.19.8, "
                  "pure Python; its CPU accelerator runs ZeRO-3 over gloo)",
     "liger_kernel": "pip install liger-kernel (only the loss benchmarks compare against it)",
-    "verifiers": "pip install 'coevo[envs]' (verifiers' classic environment API, 0.3.x)",
+    "verifiers": "pip install 'coevo[envs]' (verifiers 0.4: v1 tasksets and harness programs)",
     "skyrl_gym": "pip install 'coevo[envs]' (SkyRL's text environments)",
 }
 """top-level module → how to install it."""

@@ -91,6 +91,14 @@ class Env(ABC):
         """The final answer after ``task``'s gold actions are replayed (None: the caller's default)."""
         return None
 
+    def tool_names(self, task: Task) -> list[str]:
+        """The tool names a session of ``task`` offers (envs declare tools per session, not per env)."""
+        session = self.reset(task)
+        try:
+            return sorted(session.tools)
+        finally:
+            session.close()
+
     def close(self) -> None:
         """Release what the env holds (simulators, event loops)."""
 
@@ -114,15 +122,6 @@ def check_split(split: str) -> str:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
     return split
-
-
-def session_tools(env: Env, task: Task) -> list[str]:
-    """The tool names an env session offers (envs declare tools per session, not per env)."""
-    session = env.reset(task)
-    try:
-        return sorted(session.tools)
-    finally:
-        session.close()
 
 
 def skill_of(task: Task) -> str | None:

@@ -1,196 +1,244 @@
-"""Any `verifiers` environment (Prime Intellect's classic API) as a coevo env, with no adapter code.
+"""A verifiers 0.4 taskset (``verifiers.v1``) under a v1 harness program, with coevo's policy as the model.
 
-``train.py env=verifiers env.args.environment=my_module:load_environment`` or
-``coevo eval --env verifiers --env-arg environment=wordle``: an import path names a function that
-returns a ``vf.Environment`` (``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``, ...); anything else
-is an installed environment's id, loaded by ``vf.load_environment``. ``args`` go to that function.
+``train.py env=verifiers env.args.taskset=examples.verifiers_v1.arith:ArithTaskset`` or
+``coevo eval --env verifiers --env-arg taskset=ID``: an import path names a ``vf.Taskset`` class,
+anything else is a taskset id verifiers itself resolves (``vf.load_taskset``: a module of that
+name on the path). ``taskset_args`` go to the taskset's config. Each episode is one verifiers
+rollout (``vf.Agent.run``) of the task under ``harness`` (``null``: the tool-less chat loop;
+``bash``: the chat loop with a bash tool) in the ``subprocess`` runtime: verifiers launches the
+harness program, whose every model request passes its interception server to coevo's
+``VerifiersClient``, which hands it to the episode (``coevo.programs``). The program's system
+prompt, loop and tools are verifiers'; what the model sees is shaped by coevo's harness, and the
+ids it evaluated and sampled are recorded by coevo's episode and given back to verifiers as the
+turn's ``TurnTokens``.
 
-How verifiers' concepts map onto coevo's (docs/environments.md has the table):
+How v1's concepts map onto coevo's (docs/environments.md, "Agents as programs"):
 
-- rows of ``dataset`` / ``eval_dataset`` are tasks (``coevo.envs.chat_rows.split_rows``); the row's
-  prompt messages are the instruction, its ``answer`` the hidden ground truth;
-- the env's ``tool_defs`` are the session's tools; a coevo tool call is an assistant message with
-  that call, answered by the env's own ``env_response`` (so ``ToolEnv``'s and ``StatefulToolEnv``'s
-  argument handling and error formatting run as written);
-- an answer is the assistant's text reply: the env's ``env_response`` gives the next user turn, and
-  its stop conditions (``is_completed``) end the episode;
-- the rubric scores the rollout: ``reward`` is its weighted sum, clipped to [0, 1] (the raw value
-  is in ``info``), ``passed`` is reward >= the env's ``pass_threshold``.
+- a ``Task`` is a coevo task: its ``id`` (or taskset index), its prompt as the instruction, an
+  ``answer`` field of its data as the hidden ground truth; splits are assigned by hash of the id;
+- the task's ``@reward`` functions, weighted and summed by verifiers, are the reward (clipped to
+  [0, 1], the raw sum in ``info``); ``passed`` is reward >= ``pass_threshold``; its ``@metric`` values
+  and the rollout's stop condition are in ``info``;
+- a rollout verifiers records as failed (the program exited with an error, a provider error) fails
+  the episode as a program error; a timeout is a stop, scored as verifiers scores it.
 
-The session keeps a verifiers ``State`` built by the env's own ``init_state`` and ``setup_state``,
-with one trajectory step per model action, so rubric functions read ``prompt``, ``completion``,
-``answer``, ``info`` and ``state`` as they do under verifiers' own rollout loop. Verifiers is async:
-each session runs the env's coroutines on its own event loop.
+The classic API (``vf.Environment``, ``MultiTurnEnv``, ``ToolEnv``; ``env.args.environment=``)
+left verifiers in 0.4; asking for it is a one-line error naming the version.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+import logging
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from coevo.config.imports import import_object, is_import_path
 from coevo.config.optional import require
-from coevo.envs.base import Env, EnvSession, Score, Task, check_split
-from coevo.envs.chat_rows import content_text, messages_text, split_rows
-from coevo.harness.events import ToolResult, ToolSpec
+from coevo.envs.base import Score, Task, assign_split, check_split
+from coevo.errors import UsageError
+from coevo.programs.channel import ModelChannel
+from coevo.envs.program_env import PROGRAM_TIMEOUT_S, ProgramEnv, ProgramError, ProgramRun, run_in_thread
 
 if TYPE_CHECKING:
-    from types import ModuleType
-    
-    from datasets import Dataset
-    from verifiers import Environment
+    import verifiers.v1 as vf_types
 
-NOT_HERE = "coevo's runtime calls the model; a verifiers client is never asked to"
-
-
-T = TypeVar("T")
-
-
-def _load(environment: str, args: dict[str, Any]) -> Environment:
-    vf = require("verifiers", "verifiers")
-    if is_import_path(environment):
-        env = import_object(environment, "verifiers environment")(**args)
-    else:
-        env = vf.load_environment(environment, **args)
-    if not isinstance(env, vf.Environment):
-        raise TypeError(f"verifiers environment {environment!r} gave a {type(env).__name__}, not a vf.Environment")
-    return env
+CLASSIC_API = ("verifiers 0.4 removed the classic environment API (vf.Environment, MultiTurnEnv, ToolEnv) that "
+               "env.args.environment loaded; coevo runs v1 tasksets: env.args.taskset=ID or package.module:Taskset "
+               "(docs/environments.md, 'Agents as programs')")
+HARNESSES = ("null", "bash")
+"""The v1 harnesses run here offline (any other id verifiers can import works too)."""
+QUIET_LOGGERS = ("verifiers", "aiohttp.access")
+UNUSED_URL = "http://127.0.0.1:9/v1"
+"""The model address verifiers' config asks for; coevo's client answers instead, so nothing is sent there."""
 
 
-def _dataset_rows(dataset: Dataset | None) -> list[dict[str, Any]]:
-    return [] if dataset is None else [dict(row) for row in dataset]
+def _vf() -> Any:
+    """``verifiers.v1``, or a one-line error naming the installed version that lacks it."""
+    verifiers = require("verifiers", "verifiers")
+    try:
+        import verifiers.v1 as vf
+    except ModuleNotFoundError:
+        raise UsageError(f"env 'verifiers' runs verifiers 0.4 tasksets (verifiers.v1); verifiers "
+                         f"{getattr(verifiers, '__version__', '?')} is installed: pip install 'coevo[envs]'") from None
+    return vf
 
 
-class VerifiersEnv(Env):
-    """Tasks, tools, turns and rewards of one verifiers environment."""
+def _taskset(vf: Any, taskset: str, args: Mapping[str, Any]) -> Any:
+    if is_import_path(taskset):
+        cls = import_object(taskset, "verifiers taskset")
+        if not (isinstance(cls, type) and issubclass(cls, vf.Taskset)):
+            raise UsageError(f"verifiers taskset {taskset!r} is a {type(cls).__name__}, not a vf.Taskset subclass")
+        return cls(_config_type(cls, vf)(id=taskset.rpartition(":")[2], **args))
+    config = vf.taskset_config_type(taskset)(id=taskset, **args)
+    return vf.load_taskset(config)
 
-    def __init__(self, environment: str, args: dict[str, Any] | None = None, name: str | None = None, seed: int = 0):
-        self.vf_env = _load(environment, dict(args or {}))
-        self.name = name or self.vf_env.env_id or environment.rpartition(":")[2].removeprefix("load_")
-        self.vf_env.build_dataset()
-        self.vf_env.build_eval_dataset()
-        rows = split_rows(_dataset_rows(self.vf_env.dataset), _dataset_rows(self.vf_env.eval_dataset), self.name, seed)
-        self._tasks = [Task(task_id, self.name, messages_text(row["prompt"]), split,
-                            answer=row.get("answer", ""), capabilities=_capabilities(row),
-                            metadata={"row": row}) for task_id, split, row in rows]
+
+def _config_type(cls: type, vf: Any) -> type:
+    """The config class a taskset class declares (``Taskset[TaskT, ConfigT]``), else ``vf.TasksetConfig``."""
+    for base in getattr(cls, "__orig_bases__", ()):
+        for arg in getattr(base, "__args__", ()):
+            if isinstance(arg, type) and issubclass(arg, vf.TasksetConfig):
+                return arg
+    return vf.TasksetConfig
+
+
+def _instruction(prompt: object) -> str:
+    if prompt is None:
+        return ""
+    if isinstance(prompt, str):
+        return prompt
+    parts = []
+    for m in prompt:  # typed messages
+        content = getattr(m, "content", "")
+        parts.append(content if isinstance(content, str) else str(content))
+    return "\n".join(parts)
+
+
+class VerifiersClient:
+    """Builds the v1 ``Client`` that hands each chat request of a rollout to its episode's channel."""
+
+    @staticmethod
+    def for_channel(vf: Any, channel: ModelChannel) -> Any:
+        from verifiers.v1.dialects import ChatDialect
+
+        class Client(vf.Client):
+            async def get_response(self, dialect: Any, body: dict, sampling: Any, session_id: str | None = None,
+                                   turn: Any = None, headers: Mapping[str, str] | None = None) -> Any:
+                if not isinstance(dialect, ChatDialect):
+                    raise vf.ProviderError(f"coevo answers chat completions only, not {type(dialect).__name__}",
+                                           status_code=400)
+                loop, pending = asyncio.get_running_loop(), channel.submit(body)
+                answered = loop.create_future()
+                pending.when_done(lambda: loop.call_soon_threadsafe(answered.set_result, None))
+                await answered  # the episode answers on the runtime's threads; no thread waits here
+                if pending.response is None:
+                    raise vf.ProviderError(pending.refusal or "refused", status_code=pending.status)
+                return _response(vf, pending.response, pending.tokens)
+
+            async def close(self) -> None:
+                """Nothing held: the channel belongs to the episode."""
+
+        return Client()
+
+
+def _response(vf: Any, raw: dict[str, Any], tokens: Any) -> Any:
+    """A v1 ``Response`` from coevo's chat-completions answer, with the turn's exact tokens."""
+    choice = raw["choices"][0]
+    message = choice["message"]
+    calls = [vf.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+             for c in message.get("tool_calls") or []]
+    usage = raw["usage"]
+    response = vf.Response(
+        id=raw["id"], created=raw["created"], model=raw["model"],
+        message=vf.AssistantMessage(content=message.get("content"), tool_calls=calls or None),
+        finish_reason=choice["finish_reason"],
+        usage=vf.Usage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"]),
+        tokens=None if tokens is None else vf.TurnTokens(prompt_ids=list(tokens.prompt_ids),
+                                                         completion_ids=list(tokens.completion_ids),
+                                                         completion_logprobs=list(tokens.logprobs or [])))
+    response.raw = raw  # what the program receives
+    return response
+
+
+class VerifiersEnv(ProgramEnv):
+    """The tasks of one v1 taskset, each episode a rollout of ``harness`` in the subprocess runtime."""
+
+    def __init__(self, taskset: str = "", taskset_args: dict[str, Any] | None = None, harness: str = "null",
+                 harness_args: dict[str, Any] | None = None, max_turns: int = 16, pass_threshold: float = 1.0,
+                 name: str | None = None, seed: int = 0, program_timeout_s: float = PROGRAM_TIMEOUT_S,
+                 environment: str | None = None, args: dict[str, Any] | None = None) -> None:
+        if environment is not None or args is not None:
+            raise UsageError(CLASSIC_API)
+        if not taskset:
+            raise UsageError("env 'verifiers' needs a taskset: env.args.taskset=ID or package.module:TasksetClass")
+        self.vf = _vf()
+        self.taskset_ref, self.harness = taskset, harness
+        self.harness_args = {"compaction": None, **(harness_args or {})} if harness == "bash" else dict(
+            harness_args or {})
+        self.max_turns, self.pass_threshold = int(max_turns), float(pass_threshold)
+        self.program_tools = ("bash", *(("edit",) if self.harness_args.get("edit", True) else ())) if harness == "bash" else ()
+        self.program_timeout_s = float(program_timeout_s)
+        self.vf_taskset = _taskset(self.vf, taskset, dict(taskset_args or {}))
+        self.name = name or (taskset.partition(":")[0].rpartition(".")[2] if is_import_path(taskset) else taskset)
+        self._vf_tasks: dict[str, Any] = {}
+        self._tasks: list[Task] = []
+        for vf_task in self.vf_taskset:
+            data = vf_task.data
+            task_id = str(data.id if data.id is not None else f"{self.name}-{data.idx}")
+            if task_id in self._vf_tasks:
+                raise UsageError(f"taskset {taskset!r} has two tasks with id {task_id!r}")
+            self._vf_tasks[task_id] = vf_task
+            fields = data.model_dump()
+            self._tasks.append(Task(task_id, self.name, _instruction(data.prompt), assign_split(task_id, seed),
+                                    answer=fields.get("answer", ""), metadata={"system_prompt": data.system_prompt}))
+        if not self._tasks:
+            raise UsageError(f"verifiers taskset {taskset!r} has no tasks")
+        _put_uv_on_path()
+        for logger in QUIET_LOGGERS:  # a line per request and per rollout would drown the run's progress
+            logging.getLogger(logger).setLevel(logging.WARNING)
 
     def tasks(self, split: str) -> list[Task]:
         check_split(split)
         return [t for t in self._tasks if t.split == split]
 
-    def reset(self, task: Task) -> VerifiersSession:
-        return VerifiersSession(self.vf_env, task)
+    def gold_answer(self, task: Task) -> str | None:
+        return str(task.answer) if task.answer not in (None, "") else None
 
-    @staticmethod
-    def gold_answer(task: Task) -> str:
-        """The row's ``answer``: what the gold policy replies (a check that the rubric accepts it)."""
-        return str(task.answer)
+    def launch(self, task: Task, channel: ModelChannel) -> ProgramRun:
+        vf, vf_task = self.vf, self._vf_tasks[task.task_id]
+        config = vf.AgentConfig(model="coevo", harness={"id": self.harness, **self.harness_args},
+                                runtime=vf.SubprocessConfig(), max_turns=self.max_turns,
+                                client=vf.TrainClientConfig(base_url=UNUSED_URL, api_key_var="COEVO_UNUSED_KEY"))
+        client = VerifiersClient.for_channel(vf, channel)
 
+        async def rollout() -> Any:
+            from verifiers.v1.interception import InterceptionServer
 
-def _capabilities(row: dict[str, Any]) -> tuple[str, ...]:
-    """``skill:<env_id>`` for a row an ``EnvGroup`` routes to one of its environments (``info['env_id']``)."""
-    info = row.get("info")
-    skill = info.get("env_id") if isinstance(info, dict) else None
-    return (f"skill:{skill}",) if isinstance(skill, str) and skill else ()
+            class Interception(InterceptionServer):  # the rollout's model requests go to coevo's client
+                def _client(self, config: Any) -> Any:
+                    return client
 
+            async with Interception() as server:
+                return await vf.Agent(config, interception=server).run(vf_task)
 
-class VerifiersSession(EnvSession):
-    """One rollout of a verifiers environment, driven by coevo's runtime one action at a time."""
+        future = asyncio.run_coroutine_threadsafe(rollout(), _shared_loop())
+        return run_in_thread(lambda: self._score(future.result()), channel, channel.session_id, stop=future.cancel)
 
-    def __init__(self, vf_env: Environment, task: Task):
-        vf = require("verifiers", "verifiers")
-        self.vf, self.env, self.task, self.done = vf, vf_env, task, False
-        self._loop = asyncio.new_event_loop()
-        try:
-            row = dict(task.metadata["row"])
-            client = _client_class(vf)(None)  # init_state wants a client; coevo never lets it call
-            self.state = self._run(vf_env.init_state(row, client, "coevo"))
-            self.state = self._run(vf_env.setup_state(self.state)) or self.state
-        except BaseException:
-            self._loop.close()
-            raise
-        self.messages: list[Any] = list(self.state["prompt"])  # the conversation so far, as verifiers keeps it
-        self.observation = task.instruction
-        self.tools = {t.name: ToolSpec(t.name, t.description, dict(t.parameters)) for t in self.state["tool_defs"]}
-        self._calls = 0
-
-    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return self._loop.run_until_complete(coroutine)
-
-    def _step(self, completion: list[Any]) -> None:
-        """Record one model action as a trajectory step, as verifiers' rollout loop does."""
-        step = {"prompt": list(self.messages), "completion": completion, "response": None, "tokens": None,
-                "reward": None, "advantage": None, "is_truncated": False,
-                "trajectory_id": self.state["trajectory_id"], "extras": {}}
-        self._run(self.env.add_trajectory_step(self.state, step))
-        self.messages += completion
-
-    def _finished(self) -> bool:
-        self.done = self.done or bool(self._run(self.env.is_completed(self.state)))
-        return self.done
-
-    def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        self._calls += 1
-        call = self.vf.ToolCall(id=f"call_{self._calls}", name=name, arguments=json.dumps(arguments))
-        self._step([self.vf.AssistantMessage(content=None, tool_calls=[call])])
-        try:
-            replies = self._run(self.env.env_response(self.messages, self.state))
-        except self.vf.Error as err:  # the env's stop errors end the rollout, as under verifiers
-            self.state["error"] = err
-            self.done = True
-            return ToolResult("", error=f"{type(err).__name__}: {err.__cause__ or err}")
-        self.messages += replies
-        self._finished()
-        return ToolResult("\n".join(content_text(m.content) for m in replies if m.role == "tool"))
-
-    def respond(self, reply: str) -> str | None:
-        """The assistant's reply: the env's next user turn, or None when its stop conditions hold."""
-        self._step([self.vf.AssistantMessage(content=self._as_written(reply))])
-        if self._finished():
-            return None
-        following = self._run(self.env.env_response(self.messages, self.state))
-        final = self.state.get("final_env_response")
-        if final is not None:
-            self.done = True
-            return None
-        self.messages += following
-        return messages_text(following)
-
-    def _as_written(self, reply: str) -> str:
-        """The reply as the rubric's parser reads it: re-tagged for an XMLParser whose answer field the
-        harness's answer extraction stripped (``<answer>`` under the base harness)."""
-        parser = self.env.parser
-        if isinstance(parser, self.vf.XMLParser) and parser.answer_field and f"<{parser.answer_field}>" not in reply:
-            return f"<{parser.answer_field}>\n{reply}\n</{parser.answer_field}>"
-        return reply
-
-    def verify(self, answer: str | None) -> Score:
-        self._run(self.env.render_completion(self.state))
-        self._run(self.env.rubric.score_rollout(self.state))
-        raw = float(self.state["reward"] or 0.0)
-        reward = min(1.0, max(0.0, raw))
-        info = {"reward": raw, "metrics": dict(self.state.get("metrics") or {}),
-                "stop": self.state.get("stop_condition")}
-        return Score(reward, raw >= self.env.pass_threshold, info)
-
-    def close(self) -> None:
-        try:
-            self._run(self.env.cleanup(self.state))
-        finally:
-            self._loop.close()
+    def _score(self, trace: vf_types.Trace) -> Score:
+        if not trace.ok:
+            error = trace.last_error
+            why = f"{error.type}: {error.message}" if error is not None else "no error recorded"
+            raise ProgramError(f"verifiers rollout failed ({trace.stop_condition}): {why}")
+        raw = float(trace.reward)
+        rewards = {k: (None if r is None else r.value) for k, r in trace.rewards.items()}
+        info = {"raw_reward": raw, "rewards": rewards, "metrics": dict(trace.metrics),
+                "stop_condition": trace.stop_condition, "turns": trace.num_turns}
+        return Score(min(1.0, max(0.0, raw)), raw >= self.pass_threshold, info)
 
 
-@functools.cache
-def _client_class(vf: ModuleType) -> type:
-    """A concrete verifiers ``Client`` for ``init_state`` whose every model method refuses: coevo's
-    runtime calls the model, the session only records what it generated."""
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
 
-    async def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(NOT_HERE)
 
-    methods = ("setup_client", "to_native_tool", "to_native_prompt", "get_native_response",
-               "raise_from_native_response", "from_native_response", "close")
-    return type("CoevoDrivesTheModel", (vf.Client,), {m: refuse for m in methods})
+def _shared_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop every verifiers rollout of this process runs on (a daemon thread's):
+    verifiers keeps asyncio locks across rollouts (its harness programs are prepared once), and a
+    lock belongs to the loop it was first used on."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="coevo-verifiers-loop", daemon=True).start()
+        return _loop
+
+
+def _put_uv_on_path() -> None:
+    """verifiers prepares its harness programs with ``uv`` (found on PATH, else installed with pip);
+    the one in coevo's environment is found first, so a run installs nothing outside it."""
+    bin_dir = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(bin_dir, "uv")) and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")

@@ -96,8 +96,22 @@ def function_calling_harness() -> Harness:
     return Harness(h.processors, name="function_calling")
 
 
+def program_harness() -> Harness:
+    """The harness of an agent that is a program (``coevo.programs``): only what applies at the
+    interception point of its model requests. The program keeps its own system prompt, loop,
+    tools and answer format; the harness sets the sampling, lists the program's tools in the format
+    the model reads and parses its tool calls back into the program's OpenAI form, and caps the
+    requests per episode. AEGIS's edits add to it (a system prompt replacing the program's,
+    demonstrations, a forced tool call, ``tool_registry`` hiding tools)."""
+    return Harness(
+        [SamplingConfig(), ToolRegistry(), ToolSchemaHint(), TokenAnnotation(), JsonToolCallParser(), StepBudget(),
+         EpisodeMetrics(), InfraErrorFilter()],
+        name="program",
+    )
+
+
 BUILTIN_HARNESSES = {"base": base_harness, "lenient": lenient_harness, "conversational": conversational_harness,
-                     "function_calling": function_calling_harness}
+                     "function_calling": function_calling_harness, "program": program_harness}
 
 
 def with_step_cap(harness: Harness, max_steps: int) -> Harness:

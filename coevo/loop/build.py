@@ -146,7 +146,6 @@ def run_on_env(cfg: TrainConfig, env: Env, accelerator: Accelerator, *,
     then the rounds and the report. ``reshard_after_forward``: an FSDP2 launch config's choice
     (``launch_accelerator``), None for the trainer's default."""
     from coevo.agent.rollouts import RolloutService
-    from coevo.envs.base import session_tools
     from coevo.evolution.reference import ReferenceStore, build_references
     from coevo.loop.coevolution import Coevolution
     from coevo.report.progress import NullProgress, RichProgress
@@ -155,7 +154,7 @@ def run_on_env(cfg: TrainConfig, env: Env, accelerator: Accelerator, *,
     mode, is_main = Mode(cfg.mode), accelerator.is_main_process
     pool, train = reference_split(cfg, env)
     start = start_harness(cfg)
-    env_tools = session_tools(env, train[0])
+    env_tools = env.tool_names(train[0])
     require_jail(env_tools, start)
     run_dir = open_run_dir(cfg, accelerator)
     models = build_models(cfg, mode, accelerator, reshard_after_forward)

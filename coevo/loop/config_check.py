@@ -238,18 +238,19 @@ def check_context_window(policy: Policy, harness: Harness, env: Env, task: Task,
     line with the prompt's size for the user (a large tool listing shows here first); None for
     policies without a context window (scripted, vLLM), which are not checked. ``field``: the
     setting to name in the error (``--max-new-tokens`` on the command line)."""
-    from coevo.agent.episode import EpisodeRun, Job
+    from coevo.agent.episode import Job
+    from coevo.agent.runtime import start_episode
 
     limit = policy.context_window
     if limit is None:
         return None
-    episode = EpisodeRun(Job(task, harness), env, "context-check", max_steps).run()
+    episode = start_episode(Job(task, harness), env, "context-check", max_steps)
     try:
         request = next(episode)  # the first ChatRequest; no model is called
     except StopIteration:
         return None  # the episode ended before asking the model (an env or processor error the rollout will report)
     finally:
-        episode.close()  # closes the env session it opened
+        episode.close()  # closes the env session it opened (a program it started is stopped)
     ids = policy.prompt_ids(request.messages, request.reply_prefix)
     if ids is None:  # a policy that renders no prompt has no tokens to count
         return None
