@@ -130,8 +130,8 @@ def test_missing_liger_names_the_install_in_the_loss_benchmark(monkeypatch):
      "http://HOST:PORT"),
     (["rollout.max_steps=0"], "rollout.max_steps", ">= 1"),
     (["trainer.micro_batch_size=0"], "trainer.micro_batch_size", ">= 1"),
-    (["env.name=gsm8k"], "env.name", "['arithmetic', 'office', 'reasoning', 'skyrl_gym', 'textworld_express', "
-                                     "'verifiers'] or an import path 'package.module:ClassName'"),
+    (["env.name=gsm8k"], "env.name", "['arithmetic', 'office', 'openenv', 'program', 'reasoning', 'skyrl_gym', "
+                                     "'textworld_express', 'verifiers'] or an import path 'package.module:ClassName'"),
     (["env=arithmetic", "+env.args.n_task=5"], "env.args", "ArithmeticEnv(n_tasks"),
     (["model.lora=false", "trainer.beta=0.04"], "trainer.beta", "model.lora=true"),
 ])

@@ -72,8 +72,8 @@ def test_the_cli_prints_an_unknown_option_and_a_bad_choice_as_one_line(capsys):
     code, err = run_cli(capsys, "eval", "--env", "nope")
     assert code == 2
     assert err.splitlines() == ["error: Invalid value for --env: unknown env 'nope'; use a built-in env ['arithmetic', "
-                                "'office', 'reasoning', 'skyrl_gym', 'textworld_express', 'verifiers'] or an import "
-                                "path 'package.module:ClassName' (see coevo eval --help)"]
+                                "'office', 'openenv', 'program', 'reasoning', 'skyrl_gym', 'textworld_express', "
+                                "'verifiers'] or an import path 'package.module:ClassName' (see coevo eval --help)"]
 
 
 def test_the_cli_debug_flag_raises_instead(capsys, tmp_path, monkeypatch):

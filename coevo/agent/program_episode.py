@@ -121,6 +121,9 @@ class ProgramEpisodeRun:
         try:
             generation = yield ChatRequest(shaped.messages, shaped.sampling, prefix, self.job.task.task_id,
                                            episode=self.trace.trace_id)
+        except GeneratorExit:  # closed before the model answered (a context check takes one request only)
+            pending.refuse("the episode was closed before the model answered", 503)
+            raise
         except BaseException:
             pending.refuse("the model failed on this request", 500)
             raise

@@ -94,7 +94,11 @@ def run_episodes(
         started = new.stop if len(new) else started
         list(pool.map(lambda i: advance(i, None), new))
 
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="coevo-episode") as pool:
+    # a program-driven episode holds its thread while its program works (as a native one does during a
+    # tool call); programs are separate processes, so every live one gets a thread and their requests
+    # meet in the same batches instead of arriving ``workers`` at a time
+    threads = max(workers, min(len(runs), batch_size)) if isinstance(env, ProgramEnv) else workers
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="coevo-episode") as pool:
         start_more()
         while pending or started < len(runs):
             if not pending:

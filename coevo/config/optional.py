@@ -28,6 +28,7 @@ INSTALL: dict[str, str] = {
     "liger_kernel": "pip install liger-kernel (only the loss benchmarks compare against it)",
     "verifiers": "pip install 'coevo[envs]' (verifiers 0.4: v1 tasksets and harness programs)",
     "skyrl_gym": "pip install 'coevo[envs]' (SkyRL's text environments)",
+    "openenv": "pip install 'coevo[envs]' (OpenEnv's client and server, 0.4.1)",
 }
 """top-level module → how to install it."""
 

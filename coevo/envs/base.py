@@ -78,6 +78,7 @@ class Env(ABC):
     max_sessions: int | None = None  # sessions open at once (a simulator process each); None: no limit
     tool_owners: Mapping[str, str] | None = None  # tool -> owning entity (the agents axis of harness streams)
     scripted_solver: ClassVar[Callable[[list[Message]], str] | None] = None  # a demo policy's replies
+    inert_processors: frozenset[str] = frozenset()  # harness processor kinds that change nothing on its agents
 
     @abstractmethod
     def tasks(self, split: str) -> list[Task]:

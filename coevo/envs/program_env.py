@@ -21,6 +21,15 @@ PROGRAM_TIMEOUT_S = 300.0
 (the env's ``program_timeout_s`` overrides it)."""
 
 
+PROGRAM_INERT = frozenset({"answer_extraction", "parse_retry", "self_verification", "python_executor", "tool_timeout",
+                           "tool_whitelist", "argument_guard", "specialist"})
+"""Processor kinds that change nothing on an agent that is a program: the program reads its own
+answers (an extracted answer, a retry note, a verification request are not passed to it) and runs
+its own tools (no tool hook fires here, and a tool of the harness would never be called). AEGIS
+proposes no edit that touches only these (``Env.inert_processors``, ``PlanContext.inert``): the
+Critic could only measure noise."""
+
+
 class ProgramError(RuntimeError):
     """The program failed: it exited with an error, or its runtime did (the message says which)."""
 
@@ -59,6 +68,7 @@ class ProgramEnv(Env):
 
     program_timeout_s: float = PROGRAM_TIMEOUT_S
     program_tools: tuple[str, ...] = ()  # the tools its programs offer, where known before they run
+    inert_processors = PROGRAM_INERT
 
     def tool_names(self, task: Task) -> list[str]:
         return sorted(self.program_tools)

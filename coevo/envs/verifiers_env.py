@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 import threading
 from collections.abc import Mapping
@@ -75,6 +76,38 @@ def _taskset(vf: Any, taskset: str, args: Mapping[str, Any]) -> Any:
         return cls(_config_type(cls, vf)(id=taskset.rpartition(":")[2], **args))
     config = vf.taskset_config_type(taskset)(id=taskset, **args)
     return vf.load_taskset(config)
+
+
+def _loaded(vf: Any, taskset: str, args: Mapping[str, Any]) -> list[Any]:
+    """The taskset's tasks; a resource it cannot fetch offline is a one-line error naming it."""
+    try:
+        return list(_taskset(vf, taskset, args))
+    except UsageError:
+        raise
+    except Exception as err:
+        failure = unreachable(err)
+        if failure is None:
+            raise
+        raise UsageError(f"verifiers taskset {taskset!r} needs something it cannot fetch here "
+                         f"({type(failure).__name__}: {failure}); fetch it once where the network reaches (a "
+                         "Hugging Face dataset: into its cache, then run with HF_HUB_OFFLINE=1) or give the "
+                         "taskset local data") from None
+
+
+NETWORK_ERRORS = ("LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectError", "ConnectTimeout",
+                  "DatasetNotFoundError")
+"""Names of the network failures of the hub and HTTP clients (matched by name: none of those
+libraries is a dependency of this module)."""
+
+
+def unreachable(err: BaseException) -> BaseException | None:
+    """The network failure in ``err``'s chain of causes, if there is one."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, (ConnectionError, TimeoutError, socket.gaierror)) or type(seen).__name__ in NETWORK_ERRORS:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _config_type(cls: type, vf: Any) -> type:
@@ -162,11 +195,10 @@ class VerifiersEnv(ProgramEnv):
         self.max_turns, self.pass_threshold = int(max_turns), float(pass_threshold)
         self.program_tools = ("bash", *(("edit",) if self.harness_args.get("edit", True) else ())) if harness == "bash" else ()
         self.program_timeout_s = float(program_timeout_s)
-        self.vf_taskset = _taskset(self.vf, taskset, dict(taskset_args or {}))
         self.name = name or (taskset.partition(":")[0].rpartition(".")[2] if is_import_path(taskset) else taskset)
         self._vf_tasks: dict[str, Any] = {}
         self._tasks: list[Task] = []
-        for vf_task in self.vf_taskset:
+        for vf_task in _loaded(self.vf, taskset, dict(taskset_args or {})):
             data = vf_task.data
             task_id = str(data.id if data.id is not None else f"{self.name}-{data.idx}")
             if task_id in self._vf_tasks:

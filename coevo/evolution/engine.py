@@ -94,11 +94,13 @@ class AEGIS:
         patience: Patience | None = None,
         router: RouteFn | None = None,
         critic_pool: Mapping[str, Task] | None = None,
+        inert: frozenset[str] = frozenset(),
     ) -> None:
         self.meta, self.critic, self.tasks = meta, critic, dict(tasks)
         self.critic_pool, self.references, self.tools = dict(critic_pool or {}), dict(references or {}), list(tools)
         self.variants = VariantSet(base, max_variants=max_variants)
         self.max_proposals, self.patience, self.router = max_proposals, patience, router
+        self.inert = inert  # processor kinds that change nothing on this agent (PlanContext.inert)
         self.pool = SnapshotPool()
         self.pool.add(base, round=-1, variant=BASE, score=0.0, verdict="starting harness")
         self.monitors = Monitors()
@@ -221,7 +223,7 @@ class AEGIS:
         context = PlanContext(
             round=report.round, variant=variant, priorities=self.monitors.priorities(), tools=self.tools,
             rejected=set(self.rejected[variant]), demos=fresh_demos(self.references, exclude, self.spent_demos),
-            lessons=list(self.design_lessons.items), max_proposals=self.max_proposals,
+            lessons=list(self.design_lessons.items), max_proposals=self.max_proposals, inert=self.inert,
         )
         # undecided edits of this parent are judged again first; those of a replaced parent are dropped
         self.undecided[variant] = [(pid, p) for pid, p in self.undecided[variant] if pid == parent.id]

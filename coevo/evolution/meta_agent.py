@@ -59,7 +59,9 @@ class PlanContext:
     runtime's structure; (question, reply) pairs are accepted and turned into two turns) from
     reference trajectories of tasks no remaining round trains on and outside the Critic's evaluation
     set, the only task text a proposal may quote; ``tools``: the tool names the environment offers;
-    ``lessons``: short design lessons from earlier verdicts; ``max_proposals``: how many to return at most.
+    ``lessons``: short design lessons from earlier verdicts; ``max_proposals``: how many to return at most;
+    ``inert``: processor kinds that change nothing on this agent (an agent that is a program runs its
+    own tools and reads its own answers), so an edit touching only them is never proposed.
     """
 
     round: int = 0
@@ -70,6 +72,7 @@ class PlanContext:
     tools: list[str] = field(default_factory=list)
     lessons: list[str] = field(default_factory=list)
     max_proposals: int = EvolutionConfig.max_proposals  # the schema's default, stated there only
+    inert: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.demos = [as_demo(d) for d in self.demos]

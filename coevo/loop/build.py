@@ -173,7 +173,7 @@ def run_on_env(cfg: TrainConfig, env: Env, accelerator: Accelerator, *,
     store = ReferenceStore(run_dir / "references", tokenizer=models.tokenizer)
     references = build_references(env, [*train, *pool], store) if mode.evolves and is_main else {}
     aegis = build_aegis(cfg, start, rollouts, build_meta(cfg, run_dir), tasks={t.task_id: t for t in train},
-                        references=references, tools=env_tools)
+                        references=references, tools=env_tools, inert=env.inert_processors)
     training = build_training(cfg, models, run_dir, is_main=is_main) if mode.trains else None
     tracker = make_tracker(cfg.logger.kind, **tracker_kwargs(cfg, run_dir)) if is_main else NullTracker()
     loop = Coevolution(

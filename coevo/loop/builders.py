@@ -188,9 +188,11 @@ def start_harness(cfg: TrainConfig) -> Harness:
 
 
 def build_aegis(cfg: TrainConfig, start: Harness, rollouts: RolloutService, meta: MetaAgent, *,
-                tasks: dict[str, Task], references: dict[str, Trace], tools: list[str]) -> AEGIS:
+                tasks: dict[str, Task], references: dict[str, Trace], tools: list[str],
+                inert: frozenset[str] = frozenset()) -> AEGIS:
     """AEGIS over the train tasks: the meta-agent proposes, the Critic of ``evolution.*`` judges, and
-    ``evolution.patience`` rounds without a shipped edit end the search."""
+    ``evolution.patience`` rounds without a shipped edit end the search. ``inert``: processor kinds
+    that change nothing on this agent (``Env.inert_processors``: a program's own tools and answers)."""
     from coevo.evolution.engine import AEGIS
     from coevo.evolution.pool import Patience
 
@@ -198,7 +200,7 @@ def build_aegis(cfg: TrainConfig, start: Harness, rollouts: RolloutService, meta
     critic = make_critic(e, rollouts.critic_rollout())
     return AEGIS(start, meta, critic, tasks=tasks, critic_pool=tasks, references=references, tools=tools,
                  max_variants=e.max_variants, max_proposals=e.max_proposals, router=meta.route if e.router else None,
-                 patience=Patience(rounds=e.patience) if e.patience is not None else None)
+                 patience=Patience(rounds=e.patience) if e.patience is not None else None, inert=inert)
 
 
 def make_critic(e: EvolutionConfig, rollout: CriticRollout) -> Critic:

@@ -20,6 +20,7 @@ from coevo.config.schema import MetaAgentConfig
 from coevo.evolution.meta_agent import MetaAgentError
 
 if TYPE_CHECKING:
+    import openai
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # The OpenAI client's constants (defaults of its arguments; no config field: a run does not tune them).
@@ -54,6 +55,16 @@ def _unsupported_format(err: Exception) -> bool:
     about_format = any(w in text for w in ("response_format", "json_schema", "response format", "structured"))
     unsupported = any(w in text for w in ("unsupported", "not supported", "does not support", "not support"))
     return about_format and unsupported
+
+
+def server_message(err: openai.APIStatusError) -> str:
+    """What the server said in an error response: its ``error.message`` (the SDK's own message
+    wraps the whole body, and differently across SDK versions), else the SDK's message."""
+    body = err.body
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+        return inner["message"]
+    return err.message
 
 
 def _excerpt(text: str, limit: int = 300) -> str:
@@ -134,8 +145,7 @@ class OpenAIClient:
                         log.info("%s does not support json_schema output; using json_object", self.base_url)
                         self.json_schema_supported = False
                         continue
-                    # the SDK's message reads "Error code: 500 - <the server's message>"
-                    message = _excerpt(err.message)
+                    message = _excerpt(f"Error code: {err.status_code} - {server_message(err)}")
                     raise MetaAgentError(f"{self.base_url} failed the {stage} request: {message}") from err
                 except json.JSONDecodeError as err:
                     raise MetaAgentError(f"{self.base_url} answered the {stage} request with a body that is not "

@@ -154,6 +154,8 @@ class RuleMetaAgent:
             if draft is None or not applies(harness, draft[1]):
                 continue
             proposal = self._proposal(template, draft, cluster, digest, context)
+            if context.inert and touched_kinds(proposal, harness) <= context.inert:
+                continue
             if proposal.key() not in context.rejected:
                 out.append(proposal)
         return out

@@ -33,6 +33,7 @@ from coevo.harness.library import (
     SelfVerification,
     SlidingWindowMemory,
     SummaryMemory,
+    SystemPrompt,
     TemperatureSchedule,
     ToolChoice,
     ToolRegistry,
@@ -173,7 +174,10 @@ def _format_system_prompt(cluster: Cluster, harness: Harness, context: PlanConte
     template = FORMAT_PROMPT
     if context.tools:
         template += "\nTools you can call: " + ", ".join(sorted(context.tools)) + "."
-    edit = set_edit(harness, "system_prompt", "template", template)
+    if find_kind(harness, "system_prompt") is None:  # a program's harness: the program wrote the prompt so far
+        edit = insert_edit(harness, SystemPrompt(template=template))
+    else:
+        edit = set_edit(harness, "system_prompt", "template", template)
     why = f"{_n_tasks(cluster)}: a system prompt stating the exact <answer> and <tool_call> formats"
     return (why, [edit]) if edit else None
 
@@ -368,7 +372,7 @@ CATALOGUE: dict[str, tuple[str, ...]] = {
     "loop": ("loop_warn", "temperature_schedule"),
     "step_budget": ("step_budget_up",),
     "premature_answer": ("tool_choice", "tool_demos", "self_verification", "format_system_prompt"),
-    "truncated": ("max_new_tokens_up",),
+    "truncated": ("max_new_tokens_up", "format_system_prompt"),  # a prompt asking for a brief reply shortens it
     "context_overflow": ("summary_memory", "sliding_window"),
     "env_error": ("tool_timeout_up", "python_timeout_up"),
 }

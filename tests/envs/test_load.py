@@ -20,8 +20,8 @@ def test_built_in_names_and_import_paths_resolve():
 
 
 @pytest.mark.parametrize(("name", "message"), [
-    ("gsm8k", r"unknown env 'gsm8k'; use a built-in env \['arithmetic', 'office', 'reasoning', 'skyrl_gym', "
-              r"'textworld_express', 'verifiers'\] or an "
+    ("gsm8k", r"unknown env 'gsm8k'; use a built-in env \['arithmetic', 'office', 'openenv', 'program', "
+              r"'reasoning', 'skyrl_gym', 'textworld_express', 'verifiers'\] or an "
               r"import path 'package\.module:ClassName'"),
     ("no_such_pkg.envs:Env", r"module 'no_such_pkg\.envs' is not importable .*PYTHONPATH"),
     ("examples.countdown_env:Nope", r"has no attribute 'Nope'"),

@@ -110,3 +110,24 @@ def test_train_py_runs_a_round_on_a_v1_taskset_as_the_readme_writes_it(tmp_path,
     (record,) = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     assert record["train"]["n_traces"] == 4 and record["infra_failures"]["count"] == 0
     assert all(t.startswith("arith-") for t in record["train"]["outcomes"])
+
+
+def _offline_taskset():
+    import verifiers.v1 as vf
+
+    class OfflineTaskset(vf.Taskset):
+        def load(self):
+            try:
+                raise OSError("[Errno -3] Temporary failure in name resolution")
+            except OSError as err:
+                raise RuntimeError("could not load dataset 'openai/gsm8k' from the hub") from ConnectionError(err)
+
+    return OfflineTaskset
+
+
+OfflineTaskset = _offline_taskset()
+
+
+def test_a_taskset_that_cannot_fetch_its_data_offline_is_one_line_naming_it():
+    with pytest.raises(UsageError, match=r"cannot fetch here \(ConnectionError: .*name resolution\).*HF_HUB_OFFLINE"):
+        ENVS["verifiers"](taskset="tests.envs.test_verifiers_v1:OfflineTaskset")
