@@ -32,12 +32,12 @@ from coevo.agent.firing import EpisodeError, fire
 from coevo.agent.policy import ChatRequest
 from coevo.agent.trace import ModelCall, Trace
 from coevo.envs.base import Score
+from coevo.envs.program_env import ProgramEnv
 from coevo.harness import events as ev
 from coevo.harness.errors import ProcessorContractError
 from coevo.harness.hooks import Hook
 from coevo.programs.channel import ModelChannel, PendingRequest, ProgramEnded, TokenRecord
 from coevo.programs.chat_api import MalformedRequest, ProgramRequest, chat_completion, read_request
-from coevo.envs.program_env import ProgramEnv
 
 PROGRAM = "program"
 """``Trace.error_source`` of an episode its program failed (``coevo.agent.trace.INFRA_SOURCES``)."""

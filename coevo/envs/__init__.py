@@ -22,5 +22,6 @@ SCRIPTED_SOLVERS = {"arithmetic": calculator_solver, "office": gold_solver}
 
 __all__ = ["ArithmeticEnv", "OfficeEnv",
     "ReasoningEnv", "ENVS",
-    "SCRIPTED_SOLVERS", "CommandEnv", "Env", "OpenEnvEnv", "EnvSession", "SPLITS", "Score", "SkyRLEnv", "TWXEnv", "VerifiersEnv",
+    "SCRIPTED_SOLVERS", "CommandEnv", "Env", "OpenEnvEnv", "EnvSession", "SPLITS", "Score", "SkyRLEnv", "TWXEnv",
+    "VerifiersEnv",
     "Task", "assign_split"]

@@ -11,6 +11,7 @@ with an error fails its episode with the end of its standard error.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -18,9 +19,9 @@ import sys
 from typing import Any
 
 from coevo.envs.base import Env, Score, Task, check_split
+from coevo.envs.program_env import PROGRAM_TIMEOUT_S, ProgramEnv, ProgramError, ProgramRun, run_in_thread
 from coevo.programs.channel import ModelChannel
 from coevo.programs.endpoint import shared_endpoint
-from coevo.envs.program_env import PROGRAM_TIMEOUT_S, ProgramEnv, ProgramError, ProgramRun, run_in_thread
 
 STDERR_TAIL = 600
 """Characters of a failed program's standard error kept in its episode's error."""
@@ -44,7 +45,9 @@ class CommandEnv(ProgramEnv):
         self.program_timeout_s = float(program_timeout_s)
 
     def tasks(self, split: str) -> list[Task]:
-        return self.inner.tasks(check_split(split))
+        """``tasks_from``'s tasks, without their gold actions: those are calls of that env's tools,
+        and the program runs tools of its own."""
+        return [dataclasses.replace(t, gold_actions=()) for t in self.inner.tasks(check_split(split))]
 
     def launch(self, task: Task, channel: ModelChannel) -> ProgramRun:
         endpoint = shared_endpoint()

@@ -53,7 +53,8 @@ def parse_action(reply: str, schema: dict[str, Any]) -> dict[str, Any]:
         return value
     required = schema.get("required") or []
     if len(required) != 1:
-        raise ValueError(f"reply with a JSON object matching the action schema (fields {sorted(schema.get('properties', {}))})")
+        fields = sorted(schema.get("properties", {}))
+        raise ValueError(f"reply with a JSON object matching the action schema (fields {fields})")
     return {required[0]: value}
 
 

@@ -73,7 +73,7 @@ class SkyRLEnv(Env):
                              "set env_class, or name the module that registers it in register")
         self.env_class, self.env_config, self.pass_threshold = env_class, dict(env_config or {}), pass_threshold
         self.name = name or (env_class or str(loaded[0].get("env_class")))
-        self._tasks = [Task(task_id, self.name, messages_text(row["prompt"]), split, answer=row.get("reward_spec"),
+        self._tasks = [Task(task_id, self.name, messages_text(row["prompt"]), split, answer=reward_spec(row),
                             capabilities=_capabilities(row), metadata={"row": row})
                        for task_id, split, row in split_rows(loaded, None, self.name, seed)]
 
@@ -83,7 +83,9 @@ class SkyRLEnv(Env):
 
     def reset(self, task: Task) -> SkyRLSession:
         row = task.metadata["row"]
-        env = self.gym.make(row.get("env_class") or self.env_class, env_config=self.env_config, extras=row)
+        spec = reward_spec(row)  # under both names: SkyRL's environments read one or the other (aime: reward_model)
+        extras = {**row, "reward_spec": spec, "reward_model": spec} if spec is not None else row
+        env = self.gym.make(row.get("env_class") or self.env_class, env_config=self.env_config, extras=extras)
         return SkyRLSession(env, task, self.pass_threshold)
 
     @staticmethod
@@ -91,6 +93,13 @@ class SkyRLEnv(Env):
         """``#### <ground truth>``: the final-answer line SkyRL's math environments read."""
         spec = task.answer if isinstance(task.answer, dict) else {}
         return f"#### {spec.get('ground_truth', '')}"
+
+
+def reward_spec(row: dict[str, Any]) -> dict[str, Any] | None:
+    """A row's ground truth: SkyRL's ``reward_spec``, or ``reward_model`` as verl-style rows (and
+    skyrl-gym's own ``aime``) name it."""
+    spec = row.get("reward_spec", row.get("reward_model"))
+    return dict(spec) if isinstance(spec, dict) else None
 
 
 def _capabilities(row: dict[str, Any]) -> tuple[str, ...]:

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 from coevo.config.imports import import_object, is_import_path
 from coevo.config.optional import require
 from coevo.envs.base import Score, Task, assign_split, check_split
+from coevo.envs.program_env import PROGRAM_TIMEOUT_S, ProgramEnv, ProgramError, ProgramRun, run_in_thread
 from coevo.errors import UsageError
 from coevo.programs.channel import ModelChannel
-from coevo.envs.program_env import PROGRAM_TIMEOUT_S, ProgramEnv, ProgramError, ProgramRun, run_in_thread
 
 if TYPE_CHECKING:
     import verifiers.v1 as vf_types
@@ -193,7 +193,8 @@ class VerifiersEnv(ProgramEnv):
         self.harness_args = {"compaction": None, **(harness_args or {})} if harness == "bash" else dict(
             harness_args or {})
         self.max_turns, self.pass_threshold = int(max_turns), float(pass_threshold)
-        self.program_tools = ("bash", *(("edit",) if self.harness_args.get("edit", True) else ())) if harness == "bash" else ()
+        if harness == "bash":  # what verifiers' bash program offers (known before it runs)
+            self.program_tools = ("bash", "edit") if self.harness_args.get("edit", True) else ("bash",)
         self.program_timeout_s = float(program_timeout_s)
         self.name = name or (taskset.partition(":")[0].rpartition(".")[2] if is_import_path(taskset) else taskset)
         self._vf_tasks: dict[str, Any] = {}

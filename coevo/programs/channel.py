@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-
 class ChannelClosed(RuntimeError):
     """The episode behind the channel is over, or it refused the request (the message says why)."""
 

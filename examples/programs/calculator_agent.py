@@ -47,8 +47,8 @@ def main() -> None:
         if not message.tool_calls:
             break
         for call in message.tool_calls:
-            args = json.loads(call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculator(str(args.get("expression", "")))})
+            expression = str(json.loads(call.function.arguments).get("expression", ""))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculator(expression)})
     found = re.search(r"<answer>(.*?)(?:</answer>|$)", reply, re.DOTALL)
     print((found.group(1) if found else reply).strip().replace("\n", " "))
 

@@ -88,7 +88,8 @@ def test_coevo_eval_runs_an_ecosystem_env_by_name(tmp_path):
 
 @pytest.mark.slow
 def test_train_py_runs_a_round_on_skyrl_gym_as_the_readme_writes_it(tmp_path):
-    overrides = ["env=skyrl_gym", f"env.args.rows={GSM8K_ROWS}", "env.args.env_class=gsm8k", "model=tiny", "trainer=grpo", "rounds=1", "batch_tasks=2",
+    overrides = ["env=skyrl_gym", f"env.args.rows={GSM8K_ROWS}", "env.args.env_class=gsm8k", "model=tiny",
+                 "trainer=grpo", "rounds=1", "batch_tasks=2",
                  "rollout.attempts=2", "val_limit=2", "rollout.max_new_tokens=16", "rollout.keep_truncated=true",
                  "rollout.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -98,3 +99,18 @@ def test_train_py_runs_a_round_on_skyrl_gym_as_the_readme_writes_it(tmp_path):
     (record,) = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     assert record["train"]["n_traces"] == 4
     assert all(t.startswith("gsm8k-") for t in record["train"]["outcomes"])
+
+
+@pytest.mark.parametrize("field", ["reward_spec", "reward_model"])
+def test_rows_name_their_ground_truth_either_way_for_every_math_env(field):
+    """skyrl-gym's aime reads ``reward_model``, gsm8k ``reward_spec``: a row written either way works for both."""
+    prompt = [{"role": "user", "content": "What is 6 times 7?"}]
+    for env_class, right, wrong in [("aime", "Answer: 42", "Answer: 41"), ("gsm8k", "#### 42", "#### 41")]:
+        env = ENVS["skyrl_gym"](rows=[{"prompt": prompt, "env_class": env_class, field: {"ground_truth": "42"}}])
+        (task,) = [t for s in ("train", "val", "test") for t in env.tasks(s)]
+        assert task.answer == {"ground_truth": "42"}
+        for reply, passed in ((right, True), (wrong, False)):
+            session = env.reset(task)
+            session.respond(reply)
+            assert session.verify(reply).passed is passed, (env_class, reply)
+            session.close()

@@ -448,3 +448,22 @@ def test_tool_choice_is_not_proposed_for_a_tool_the_registry_disables():
     assert TEMPLATES["tool_choice"].build(c, h2, context(demos=[TOOL_DEMO])) is not None
     present = base_harness().insert(ToolChoice(name="force", tool="python"))
     assert TEMPLATES["tool_choice"].build(c, present, context(demos=[TOOL_DEMO])) is None
+
+
+def test_a_programs_harness_gets_a_system_prompt_and_no_edit_it_would_ignore():
+    """An agent that is a program reads its own answers and runs its own tools: answer and tool
+    processors are inert for it (``Env.inert_processors``), and its harness has no system prompt yet."""
+    from coevo.envs.program_env import PROGRAM_INERT
+    from coevo.harness.defaults import program_harness
+
+    harness = program_harness()
+    clusters = (cluster("wrong_answer"), cluster("truncated", severity=0.9, tasks=("t3",)))
+    proposals = RuleMetaAgent().propose(digest(*clusters), harness, context(demos=[], inert=PROGRAM_INERT))
+    kinds = [template_of(p, harness) for p in proposals]
+    assert kinds == ["max_new_tokens_up", "format_system_prompt"]  # no last_number_fallback, parse_retry, ...
+    (edit,) = proposals[1].edits
+    assert edit.op == "insert" and edit.spec["kind"] == "system_prompt"
+    shaped = apply_edit(harness, edit)
+    assert shaped.get("system_prompt").config["template"].startswith(FORMAT_PROMPT.split("{env}")[0])
+    without = RuleMetaAgent().propose(digest(*clusters), harness, context(demos=[]))
+    assert "last_number_fallback" in [template_of(p, harness) for p in without]  # what the filter removed

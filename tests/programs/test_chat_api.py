@@ -49,7 +49,8 @@ def test_a_body_coevo_cannot_read_says_what_is_wrong(body, says):
 
 
 def test_several_tool_calls_in_one_reply_are_one_openai_turn():
-    reply = 'Let me add.\n<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "x"}</tool_call>'
+    reply = ('Let me add.\n<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+             '<tool_call>{"name": "x"}</tool_call>')
     out = chat_completion(reply, [ToolCall("add", {"a": 1}, "s0c0"), ToolCall("x", {}, "s0c1")], "stop", 7, 3, "m",
                           [-0.5, -0.25, 0.0])
     (choice,) = out["choices"]
