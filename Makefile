@@ -6,7 +6,7 @@ STAMP := $(VENV)/.coevo-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.coevo-installed
 
-.PHONY: train test install vllm-cpu test-vllm
+.PHONY: train test lint install vllm-cpu test-vllm
 
 # Main job: co-evolution of SmolLM2-135M (+ LoRA) and its harness on the embedded defaults (configs/train.yaml).
 # Hydra overrides go in ARGS, e.g. make train ARGS="experiment=smoke" or ARGS="mode=harness_only name=h".
@@ -15,6 +15,11 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+# The code's own checks: ruff's lint rules and import order (pyproject.toml [tool.ruff]) over the code, tests,
+# scripts and examples.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check coevo trainers buffers kernels tests scripts examples train.py
 
 install: $(STAMP)
 

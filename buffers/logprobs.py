@@ -63,7 +63,7 @@ def sampler_first(traces: Sequence[Trace], logprob_fn: LogprobFn) -> LogprobFn:
     def answer(queries: Sequence[LogprobQuery]) -> list[list[float]]:
         if len(queries) != len(rows):
             raise ValueError(f"sampler_first was built for {len(rows)} model calls, asked for {len(queries)}")
-        missing = [q for q, row in zip(queries, rows) if row is None]
+        missing = [q for q, row in zip(queries, rows, strict=True) if row is None]
         computed = iter(logprob_fn(missing) if missing else [])
         return [list(row) if row is not None else next(computed) for row in rows]
 

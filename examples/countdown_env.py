@@ -60,7 +60,7 @@ def solve(numbers: list[int], target: int) -> list[dict[str, Any]] | None:
     for order in itertools.permutations(numbers):
         for ops in itertools.product(OPS, repeat=len(numbers) - 1):
             acc, steps = order[0], []
-            for op, x in zip(ops, order[1:]):
+            for op, x in zip(ops, order[1:], strict=False):
                 steps.append({"a": acc, "op": op, "b": x})
                 acc = OPS[op](acc, x)
             if acc == target:

@@ -75,7 +75,7 @@ class Launch:
     def override_sets(self) -> list[list[str]]:
         keys = [key for key, _ in self.sweep]
         combos = itertools.product(*(values for _, values in self.sweep)) if self.sweep else [()]
-        return [[*self.overrides, *(f"{k}={v}" for k, v in zip(keys, combo))] for combo in combos]
+        return [[*self.overrides, *(f"{k}={v}" for k, v in zip(keys, combo, strict=False))] for combo in combos]
 
 
 MODEL = "model.name=/models/Qwen2.5-1.5B-Instruct"

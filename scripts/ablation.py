@@ -146,7 +146,7 @@ def against(results: dict[str, list[list[RoundRecord]]], seeds: Sequence[int], o
 
         def signal(recs: list[list[RoundRecord]], scores: np.ndarray) -> dict[str, list[float | None]]:
             zero = [[r.grpo.zero_variance_fraction if r.grpo else None for r in rec] for rec in recs]
-            return {"zero_variance_by_round": [None if None in col else float(np.mean(col)) for col in zip(*zero)],
+            return {"zero_variance_by_round": [None if None in col else float(np.mean(col)) for col in zip(*zero, strict=False)],
                     "grpo_minutes": float(np.mean([sum(r.seconds.get("grpo", 0.0) for r in rec) / 60 for rec in recs])),
                     "pass_at_1": points(scores, rng)}
         out[mode] = {"seeds": len(seeds), "this": signal(runs, mine_m), "other": signal(theirs, theirs_m),
@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     with ThreadPoolExecutor(args.jobs) as pool:
         records = list(pool.map(lambda ms: run_one(*ms, out, overrides, threads), runs))
     for mode in args.modes:
-        results[mode] = [recs for (m, _seed), recs in zip(runs, records) if m == mode]
+        results[mode] = [recs for (m, _seed), recs in zip(runs, records, strict=False) if m == mode]
     summary = summarise(results)
     if args.against is not None:
         summary |= {"against": against(results, args.seeds, args.against), "against_dir": str(args.against)}

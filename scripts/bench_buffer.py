@@ -31,9 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coevo.buffers import LogprobQuery, ReplayBuffer
-
 from coevo.agent.trace import ModelCall, Trace
+from coevo.buffers import LogprobQuery, ReplayBuffer
 
 
 @dataclass(frozen=True)
@@ -200,12 +199,12 @@ def _grpo_arguments(ap: argparse.ArgumentParser) -> None:
 
 def _run_grpo_step(args: argparse.Namespace) -> str:
     import torch
-    from coevo.buffers.logprobs import behaviour_logprobs
-    from coevo.trainers.grpo import GRPOTrainer, apply_lora
-    from coevo.trainers.logprobs import logprob_fn
 
+    from coevo.buffers.logprobs import behaviour_logprobs
     from coevo.config.schema import TrainerConfig
     from coevo.policy.load import load_model
+    from coevo.trainers.grpo import GRPOTrainer, apply_lora
+    from coevo.trainers.logprobs import logprob_fn
 
     torch.manual_seed(0)
     model, tok = load_model(args.model, device="cpu", dtype="float32")

@@ -44,8 +44,8 @@ from typing import Any
 
 import torch
 
-from coevo.agent.policy import ChatRequest
 from coevo.agent.episode import Job
+from coevo.agent.policy import ChatRequest
 from coevo.agent.runtime import run_episodes
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.envs.load import make_env
@@ -271,7 +271,7 @@ def vllm_side_by_side(args: argparse.Namespace) -> None:
     for load, (harness, passes) in loads.items():
         greedy = harness.set_param("sampling", "temperature", 0.0)
         ids = [run_workload(engines[n], greedy, tasks[: args.tasks // 2], env, passes)["ids"] for n in ("vllm", "hf")]
-        calls = [(a == b) for ta, tb in zip(*ids, strict=True) for a, b in zip(ta, tb)]
+        calls = [(a == b) for ta, tb in zip(*ids, strict=True) for a, b in zip(ta, tb, strict=False)]
         diffs = []
         for call in results[(load, "vllm")][-1]["calls_made"]:  # sampled at 0.7: score at the same temperature
             with torch.no_grad():

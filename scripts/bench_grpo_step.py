@@ -37,12 +37,11 @@ def spread_traces(buffer_dir: str, n: int) -> list:
 
 def main() -> None:
     from coevo.buffers.logprobs import behaviour_logprobs, sampler_first
+    from coevo.config.schema import TrainerConfig
+    from coevo.policy.load import load_model
     from coevo.trainers.batch import pack_calls, training_sequences
     from coevo.trainers.grpo import GRPOTrainer, apply_lora
     from coevo.trainers.logprobs import logprob_fn
-
-    from coevo.config.schema import TrainerConfig
-    from coevo.policy.load import load_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("buffer", help="a replay buffer directory (a copy)")

@@ -45,7 +45,7 @@ def one(engine: str, length: int, rows: int, new_tokens: int, model_name: str) -
     for r in range(rows):  # distinct prompts of `length` tokens: words cut to length, a row's own order
         words = [WORDS[(r * 7 + j * 13) % len(WORDS)] for j in range(length)]
 
-        def size(n: int) -> int:
+        def size(n: int, words: list[str] = words) -> int:
             return len(policy.prompt_ids([{"role": "user", "content": " ".join(words[:n])}]))
 
         n = max(1, length * length // size(length))  # words are about a token each: scale, then trim

@@ -119,8 +119,9 @@ def run_naive(x: Inputs) -> torch.Tensor:
 
 
 def run_trl(x: Inputs) -> torch.Tensor:
-    from coevo.kernels import token_loss
     from trl.kernels import ChunkedLogProbFunction
+
+    from coevo.kernels import token_loss
 
     logp = ChunkedLogProbFunction.apply(
         x.hidden, x.weight, None, x.targets, TEMPERATURE, TRL_VOCAB_TILE, None, 1.0, ()

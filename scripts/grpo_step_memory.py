@@ -27,6 +27,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from bench_grpo_step import spread_traces  # scripts/ is on the path of a script run from it
+
     from coevo.config.schema import TrainerConfig
     from coevo.policy.load import load_model
     from coevo.trainers.grpo import GRPOTrainer, apply_lora

@@ -65,15 +65,14 @@ def first_attempts(traces: list, versions: list[int], group: int) -> tuple[list,
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    from coevo.buffers import ReplayBuffer
-    from coevo.trainers.grpo import GRPOTrainer, apply_lora
-
     from coevo.agent.rollouts import RolloutService
+    from coevo.buffers import ReplayBuffer
     from coevo.config.schema import load_run_config
     from coevo.envs.load import make_env
     from coevo.loop.builders import build_policy, start_harness
     from coevo.loop.round_grpo import CRITIC, step_batches
     from coevo.policy.load import load_model
+    from coevo.trainers.grpo import GRPOTrainer, apply_lora
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path)

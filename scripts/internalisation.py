@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             cfg = load_run_config(run)
             modes.append((cfg.mode, cfg.seed))
             results.append(kept(out, run, (*settings, "arm"),
-                                lambda: evaluate_run(run, args.limit, args.datasets, arm=True)))
+                                lambda run=run: evaluate_run(run, args.limit, args.datasets, arm=True)))
         summary = summarise_arms([(m, s, {f: r for f, r in res.items() if f != SKILLS})
                                   for (m, s), res in zip(modes, results, strict=True)])
         texts = [arms_text(summary, command)]
@@ -351,7 +351,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             texts += [arms_text(sub, f"dataset {d}") for d, sub in summary["by_dataset"].items()]
         write_outputs(out, f"{name}-arms", "\n".join(texts), summary)
         return summary
-    results = [kept(out, run, (*settings, args.forms), lambda: evaluate_run(run, args.limit, args.datasets,
+    results = [kept(out, run, (*settings, args.forms), lambda run=run: evaluate_run(
+                                                                              run, args.limit, args.datasets,
                                                                               only=args.forms)) for run in args.runs]
     summary = summarise([{f: r for f, r in res.items() if f != SKILLS} for res in results])
     texts = [report_text(summary, command)]

@@ -316,11 +316,11 @@ def lora_model(cfg: Any, initial: dict[str, Any] | None) -> tuple[Any, Any, bool
     model loaded and wrapped as coevo.loop.build.run does it (same seeds, loader and apply_lora), then
     given the coevo arm's initial adapter, so both arms start from the same weights."""
     import torch
-    from coevo.trainers.grpo import apply_lora
     from peft import set_peft_model_state_dict
 
     from coevo.loop.config_check import device_of
     from coevo.policy.load import load_model
+    from coevo.trainers.grpo import apply_lora
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -378,9 +378,8 @@ def run_trl(cfg: Any, env: Any, harness: Any, batches: list[list[Any]], out: Pat
         dataset = Dataset.from_list([{"prompt": prompts[t.task_id], "task_id": t.task_id} for b in batches for t in b])
         extra = {"reward_funcs": coevo_reward(env, harness, tasks, calls)}
     else:  # episodes: coevo's runtime generates with TRL's weights (rollout_func), the prompt names the task
-        from coevo.trainers.trl_rollout import coevo_reward_func, episode_rollout_func
-
         from coevo.loop.builders import build_policy
+        from coevo.trainers.trl_rollout import coevo_reward_func, episode_rollout_func
 
         def log(traces: list[Any], rows: list[dict[str, Any]]) -> None:
             calls.append({"task_ids": list(dict.fromkeys(t.task_id for t in traces)),

@@ -11,8 +11,15 @@ import pytest
 from coevo.agent.gold import GoldPolicy
 from coevo.agent.rollouts import RolloutService
 from coevo.harness.defaults import BUILTIN_HARNESSES, base_harness, with_step_cap
-from coevo.harness.events import (EpisodeState, ParsedOutputEvent, StepEndEvent, TaskView, ToolSpec, harness_note,
-                                  is_harness_note)
+from coevo.harness.events import (
+    EpisodeState,
+    ParsedOutputEvent,
+    StepEndEvent,
+    TaskView,
+    ToolSpec,
+    harness_note,
+    is_harness_note,
+)
 from coevo.harness.library import AnswerExtraction, LoopDetection, ParseRetry
 from coevo.harness.library.tools import tool_hint_line
 from examples.function_calling_env import TOOLS, FunctionCallingEnv

@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from coevo.buffers import ReplayBuffer
-from coevo.buffers.replay import behaviour_logprobs
-from coevo.trainers.logprobs import logprob_fn
 
 import coevo
+from coevo.buffers import ReplayBuffer
+from coevo.buffers.replay import behaviour_logprobs
 from coevo.loop.round_plan import round_batches
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
+from coevo.trainers.logprobs import logprob_fn
 from tests.test_loop import records, smoke
 
 
@@ -46,10 +46,10 @@ def test_the_critics_re_runs_train_beside_the_rollouts_with_exact_behaviour_logp
     # exact behaviour log-probs: round 0's critic traces ran on the initial weights (version 0)
     tok = tiny_tokenizer()
     model = tiny_model(tok, seed=0)
-    first = [t for t, e in zip(traces, critic) if e.round == 0 and e.model_version == 0]
+    first = [t for t, e in zip(traces, critic, strict=True) if e.round == 0 and e.model_version == 0]
     assert first
     fresh = behaviour_logprobs(first, logprob_fn(model, tok.pad_token_id, temperature=1.0, batch_size=8))
-    for trace, row in zip(first, fresh):
+    for trace, row in zip(first, fresh, strict=True):
         stored = [lp for call in trace.behaviour_logprobs for lp in call]
         assert torch.allclose(torch.tensor(stored), torch.tensor([lp for call in row for lp in call]), atol=1e-5)
 

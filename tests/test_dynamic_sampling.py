@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from coevo.buffers import ReplayBuffer
 
 import coevo
 from coevo.agent.trace import Trace
+from coevo.buffers import ReplayBuffer
 from coevo.envs.base import Task
 from coevo.envs.load import make_env
 from coevo.evolution.engine import AEGIS

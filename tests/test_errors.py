@@ -94,6 +94,7 @@ def test_missing_openai_names_the_install_when_the_agent_is_built(monkeypatch):
 
 def test_missing_triton_names_the_install_and_the_fallback(monkeypatch):
     import torch
+
     from coevo.kernels import LossParams, Tokens, triton_grpo
 
     monkeypatch.setattr(triton_grpo, "TRITON_AVAILABLE", False)

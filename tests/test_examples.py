@@ -141,7 +141,7 @@ def test_helpdesk_gold_conversations_pass_through_the_runtime_and_a_degraded_gol
     assert CONVERSATION_PROMPT[-60:] in guide  # the guide's conversational system prompt, used here
     done = gold_run(env, val, harness=long_harness().set_param("system_prompt", "template", CONVERSATION_PROMPT))
     assert done.pass_at_1 == 1.0
-    for trace, task in zip(done.traces, val):
+    for trace, task in zip(done.traces, val, strict=True):
         assert trace.stop_reason == "answer" and trace.final_answer == HelpdeskEnv.gold_answer(task)
         assert trace.replies == task.metadata["gold_replies"]
     assert gold_run(env, degraded(val)).pass_at_1 == 0.0

@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from coevo.buffers import ReplayBuffer
-from coevo.trainers.advantages import group_advantages
 
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
+from coevo.buffers import ReplayBuffer
 from coevo.report.export import FORMATS, chat_messages, export
+from coevo.trainers.advantages import group_advantages
 
 ROOT = Path(__file__).resolve().parents[1]
 

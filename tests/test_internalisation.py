@@ -87,7 +87,7 @@ def test_a_run_that_retired_its_prefill_is_measured_against_its_most_scaffolded_
     run = tmp_path / "run"
     (run / "lineage").mkdir(parents=True)
     rows = [(base_harness(), "start"), (scaffolded, "shipped"), (final, "shipped")]
-    for h, how in rows:
+    for h, _how in rows:
         h.save(run / "lineage" / f"{h.id}.yaml")
     (run / "lineage.jsonl").write_text("".join(f'{{"id": "{h.id}", "variant": "base", "how": "{how}"}}\n'
                                                for h, how in rows))
@@ -99,7 +99,7 @@ def test_a_run_that_retired_its_prefill_is_measured_against_its_most_scaffolded_
     assert internalisation.most_scaffolded(run) is None  # nothing was retired
 
     def form(pass_, tool, tokens):  # one seed's per-task figures, trained = frozen
-        row = {"pass": dict(zip("ab", pass_)), "tool_use": dict(zip("ab", tool)), "prompt_tokens": {"a": tokens,
+        row = {"pass": dict(zip("ab", pass_, strict=True)), "tool_use": dict(zip("ab", tool, strict=True)), "prompt_tokens": {"a": tokens,
                                                                                                    "b": tokens}}
         return {"trained": row, "frozen": row}
 

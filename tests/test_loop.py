@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from coevo.buffers import ReplayBuffer
 from safetensors.torch import load_file
 
 import coevo
+from coevo.buffers import ReplayBuffer
 from coevo.loop.round_plan import round_batches
 from tests.test_config import compose_cfg
 

@@ -302,7 +302,7 @@ def test_summary_round_table_matches_fabricated_records(report_dir: Path):
     rows = _table_rows(summary, "| round | train pass | val pass@1 | shipped | spawned | rejected | variants | "
                                 "GRPO loss | seconds |")
     assert len(rows) == 5
-    for rec, row in zip(records, rows):
+    for rec, row in zip(records, rows, strict=True):
         r = rec["round"]
         statuses = [s for s, _ in PLAN[r]]
         val = f"{rec['val']['pass_at_1']:.3f}" if r in VAL_ROUNDS else "—"

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from coevo.buffers.segments import read_header
 from typer.testing import CliRunner
 
 import coevo
+from coevo.buffers.segments import read_header
 from coevo.harness.harness import Harness
 from coevo.rundir.checkpoint import CheckpointError
 from coevo.rundir.lock import LOCK_NAME, RunDirInUseError, lock_run_dir, unlock_run_dir
@@ -288,7 +288,6 @@ def test_export_never_changes_the_run_directory(finished, tmp_path):
 
 def test_export_waits_for_no_one_but_refuses_a_buffer_a_run_holds(finished, tmp_path):
     from coevo.buffers import ReplayBuffer
-
     from coevo.report.export import export
 
     run_dir = copy_of(finished, tmp_path)

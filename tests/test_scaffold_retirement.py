@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from coevo.buffers import ReplayBuffer
 
 import coevo
 from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.trace import ToolCallRecord, Trace
+from coevo.buffers import ReplayBuffer
 from coevo.envs.arithmetic import ArithmeticEnv
 from coevo.envs.load import make_env
 from coevo.evolution.critic import Critic

@@ -212,7 +212,7 @@ def test_redact_trace_re_encodes_only_the_tokens_that_show_the_key() -> None:
         text = decoded(tok, call.prompt_ids)
         assert OPENAI_KEY not in text and f"The service key is {REDACTED}." in text
         assert text == decoded(tok, before.prompt_ids).replace(OPENAI_KEY, REDACTED)
-        head = next(i for i, (x, y) in enumerate(zip(before.prompt_ids, call.prompt_ids)) if x != y)
+        head = next(i for i, (x, y) in enumerate(zip(before.prompt_ids, call.prompt_ids, strict=True)) if x != y)
         assert head > 100 and before.prompt_ids[-8:] == call.prompt_ids[-8:]  # the tokens around it are untouched
     first, second = clean.model_calls
     assert decoded(tok, first.completion_ids) == f"The key is {REDACTED}. <answer>5</answer>"
@@ -437,7 +437,6 @@ def test_no_token_ids_decode_to_a_key(leak_run: dict) -> None:
     import json
 
     from coevo.buffers import ReplayBuffer
-
     from coevo.policy.tiny import tiny_tokenizer
 
     root, keys, tok = leak_run["root"], leak_run["keys"], tiny_tokenizer()
@@ -469,9 +468,8 @@ def test_a_harness_holding_a_key_is_redacted_where_the_run_writes_it(tmp_path: P
     past the check here; in a run, an edit that quoted one) is written redacted to lineage/ and the
     checkpoint, the prompts it gave are stored with re-encoded token ids, and the checkpoint, whose
     harnesses no longer hash to the ids that ran, refuses to resume with a message that says why."""
-    from coevo.buffers import ReplayBuffer
-
     import coevo.loop.build as build
+    from coevo.buffers import ReplayBuffer
     from coevo.policy.tiny import tiny_tokenizer
     from coevo.rundir.checkpoint import CheckpointError
 

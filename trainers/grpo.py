@@ -27,10 +27,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+from coevo.agent.trace import Trace
+from coevo.config.schema import ModelConfig, TrainerConfig
 from coevo.kernels import LossParams, grpo_loss
 from coevo.kernels.objective import pick, token_weights
 from coevo.trainers import zero
@@ -54,15 +58,13 @@ from coevo.trainers.logprobs import (
 from coevo.trainers.step_metrics import StepMetrics, sampler_mismatch, step_metrics
 from coevo.trainers.strategies import strategy_for
 
-from coevo.agent.trace import Trace
-from coevo.config.schema import ModelConfig, TrainerConfig
-
 if TYPE_CHECKING:
     from accelerate import Accelerator
-    from coevo.kernels import GRPOLossOutput
-    from coevo.trainers.batch import Collated
     from peft import PeftModel
     from transformers import PreTrainedModel
+
+    from coevo.kernels import GRPOLossOutput
+    from coevo.trainers.batch import Collated
 
 OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 """``trainer.optimizer``: its name → the torch optimizer."""
@@ -171,7 +173,7 @@ class GRPOTrainer:
         seqs = training_sequences([traces[i] for i in keep], adv[keep], **self.crediting)
         staleness = dict(Counter(self.version - v for v in versions)) if versions is not None else {}
         excluded = (stats.excluded_traces, sum(t.infra_failure for t in traces))
-        rewards = torch.tensor([t.reward for t, m in zip(traces, members) if m], dtype=torch.float64)
+        rewards = torch.tensor([t.reward for t, m in zip(traces, members, strict=True) if m], dtype=torch.float64)
         mismatch = sampler_mismatch(seqs, self.tis_cap)
         if not seqs:  # nothing to learn from: no step, but say why in the metrics
             return step_metrics(0.0, [], adv[[i for i, m in enumerate(members) if m]], stats.zero_variance_fraction,

@@ -8,9 +8,10 @@ row chunks. Using one path keeps the ratio exactly 1 on-policy up to float round
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+
 from coevo.trainers import zero
 from coevo.trainers.batch import TrainSequence, collate
 

@@ -5,12 +5,13 @@ so the figures a round records are read off tensors, not off the trainer."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from coevo.trainers.batch import TrainSequence
 
 from coevo.rundir.records import StepMetrics
+from coevo.trainers.batch import TrainSequence
 
 if TYPE_CHECKING:
     from coevo.kernels import GRPOLossOutput

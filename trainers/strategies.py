@@ -14,9 +14,11 @@ step reads as the algorithm with one delegate:
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
+
 from coevo.trainers import sharding, zero
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ class Whole:
     def wrap(self, model: Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
 
-    def accumulating(self, last: bool) -> ContextManager[object]:
+    def accumulating(self, last: bool) -> AbstractContextManager[object]:
         """The context of one micro-batch's forward and backward: gradients are reduced across ranks
         once, at the step's ``last`` micro-batch (DDP's ``no_sync`` before it)."""
         return contextlib.nullcontext() if last else self.accelerator.no_sync(self.model)
@@ -112,7 +114,7 @@ class FSDP2(Whole):
     def wrap(self, model: Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer  # already sharded; accelerate would add DDP on top
 
-    def accumulating(self, last: bool) -> ContextManager[object]:
+    def accumulating(self, last: bool) -> AbstractContextManager[object]:
         sharding.set_gradient_sync(self.model, last)
         return contextlib.nullcontext()
 
@@ -151,7 +153,7 @@ class ZeRO3(Whole):
         self.dtypes = {name: t.dtype for name, t in model.state_dict().items()}
         super().wrap(model, optimizer)  # DeepSpeed's engine and its optimizer around ``optimizer``
 
-    def accumulating(self, last: bool) -> ContextManager[object]:
+    def accumulating(self, last: bool) -> AbstractContextManager[object]:
         zero.set_boundary(self.model, last)
         return contextlib.nullcontext()
 

@@ -26,7 +26,8 @@ imports it.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator, TypeGuard
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
@@ -212,7 +213,7 @@ def load_full_optimizer_state(engine: DeepSpeedEngine, saved: dict[str, Any]) ->
     from deepspeed.utils import safe_set_full_optimizer_state
 
     inner, flats = _inner_optimizer(engine)
-    for group, values in zip(inner.param_groups, saved.get("param_groups", [])):
+    for group, values in zip(inner.param_groups, saved.get("param_groups", []), strict=False):
         group.update({k: v for k, v in values.items() if k != "params"})
     states = saved.get("state", {})
     if not states:

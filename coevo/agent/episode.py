@@ -20,8 +20,9 @@ from __future__ import annotations
 import copy
 import time
 import uuid
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generator
+from typing import TYPE_CHECKING, Any
 
 from coevo.agent.firing import EpisodeError, fire
 from coevo.agent.policy import ChatRequest, Generation

@@ -10,8 +10,9 @@ service (``coevo.agent.rollouts``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from coevo.agent.demos import with_demo_spans
 from coevo.agent.episode import RESET_TIMEOUT_S, TOOL_TIMEOUT_S, Episode, EpisodeRun, Job
@@ -150,7 +151,7 @@ def run_attempts(
     if len(harnesses) != len(tasks) or len(variants) != len(tasks):
         raise ValueError(f"{len(tasks)} tasks, but {len(harnesses)} harnesses and {len(variants)} variants")
     jobs = [Job(task, h, variant=v, trace_id=None if trace_id is None else trace_id(task, a))
-            for task, h, v in zip(tasks, harnesses, variants) for a in range(attempts)]
+            for task, h, v in zip(tasks, harnesses, variants, strict=True) for a in range(attempts)]
     traces = run_episodes(jobs, policy, env, batch_size=batch_size, workers=workers, max_steps=max_steps,
                           on_trace=on_trace, reset_timeout_s=reset_timeout_s, tool_timeout_s=tool_timeout_s)
     return [traces[i * attempts : (i + 1) * attempts] for i in range(len(tasks))]

@@ -112,7 +112,7 @@ class Trace:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Trace":
+    def from_dict(cls, data: dict[str, Any]) -> Trace:
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in data.items() if k in known}
         data["model_calls"] = [ModelCall(**m) for m in data.get("model_calls", [])]

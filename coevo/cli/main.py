@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -45,19 +45,19 @@ def eval_cmd(
     model: str = typer.Option("smollm2", help="smollm2 | tiny | scripted | gold | a local model directory"),
     backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
     device: str = typer.Option("cpu", help="torch device for the transformers backend"),
-    adapter: Optional[str] = typer.Option(None, help="PEFT adapter directory to load on the model"),
+    adapter: str | None = typer.Option(None, help="PEFT adapter directory to load on the model"),
     harness: str = typer.Option("base", help="built-in harness name or YAML path"),
     split: str = typer.Option("val", help="train | val | test"),
     attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="attempts per task: reports pass@1 and pass@k"),
-    temperature: Optional[float] = typer.Option(None, min=0.0, help="override the harness's sampling temperature "
+    temperature: float | None = typer.Option(None, min=0.0, help="override the harness's sampling temperature "
                                                 "(>= 0, 0 is greedy: train.py's rollout.temperature range)"),
-    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
-    limit: Optional[int] = typer.Option(None, min=1, help="evaluate only the first N tasks of the split"),
+    max_new_tokens: int | None = typer.Option(None, min=1, help="override the harness's completion budget"),
+    limit: int | None = typer.Option(None, min=1, help="evaluate only the first N tasks of the split"),
     batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
     max_steps: int = typer.Option(RolloutConfig.max_steps, min=1, help="model calls per episode at most (a "
                                   "harness step budget below it is raised to it)"),
     seed: int = typer.Option(0, help="sampling seed"),
-    out: Optional[Path] = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
+    out: Path | None = typer.Option(None, help="output directory (default runs/eval-<env>-<time>)"),
 ) -> None:
     """Evaluate a harness with a policy on one split: pass@1 and pass@k, a JSON and a Markdown report."""
     from coevo.agent.evaluate import TraceLog, evaluate, write_eval
@@ -114,34 +114,34 @@ def eval_cmd(
 
 @app.command("evolve")
 def evolve_cmd(
-    env_name: Optional[str] = typer.Option(None, "--env", help=ENV_HELP + "; default: the config's (env=...)"),
+    env_name: str | None = typer.Option(None, "--env", help=ENV_HELP + "; default: the config's (env=...)"),
     env_args: list[str] = typer.Option([], "--env-arg", help="constructor argument KEY=VALUE (YAML value), repeatable"),
-    model: Optional[str] = typer.Option(None, help="smollm2 | tiny | scripted | gold | a local model directory"),
-    backend: Optional[str] = typer.Option(None, help="transformers (CPU/GPU) | vllm (GPU)"),
-    device: Optional[str] = typer.Option(None, help="torch device (auto: cuda when available)"),
-    harness: Optional[str] = typer.Option(None, help="starting harness: built-in name or YAML path"),
-    meta: Optional[str] = typer.Option(None, help="meta-agent backend: rule | openai | hf, or package.module:factory"),
-    meta_url: Optional[str] = typer.Option(None, help="openai backend: base URL of the endpoint"),
-    meta_model: Optional[str] = typer.Option(None, help="openai: model name; hf: model name or path"),
-    rounds: Optional[int] = typer.Option(None, min=1, help="evolution rounds (one train batch each)"),
-    batch_tasks: Optional[int] = typer.Option(None, min=1, help="train tasks per round"),
-    attempts: Optional[int] = typer.Option(None, "--k", "--attempts", min=1,
+    model: str | None = typer.Option(None, help="smollm2 | tiny | scripted | gold | a local model directory"),
+    backend: str | None = typer.Option(None, help="transformers (CPU/GPU) | vllm (GPU)"),
+    device: str | None = typer.Option(None, help="torch device (auto: cuda when available)"),
+    harness: str | None = typer.Option(None, help="starting harness: built-in name or YAML path"),
+    meta: str | None = typer.Option(None, help="meta-agent backend: rule | openai | hf, or package.module:factory"),
+    meta_url: str | None = typer.Option(None, help="openai backend: base URL of the endpoint"),
+    meta_model: str | None = typer.Option(None, help="openai: model name; hf: model name or path"),
+    rounds: int | None = typer.Option(None, min=1, help="evolution rounds (one train batch each)"),
+    batch_tasks: int | None = typer.Option(None, min=1, help="train tasks per round"),
+    attempts: int | None = typer.Option(None, "--k", "--attempts", min=1,
                                            help="attempts per task in rollouts, the Critic and evaluation (pass@k)"),
-    temperature: Optional[float] = typer.Option(None, help="sampling temperature set on the harness"),
-    gate: Optional[str] = typer.Option(None, help="stat (paired re-runs, sequential test; undecided edits are judged "
+    temperature: float | None = typer.Option(None, help="sampling temperature set on the harness"),
+    gate: str | None = typer.Option(None, help="stat (paired re-runs, sequential test; undecided edits are judged "
                                        "again) | seesaw | performance | both"),
-    max_variants: Optional[int] = typer.Option(None, min=1, help="harness variants K"),
-    max_proposals: Optional[int] = typer.Option(None, min=1, help="proposals judged per variant per round"),
-    val_limit: Optional[int] = typer.Option(None, min=1, help="validation tasks for the start/end comparison"),
-    test_limit: Optional[int] = typer.Option(None, min=0, help="test tasks for the start/end comparison (0: skip; "
+    max_variants: int | None = typer.Option(None, min=1, help="harness variants K"),
+    max_proposals: int | None = typer.Option(None, min=1, help="proposals judged per variant per round"),
+    val_limit: int | None = typer.Option(None, min=1, help="validation tasks for the start/end comparison"),
+    test_limit: int | None = typer.Option(None, min=0, help="test tasks for the start/end comparison (0: skip; "
                                              "default: all)"),
-    max_steps: Optional[int] = typer.Option(None, min=1, help="model calls per episode at most"),
-    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="completion budget per model call"),
-    batch_size: Optional[int] = typer.Option(None, min=1, help="model calls per generate() batch"),
-    seed: Optional[int] = typer.Option(None, help="sampling seed and task order"),
+    max_steps: int | None = typer.Option(None, min=1, help="model calls per episode at most"),
+    max_new_tokens: int | None = typer.Option(None, min=1, help="completion budget per model call"),
+    batch_size: int | None = typer.Option(None, min=1, help="model calls per generate() batch"),
+    seed: int | None = typer.Option(None, help="sampling seed and task order"),
     overrides: list[str] = typer.Option([], "--override", "-o", help="any other config override, e.g. "
                                         "evolution.stat_budget=32 (coevo config show lists them)"),
-    out: Optional[Path] = typer.Option(None, help="run directory (default runs/evolve-<env>-<time>); started "
+    out: Path | None = typer.Option(None, help="run directory (default runs/evolve-<env>-<time>); started "
                                        "again on it, the run resumes"),
 ) -> None:
     """Evolve the harness with AEGIS, the model frozen: the co-evolution loop of ``train.py`` in
@@ -213,8 +213,8 @@ def stream_cmd(
     backend: str = typer.Option("transformers", help="transformers (CPU/GPU) | vllm (GPU)"),
     device: str = typer.Option("cpu", help="torch device for the transformers backend"),
     harness: str = typer.Option("base", help="starting harness: built-in name or YAML path"),
-    temperature: Optional[float] = typer.Option(None, min=0.0, help="override the harness's sampling temperature"),
-    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="override the harness's completion budget"),
+    temperature: float | None = typer.Option(None, min=0.0, help="override the harness's sampling temperature"),
+    max_new_tokens: int | None = typer.Option(None, min=1, help="override the harness's completion budget"),
     rounds_per_stage: int = typer.Option(1, min=0, help="self-evolving: AEGIS rounds on each stage's adaptation split"),
     attempts: int = typer.Option(1, "--k", "--attempts", min=1, help="episodes per task (pass@1 is their mean)"),
     adapt_limit: int = typer.Option(8, min=1, help="adaptation tasks per cohort"),
@@ -223,7 +223,7 @@ def stream_cmd(
                                   "harness step budget below it is raised to it)"),
     batch_size: int = typer.Option(RolloutConfig.batch_size, min=1, help="model calls per generate() batch"),
     seed: int = typer.Option(0, help="sampling seed and task sample"),
-    out: Optional[Path] = typer.Option(None, help="output directory (default runs/stream-<env>-<axis>-<time>)"),
+    out: Path | None = typer.Option(None, help="output directory (default runs/stream-<env>-<axis>-<time>)"),
 ) -> None:
     """Release an env's capabilities along an axis in stages and evaluate retention and adaptation
     under the deployment and self-evolving protocols: the pass matrix, FWT/BWT, tokens and a figure."""
@@ -265,7 +265,7 @@ def stream_cmd(
 
 @config_app.command("show")
 def config_show_cmd(
-    group: Optional[str] = typer.Argument(None, help="one config group (trainer, rollout, ...); all when omitted"),
+    group: str | None = typer.Argument(None, help="one config group (trainer, rollout, ...); all when omitted"),
     overrides: list[str] = typer.Option([], "--override", "-o", help="a Hydra override, e.g. experiment=smoke"),
 ) -> None:
     """The composed defaults of configs/train.yaml as YAML, each field with its help."""
@@ -283,12 +283,12 @@ def export_cmd(
     run_dir: Path = typer.Argument(..., help="a run directory written by train.py"),
     fmt: str = typer.Option("jsonl", "--format",
                             help="sft (chat messages) | grpo (token ids, masks, advantages) | jsonl"),
-    out: Optional[Path] = typer.Option(None, help="output file (default RUN_DIR/export-<format>.jsonl)"),
+    out: Path | None = typer.Option(None, help="output file (default RUN_DIR/export-<format>.jsonl)"),
     rounds: list[int] = typer.Option([], "--round", help="keep traces of this round, repeatable"),
     harness_ids: list[str] = typer.Option([], "--harness", help="keep traces of this harness id, repeatable"),
-    min_reward: Optional[float] = typer.Option(None, help="keep traces with reward >= this"),
-    max_reward: Optional[float] = typer.Option(None, help="keep traces with reward <= this"),
-    passed: Optional[bool] = typer.Option(None, "--passed/--failed", help="keep only passing (or failing) traces"),
+    min_reward: float | None = typer.Option(None, help="keep traces with reward >= this"),
+    max_reward: float | None = typer.Option(None, help="keep traces with reward <= this"),
+    passed: bool | None = typer.Option(None, "--passed/--failed", help="keep only passing (or failing) traces"),
     partial: bool = typer.Option(False, help="export what is intact when the buffer lost traces its checkpoint counts"),
 ) -> None:
     """Write a run's buffered traces in a format TRL's trainers and SFT tooling read."""
@@ -309,7 +309,7 @@ def export_cmd(
 @app.command("report")
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="a run directory written by train.py"),
-    out: Optional[Path] = typer.Option(None, help="where to write (default RUN_DIR/report)"),
+    out: Path | None = typer.Option(None, help="where to write (default RUN_DIR/report)"),
 ) -> None:
     """Figures (pass rate per round, lineage tree, per-task matrix, time breakdown) and summary.md."""
     from coevo.report.summary import write_report

@@ -2,13 +2,13 @@
 
 from coevo.envs.arithmetic import ArithmeticEnv, calculator_solver
 from coevo.envs.base import SPLITS, Env, EnvSession, Score, Task, assign_split
+from coevo.envs.command_env import CommandEnv
 from coevo.envs.office import OfficeEnv, gold_solver
+from coevo.envs.openenv_env import OpenEnvEnv
 from coevo.envs.reasoning import ReasoningEnv
 from coevo.envs.skyrl_env import SkyRLEnv
 from coevo.envs.textworld_express import TWXEnv
 from coevo.envs.verifiers_env import VerifiersEnv
-from coevo.envs.command_env import CommandEnv
-from coevo.envs.openenv_env import OpenEnvEnv
 
 ENVS = {"arithmetic": ArithmeticEnv, "office": OfficeEnv, "reasoning": ReasoningEnv, "textworld_express": TWXEnv,
         "verifiers": VerifiersEnv, "skyrl_gym": SkyRLEnv, "program": CommandEnv,

@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from coevo.config.imports import import_object
 from coevo.envs.base import Env

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from coevo.envs.base import Env, EnvSession, Score, Task, assign_split, check_split
 from coevo.envs.office_world import (

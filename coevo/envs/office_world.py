@@ -12,8 +12,9 @@ import copy
 import json
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from coevo.harness.events import ToolResult, ToolSpec
 
@@ -45,7 +46,7 @@ def make_world(seed: str) -> dict[str, Any]:
     rng = random.Random(seed)
     firsts, lasts = rng.sample(FIRST, 8), rng.sample(LAST, 8)
     contacts = {}
-    for n, (first, last) in enumerate(zip(firsts, lasts), 1):
+    for n, (first, last) in enumerate(zip(firsts, lasts, strict=False), 1):
         cid = f"c-{n}"
         contacts[cid] = {"id": cid, "name": f"{first} {last}", "email": f"{first}.{last}@acme.io".lower(),
                          "phone": f"555-{rng.randint(1000, 9999)}", "status": "active"}

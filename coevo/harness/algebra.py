@@ -13,7 +13,7 @@ refused when it is made, never discovered half-way through an episode. Rules:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from coevo.harness.errors import (
     DuplicateNameError,

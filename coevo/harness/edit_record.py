@@ -42,7 +42,7 @@ class Edit:
         return {k: v for k, v in asdict(self).items() if v is not None and v != {}}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Edit":
+    def from_dict(cls, data: dict[str, Any]) -> Edit:
         return cls(**data)
 
     def describe(self) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import yaml
 
@@ -100,7 +101,7 @@ class Harness:
         return {"processors": [p.spec() for p in self._processors]}
 
     # ------------------------------------------------------------------ algebra
-    def _child(self, processors: Sequence[Processor], edit: Edit) -> "Harness":
+    def _child(self, processors: Sequence[Processor], edit: Edit) -> Harness:
         return Harness(processors, name=self.name, parent_id=self.id, edit=edit)
 
     def insert(
@@ -111,7 +112,7 @@ class Harness:
         after: str | None = None,
         hook: Hook | str | None = None,
         manifest: dict[str, Any] | None = None,
-    ) -> "Harness":
+    ) -> Harness:
         """Insert ``processor`` into its hook's chain: at ``index`` within the hook, right after
         the processor named ``after``, or (default) at the end of the chain. ``hook``, when
         given, must be the processor's own hook."""
@@ -138,12 +139,12 @@ class Harness:
         edit = Edit("insert", processor.name, spec=processor.spec(), index=index, manifest=manifest or {})
         return self._child(others + chain, edit)
 
-    def remove(self, name: str, *, manifest: dict[str, Any] | None = None) -> "Harness":
+    def remove(self, name: str, *, manifest: dict[str, Any] | None = None) -> Harness:
         target = self.get(name)
         return self._child([p for p in self._processors if p is not target],
                            Edit("remove", name, manifest=manifest or {}))
 
-    def replace(self, name: str, processor: Processor, *, manifest: dict[str, Any] | None = None) -> "Harness":
+    def replace(self, name: str, processor: Processor, *, manifest: dict[str, Any] | None = None) -> Harness:
         """Put ``processor`` in the place of ``name``; both must attach to the same hook."""
         target = self.get(name)
         if processor.hook is not target.hook:
@@ -154,7 +155,7 @@ class Harness:
         procs = [processor if p is target else p for p in self._processors]
         return self._child(procs, Edit("replace", name, spec=processor.spec(), manifest=manifest or {}))
 
-    def set_param(self, name: str, param: str, value: object, *, manifest: dict[str, Any] | None = None) -> "Harness":
+    def set_param(self, name: str, param: str, value: object, *, manifest: dict[str, Any] | None = None) -> Harness:
         target = self.get(name)
         updated = target.with_params(**{param: value})
         procs = [updated if p is target else p for p in self._processors]
@@ -172,7 +173,7 @@ class Harness:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Harness":
+    def from_dict(cls, data: dict[str, Any]) -> Harness:
         from coevo.harness.library import build_processor
 
         if not isinstance(data, dict) or not isinstance(data.get("processors"), list):
@@ -199,7 +200,7 @@ class Harness:
         return yaml.dump(redact(data), Dumper=_SpecDumper, sort_keys=False, allow_unicode=True, width=100)
 
     @classmethod
-    def from_yaml(cls, text: str) -> "Harness":
+    def from_yaml(cls, text: str) -> Harness:
         return cls.from_dict(yaml.safe_load(text))
 
     def save(self, path: str | Path, *, evolved_on: str | None = None) -> Path:
@@ -211,7 +212,7 @@ class Harness:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Harness":
+    def load(cls, path: str | Path) -> Harness:
         """The harness in the YAML file ``path``; a file that is not one (truncated, binary, another
         document) raises ``ValueError`` naming the file and what is wrong with it."""
         try:

@@ -10,9 +10,10 @@ carried by the event (``state.memory``), so one harness can run many episodes co
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from coevo.harness.errors import ParamError
 from coevo.harness.events import Event, ToolResult, ToolSpec
@@ -148,7 +149,7 @@ class Processor(ABC):
         """Canonical, YAML-serialisable description: kind, instance name, every parameter."""
         return {"kind": self.kind, "name": self.name, "params": dict(self.config)}
 
-    def with_params(self, **changes: object) -> "Processor":
+    def with_params(self, **changes: object) -> Processor:
         """A copy with some parameters changed (processors are immutable)."""
         return type(self)(name=self.name, **{**self.config, **changes})
 

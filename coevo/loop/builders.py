@@ -9,9 +9,10 @@ before any of them runs.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from coevo.agent.policy import Policy
 from coevo.config.mode import Mode

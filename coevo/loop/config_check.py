@@ -12,7 +12,8 @@ callers that build them directly (``Critic``, ``LossParams``, ``GRPOTrainer``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from coevo.config.mode import Mode
 from coevo.config.schema import TrainConfig, violations

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from coevo.errors import UsageError
 from coevo.loop.config_check import check_distributed, launch_request

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-
 log = logging.getLogger(__name__)
 
 

@@ -88,7 +88,7 @@ def _demo_draft(demos: list[Demo], why: str, harness: Harness) -> Draft | None:
         return (why, [edit]) if edit else None
     have = split_demos(list(present.config["turns"]))
     pairs = present.config["demos"]  # the processor's (question, reply) texts, flattened
-    shown = have + [pair_demo(str(q), str(a)) for q, a in zip(pairs[::2], pairs[1::2])]
+    shown = have + [pair_demo(str(q), str(a)) for q, a in zip(pairs[::2], pairs[1::2], strict=True)]
     new = [d for d in demos if d not in shown]
     if not new:
         return None

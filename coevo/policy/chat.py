@@ -7,7 +7,8 @@ than the ones sampled.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from coevo.harness.events import HARNESS, Message, is_harness_note
 

@@ -18,8 +18,8 @@ before each use with a value that changes whenever the weights do; a new value c
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
 
 import torch
 

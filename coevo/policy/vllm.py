@@ -28,9 +28,10 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from coevo.agent.policy import ChatRequest, Generation, Policy
 from coevo.harness.events import SamplingParams

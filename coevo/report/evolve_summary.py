@@ -32,9 +32,9 @@ def evolve_summary(run: Run, start: StartRecord, k: int, env_name: str) -> dict:
               "evidence": v.evidence.to_dict() if v.evidence is not None else None}
              for v in verdicts]
     return {"env": env_name, "k": k, "rounds": len(run.records), "splits": splits,
-            "shipped": [e for e, v in zip(edits, verdicts) if v.ship],
-            "rejected": [e for e, v in zip(edits, verdicts) if not v.ship and not v.undecided],
-            "undecided": [e for e, v in zip(edits, verdicts) if v.undecided],
+            "shipped": [e for e, v in zip(edits, verdicts, strict=False) if v.ship],
+            "rejected": [e for e, v in zip(edits, verdicts, strict=False) if not v.ship and not v.undecided],
+            "undecided": [e for e, v in zip(edits, verdicts, strict=False) if v.undecided],
             "meta_tokens": last.meta_tokens}
 
 

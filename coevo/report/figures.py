@@ -103,7 +103,7 @@ def _draw_result(run: Run) -> Figure:
                    label=f"{result.split} pass@1")
         curve.plot(ends, [100 * result.start_tool_use, 100 * result.end_tool_use], "*", ms=10, color="tab:purple",
                    mfc="none", label=f"{result.split} tool use")
-    for i, (r, edits) in enumerate(result.shipped):
+    for r, edits in result.shipped:
         curve.axvline(r + 0.5, color="tab:orange", lw=1.5, label=f"shipped after round {r}: {short(edits, 48)}")
     curve.set_ylim(-3, 108)
     curve.set_xlim(ends[0] - 0.5, ends[1] + 0.5)
@@ -126,15 +126,15 @@ def _draw_pass_rate(run: Run) -> Figure:
     if len(variants) > 1:
         for i, v in enumerate(variants):
             pts = [(r.round, r.by_variant[v].pass_rate) for r in run.records if v in r.by_variant]
-            ax.plot(*zip(*pts), "--", lw=1, alpha=0.6, color=f"C{(i + 4) % 10}", label=f"train · {v}")
+            ax.plot(*zip(*pts, strict=True), "--", lw=1, alpha=0.6, color=f"C{(i + 4) % 10}", label=f"train · {v}")
     val = [(r.round, r.val.pass_at_1) for r in run.records if r.val is not None]
     if val:
-        ax.plot(*zip(*val), "-s", color="tab:green", label="val pass@1")
+        ax.plot(*zip(*val, strict=True), "-s", color="tab:green", label="val pass@1")
     test = [(r.round, r.test.pass_at_1) for r in run.records if r.test is not None]
     if test:
-        ax.plot(*zip(*test), "*", ms=16, color="tab:red", label="test pass@1", linestyle="none")
+        ax.plot(*zip(*test, strict=True), "*", ms=16, color="tab:red", label="test pass@1", linestyle="none")
     shipped_label, rejected_label = "shipped edit", "rejected edits (count)"
-    for r, y in zip(run.records, train):
+    for r, y in zip(run.records, train, strict=False):
         shipped = [v for v in r.verdicts if v.ship]
         if shipped:
             ax.plot(r.round, y, "^", ms=12, color="tab:orange", zorder=3, label=shipped_label)

@@ -26,7 +26,6 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-
 SHORT_TASK = 16
 """A task of at most this many units gets a line per unit (rate-limited), not per quarter."""
 

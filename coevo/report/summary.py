@@ -60,7 +60,8 @@ def round_table(record: RoundRecord) -> Table:
     table = Table(title=f"round {record.round} ({record.mode})", show_footer=True)
     footers = ("round", "", _rate(record.train.pass_rate), str(record.train.n_traces),
                str(total["shipped"]), str(total["rejected"]))
-    for name, footer in zip(("variant", "harness", "train pass", "traces", "shipped", "rejected"), footers):
+    columns = ("variant", "harness", "train pass", "traces", "shipped", "rejected")
+    for name, footer in zip(columns, footers, strict=False):
         table.add_column(name, footer=footer, justify="left" if name in ("variant", "harness") else "right")
     for variant, harness_id in record.variants.items():
         stats = record.by_variant.get(variant)
@@ -114,7 +115,7 @@ def summary_markdown(run: Run) -> str:
         "| round | train pass | val pass@1 | shipped | spawned | rejected | variants | GRPO loss | seconds |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r, c in zip(recs, all_counts):
+    for r, c in zip(recs, all_counts, strict=False):
         variants = ", ".join(f"{n}={h[:8]}" for n, h in r.variants.items())
         lines.append(f"| {r.round} | {_rate(r.train.pass_rate)} | "
                      f"{_rate(r.val.pass_at_1 if r.val else None)} | {c['shipped']} | {c['spawned']} | "

@@ -129,7 +129,7 @@ def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, roll
     next_round = 0  # AEGIS numbers its rounds across stages (its monitors need them to increase)
     for s in range(stream.n_stages):
         if s > 0:  # the new capabilities arrive in the carried harnesses, evolved processors stay
-            aegis.release(lambda h: axis_harness(h, stream.cumulative[s], universe, distractors_per_stage * s),
+            aegis.release(lambda h, s=s: axis_harness(h, stream.cumulative[s], universe, distractors_per_stage * s),
                           round=next_round - 1, note=f"stage {s} released")
         aegis.references = {tid: r for tid, r in (references or {}).items() if cohort_of.get(tid, s + 1) <= s}
         aegis.tools = exposed_tools(aegis.harness(), rollouts.env, probe)

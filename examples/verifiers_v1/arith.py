@@ -36,13 +36,17 @@ class ArithTask(vf.Task[ArithData]):
 class ArithConfig(vf.TasksetConfig):
     n: int = 60
     seed: int = 0
-    max_operand: int = 20
+    max_operand: int = 12
     terms: int = 2
     system_prompt_text: str = POOR_SYSTEM_PROMPT
 
 
 class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
     def load(self):
+        distinct = (self.config.max_operand - 1) ** self.config.terms * 3 ** (self.config.terms - 1)
+        if self.config.n > distinct:
+            raise ValueError(f"n={self.config.n} tasks, but terms={self.config.terms} and max_operand="
+                             f"{self.config.max_operand} give only {distinct} distinct expressions")
         rng = random.Random(self.config.seed)
         seen: set[str] = set()
         while len(seen) < self.config.n:

@@ -249,10 +249,9 @@ def test_sub_episode_tokens_reach_the_buffer_with_exact_behaviour_logprobs(tmp_p
     freely. The buffer's behaviour log-probs of the specialist's tokens (one forward of the model,
     at each call's temperature) equal what the sampler drew them with."""
     from coevo.buffers import ReplayBuffer
-    from coevo.trainers.logprobs import logprob_fn
-
     from coevo.policy.hf import TransformersPolicy
     from coevo.policy.tiny import tiny_model, tiny_tokenizer
+    from coevo.trainers.logprobs import logprob_fn
 
     tok = tiny_tokenizer()
     model = tiny_model(tok, seed=0)

@@ -18,8 +18,15 @@ import pytest
 
 import coevo.buffers.replay as replay_module
 import coevo.buffers.segments as segments_module
-from coevo.buffers import (BufferEntry, CorruptBufferError, CorruptSegmentError, LogprobQuery, ReplayBuffer,
-                           decode_trace, encode_trace)
+from coevo.buffers import (
+    BufferEntry,
+    CorruptBufferError,
+    CorruptSegmentError,
+    LogprobQuery,
+    ReplayBuffer,
+    decode_trace,
+    encode_trace,
+)
 from tests.buffers.factories import batch_traces, fake_logprobs, make_trace
 
 ROOT = Path(__file__).resolve().parents[2]

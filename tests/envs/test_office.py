@@ -71,7 +71,7 @@ def test_splits_capabilities_entities_and_owners():
         assert gold_tools <= set(ENV.reset(task).tools)
     agents = with_agent_capabilities(ALL, OWNER)
     assert all({c for c in a.capabilities if c.startswith("agent:")} == {f"agent:{e}" for e in t.metadata["entities"]}
-               for a, t in zip(agents, ALL))
+               for a, t in zip(agents, ALL, strict=True))
     assert any(len(t.metadata["entities"]) == 4 for t in ALL)
 
 
@@ -99,7 +99,7 @@ def harness(steps: int = 10):
 def test_scripted_solver_passes_every_task_through_the_runtime(split):
     tasks = ENV.tasks(split)
     traces = run_attempts(tasks, harness(), ScriptedPolicy(gold_solver), ENV, max_steps=10, batch_size=4)
-    for task, (trace,) in zip(tasks, traces):
+    for task, (trace,) in zip(tasks, traces, strict=True):
         assert trace.error is None and trace.passed, (task.task_id, trace.stop_reason, trace.verifier_info)
         assert [c.name for c in trace.tool_calls] == [c.name for c in task.gold_actions]
 

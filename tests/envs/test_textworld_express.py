@@ -90,7 +90,7 @@ def test_tool_arguments_and_step_limit(env):
     assert "look around" in session.call_tool("valid_actions", {}).output
     limit = session.step_limit
     assert limit == max(30, task.metadata["gold_length"])
-    for i in range(limit):
+    for _i in range(limit):
         assert not session.done
         out = session.call_tool("act", {"command": "dance"})
     assert session.done and "step limit" in out.output

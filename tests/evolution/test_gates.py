@@ -63,7 +63,7 @@ def slow_leakage(added, answers, texts, allowed=(), ngram=8, min_words=4, finger
         if any_hit:
             score = 1.0
             run: list[str] = []
-            for tok, c in zip(toks, covered):
+            for tok, c in zip(toks, covered, strict=True):
                 if c:
                     run.append(tok)
                 elif run:
@@ -98,7 +98,7 @@ def slow_performance(cb, ca, rb, ra, delta, eps):
     """Exact rational arithmetic: no tolerance needed."""
     if ca - cb < delta:
         return False
-    for b, a in zip(rb, ra):
+    for b, a in zip(rb, ra, strict=True):
         if b - a > eps:
             return False
     return True

@@ -12,8 +12,6 @@ import pytest
 from coevo.agent import Job, ScriptedPolicy, run_episodes
 from coevo.envs.arithmetic import ArithmeticEnv, ArithmeticSession, calculator_solver
 from coevo.envs.base import Score
-from coevo.evolution.steps import first_divergence
-from tests.aegis_helpers import service
 from coevo.evolution.reference import (
     HINT,
     ReferenceStore,
@@ -25,10 +23,12 @@ from coevo.evolution.reference import (
     reference_demo,
     required_tools,
 )
-from coevo.harness.library.tools import tool_call_text
+from coevo.evolution.steps import first_divergence
 from coevo.harness.defaults import base_harness
 from coevo.harness.events import EpisodeState, ModelOutputEvent, TaskView, ToolCall
 from coevo.harness.library import InstructionTemplate, JsonToolCallParser, SelfVerification
+from coevo.harness.library.tools import tool_call_text
+from tests.aegis_helpers import service
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import random
 
-from coevo.trainers.logprobs import logprob_fn
-
 from coevo.agent.trace import ModelCall, Trace
+from coevo.trainers.logprobs import logprob_fn
 
 
 def synthetic_traces(model, tok, *, n_tasks: int = 3, per_task: int = 4, calls: int = 2, seed: int = 0,
@@ -44,9 +43,8 @@ def make_trainer(model, tok, *, accelerator=None, ref_model=None, total_steps: i
     this test suite's choices."""
     from dataclasses import fields
 
-    from coevo.trainers.grpo import GRPOTrainer
-
     from coevo.config.schema import TrainerConfig
+    from coevo.trainers.grpo import GRPOTrainer
 
     names = {f.name for f in fields(TrainerConfig)}
     config = TrainerConfig(**{k: v for k, v in hyper.items() if k in names})

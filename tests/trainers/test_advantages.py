@@ -12,10 +12,10 @@ from coevo.trainers.advantages import group_advantages
 
 def loop_twin(ids, rewards, scale_by_std=True, eps=1e-6):
     groups: dict[str, list[float]] = {}
-    for g, r in zip(ids, rewards):
+    for g, r in zip(ids, rewards, strict=True):
         groups.setdefault(g, []).append(r)
     out = []
-    for g, r in zip(ids, rewards):
+    for g, r in zip(ids, rewards, strict=True):
         rs = groups[g]
         mean = sum(rs) / len(rs)
         if max(rs) == min(rs):
@@ -39,7 +39,7 @@ def test_advantages_match_loop_twin_with_unequal_groups_and_singletons(scale_by_
     ids, rewards = [ids[i] for i in order], [rewards[i] for i in order]
     adv, signal, stats = group_advantages(ids, rewards, scale_by_std=scale_by_std)
     assert adv.tolist() == pytest.approx(loop_twin(ids, rewards, scale_by_std), abs=1e-5)
-    zero = {g for g in set(ids) if len({r for i, r in zip(ids, rewards) if i == g}) == 1}
+    zero = {g for g in set(ids) if len({r for i, r in zip(ids, rewards, strict=True) if i == g}) == 1}
     assert stats.n_groups == 7 and stats.zero_variance_groups == len(zero)
     assert signal.tolist() == [g not in zero for g in ids]
     assert stats.zero_variance_fraction == pytest.approx(len(zero) / 7)

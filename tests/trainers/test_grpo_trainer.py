@@ -115,7 +115,7 @@ def test_checkpoint_round_trip_continues_identically(tok, tmp_path, lora):
     traces = synthetic_traces(a.unwrapped, tok, seed=5)
     a.step(traces)
     b.step(traces)
-    for (ka, va), (kb, vb) in zip(a.unwrapped.named_parameters(), b.unwrapped.named_parameters(), strict=True):
+    for (ka, va), (_kb, vb) in zip(a.unwrapped.named_parameters(), b.unwrapped.named_parameters(), strict=True):
         assert torch.allclose(va, vb, atol=1e-7), ka
 
 
@@ -272,7 +272,7 @@ def test_a_micro_batch_mixing_temperatures_is_on_policy_token_by_token(tok):
             assert row == pytest.approx(own([(call.prompt_ids, call.completion_ids)])[0], abs=1e-5)
     call = traces[0].model_calls[0]
     at_run = fn([(call.prompt_ids, call.completion_ids)])[0]
-    assert max(abs(a - b) for a, b in zip(traces[0].behaviour_logprobs[0], at_run)) > 0.1
+    assert max(abs(a - b) for a, b in zip(traces[0].behaviour_logprobs[0], at_run, strict=True)) > 0.1
     trainer = make_trainer(model, tok, lr=0.0, micro_batch_size=8)
     m = trainer.step(traces)
     assert m.sequences == 8
@@ -296,7 +296,7 @@ def test_credit_prefill_teaches_the_forced_opening_under_the_prompt_without_it(t
         call = t.model_calls[0]
         call.prompt_ids, call.prefix_tokens, call.reply_prefix = call.prompt_ids + prefix, len(prefix), "<forced>"
     fn = logprob_fn(base, tok.pad_token_id, temperature=1.0, batch_size=8)
-    for t, row in zip(traces, fn([(t.model_calls[0].prompt_ids, t.model_calls[0].completion_ids) for t in traces])):
+    for t, row in zip(traces, fn([(t.model_calls[0].prompt_ids, t.model_calls[0].completion_ids) for t in traces]), strict=True):
         t.behaviour_logprobs = [row]
     winners = [t for t in traces if t.reward > 0]
 
@@ -314,7 +314,7 @@ def test_credit_prefill_teaches_the_forced_opening_under_the_prompt_without_it(t
 
     adv = torch.tensor([1.0 if t.reward > 0 else -1.0 for t in traces])
     seqs = training_sequences(traces, adv, credit_prefill=True)
-    for t, a, s in zip(traces, adv, seqs):
+    for t, a, s in zip(traces, adv, seqs, strict=True):
         call = t.model_calls[0]
         moved = a > 0  # only successes credit the forced opening
         assert (s.completion_ids[:len(prefix)] == prefix) == bool(moved)

@@ -90,4 +90,4 @@ def test_behaviour_logprobs_with_a_shared_prefix_equal_whole_rows(repeats):
     shared = logprob_fn(model, tok.pad_token_id, temperature=1.0, batch_size=4, share_prefix=True)(queries)
     assert repeats and len(whole) == len(shared) == len(queries)
     for a, b in zip(whole, shared, strict=True):
-        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5

@@ -16,16 +16,16 @@ import math
 
 import pytest
 import torch
-from coevo.buffers import ReplayBuffer
-from coevo.trainers.advantages import group_advantages
-from coevo.trainers.logprobs import logprob_fn
 
 from coevo.agent.policy import ChatRequest
 from coevo.agent.trace import ModelCall, Trace
+from coevo.buffers import ReplayBuffer
 from coevo.harness.events import SamplingParams
 from coevo.policy.tiny import tiny_model, tiny_tokenizer
 from coevo.policy.vllm import VLLMPolicy
 from coevo.rundir.records import GRPOMetrics
+from coevo.trainers.advantages import group_advantages
+from coevo.trainers.logprobs import logprob_fn
 from tests.policy.test_vllm_policy import FakeEngine
 from tests.trainers.helpers import make_trainer, synthetic_traces
 

@@ -4,9 +4,9 @@ tokens masked in, with the sampler's log-probs; a call that does not chain ends 
 from __future__ import annotations
 
 import pytest
-from coevo.trainers.trl_rollout import coevo_reward_func, trace_row
 
 from coevo.agent.trace import ModelCall, Trace
+from coevo.trainers.trl_rollout import coevo_reward_func, trace_row
 
 
 def call(prompt: list[int], completion: list[int], *, trainable: bool = True) -> ModelCall:

@@ -4,8 +4,8 @@ built from source, and extends one of these)."""
 from __future__ import annotations
 
 from coevo.harness.library.context import FewShotDemos, InstructionTemplate, SystemPrompt
-from coevo.harness.library.delegation import Specialist
 from coevo.harness.library.control import ArgumentGuard, LoopDetection, ParseRetry, StepBudget
+from coevo.harness.library.delegation import Specialist
 from coevo.harness.library.evaluation import AnswerExtraction, SelfVerification
 from coevo.harness.library.execution import PythonExecutor, ToolTimeout
 from coevo.harness.library.memory import SlidingWindowMemory, SummaryMemory

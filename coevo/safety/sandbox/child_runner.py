@@ -25,8 +25,9 @@ import resource
 import selectors
 import signal
 import time
+from collections.abc import Callable, Mapping, Sequence
 from types import CodeType, MappingProxyType, ModuleType
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from coevo.safety.sandbox.source_policy import ALLOWED_MODULES, check_source
 
