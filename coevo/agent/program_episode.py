@@ -26,10 +26,11 @@ import copy
 import queue
 import time
 import uuid
+from collections.abc import Generator
 
 from coevo.agent.episode import Episode, Job
 from coevo.agent.firing import EpisodeError, fire
-from coevo.agent.policy import ChatRequest
+from coevo.agent.policy import ChatRequest, Generation
 from coevo.agent.trace import ModelCall, Trace
 from coevo.envs.base import Score
 from coevo.envs.program_env import ProgramEnv
@@ -79,7 +80,7 @@ class ProgramEpisodeRun:
                 program.stop()
         return self._finish(time.perf_counter() - start)
 
-    def _serve(self, channel: ModelChannel) -> Episode:
+    def _serve(self, channel: ModelChannel) -> Generator[ChatRequest, Generation, object]:
         """Answer the program's requests until it ends; its score."""
         timeout = float(self.env.program_timeout_s)
         while True:
@@ -98,7 +99,7 @@ class ProgramEpisodeRun:
                 return item.score
             yield from self._answer(item)
 
-    def _answer(self, pending: PendingRequest) -> Episode:
+    def _answer(self, pending: PendingRequest) -> Generator[ChatRequest, Generation, None]:
         try:
             request = read_request(pending.body)
         except MalformedRequest as err:
@@ -173,7 +174,7 @@ class ProgramEpisodeRun:
     def _count(self, key: str, n: int = 1) -> None:
         self.state.usage[key] = self.state.usage.get(key, 0) + n
 
-    def _score(self, score: Score) -> None:
+    def _score(self, score: object) -> None:
         if not isinstance(score, Score):
             raise EpisodeError("program", TypeError(f"scored with a {type(score).__name__}, not a Score"), PROGRAM)
         if not 0.0 <= score.reward <= 1.0:

@@ -29,6 +29,7 @@ left verifiers in 0.4; asking for it is a one-line error naming the version.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
@@ -119,7 +120,8 @@ def _config_type(cls: type, vf: Any) -> type:
     return vf.TasksetConfig
 
 
-def _instruction(prompt: object) -> str:
+def _instruction(prompt: str | list[Any] | None) -> str:
+    """A task's prompt as text: a string, or its typed messages' contents, one a line."""
     if prompt is None:
         return ""
     if isinstance(prompt, str):
@@ -146,7 +148,7 @@ class VerifiersClient:
                                            status_code=400)
                 loop, pending = asyncio.get_running_loop(), channel.submit(body)
                 answered = loop.create_future()
-                pending.when_done(lambda: loop.call_soon_threadsafe(answered.set_result, None))
+                pending.when_done(lambda: _set_soon(loop, answered))
                 await answered  # the episode answers on the runtime's threads; no thread waits here
                 if pending.response is None:
                     raise vf.ProviderError(pending.refusal or "refused", status_code=pending.status)
@@ -156,6 +158,15 @@ class VerifiersClient:
                 """Nothing held: the channel belongs to the episode."""
 
         return Client()
+
+
+def _cancel(future: concurrent.futures.Future[Any]) -> None:
+    future.cancel()
+
+
+def _set_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
+    """Resolve ``future`` on its own loop, from any thread."""
+    loop.call_soon_threadsafe(future.set_result, None)
 
 
 def _response(vf: Any, raw: dict[str, Any], tokens: Any) -> Any:
@@ -239,7 +250,8 @@ class VerifiersEnv(ProgramEnv):
                 return await vf.Agent(config, interception=server).run(vf_task)
 
         future = asyncio.run_coroutine_threadsafe(rollout(), _shared_loop())
-        return run_in_thread(lambda: self._score(future.result()), channel, channel.session_id, stop=future.cancel)
+        return run_in_thread(lambda: self._score(future.result()), channel, channel.session_id,
+                             stop=lambda: _cancel(future))
 
     def _score(self, trace: vf_types.Trace) -> Score:
         if not trace.ok:

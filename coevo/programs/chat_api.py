@@ -104,7 +104,7 @@ def read_request(body: object) -> ProgramRequest:
     messages: list[Message] = []
     for k, m in enumerate(raw_messages):
         where = f"messages[{k}]"
-        role = ROLES.get(m.get("role")) if isinstance(m, dict) else None
+        role = ROLES.get(str(m.get("role"))) if isinstance(m, dict) else None
         if role is None:
             raise MalformedRequest(f"{where}: role must be one of {sorted(ROLES)}")
         text = _text(m.get("content"), where)

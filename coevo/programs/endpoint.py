@@ -46,7 +46,7 @@ class ModelEndpoint:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}" if isinstance(host, str) else f"http://{host.decode()}:{port}"
 
     def base_url(self, session_id: str) -> str:
         """The ``OPENAI_BASE_URL`` of one episode."""
