@@ -17,9 +17,10 @@ test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
 # The code's own checks: ruff's lint rules and import order (pyproject.toml [tool.ruff]) over the code, tests,
-# scripts and examples.
+# scripts and examples; mypy over the core, each file held to scripts/type_baseline.json (it can only shrink).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check coevo trainers buffers kernels tests scripts examples train.py
+	$(PY) scripts/check_types.py
 
 install: $(STAMP)
 
