@@ -73,7 +73,7 @@ class RolloutConfig:
     attempts: int = opt(2, "episodes per task per round: GRPO group members on the current harness, and k of pass@k",
                         ge=1)
     temperature: float = opt(0.7, "sampling temperature set on the harness (0 = greedy; then attempts are identical)",
-                             ge=0, why="0 is greedy")
+                             ge=0, le=10, why="0 is greedy; above a few the samples are uniform noise")
     max_new_tokens: int = opt(160, "completion budget per model call, set on the harness", ge=1)
     keep_truncated: bool = opt(False, "train on completions cut at max_new_tokens too (sets the harness's "
                                "token_annotation.exclude_truncated=false; smoke runs of an untrained model need it)")

@@ -91,8 +91,7 @@ def check_cross_fields(cfg: TrainConfig) -> None:
     e, t = cfg.evolution, cfg.trainer
     if not 0 < t.lr <= MAX_LR[t.optimizer]:
         raise UsageError(f"config trainer.lr={t.lr} is not allowed; it must be in (0, {MAX_LR[t.optimizer]:g}] for "
-                         f"{t.optimizer}: fine-tuning rates are 1e-7..1e-3, and larger steps rewrite the weights "
-                         "(1e30 made them 1e30)")
+                         f"{t.optimizer}: fine-tuning rates are 1e-7..1e-3, and larger steps destroy the weights")
     if e.stat_budget < 2 * e.critic_attempts:
         raise UsageError(f"config evolution.stat_budget={e.stat_budget} must be >= 2 * evolution.critic_attempts "
                          f"({2 * e.critic_attempts}): one paired attempt of parent and candidate")
