@@ -161,6 +161,12 @@ class ZeRO3(Whole):
         zero.backward(self.model, loss)  # the engine's own: accelerate's would also step it
 
     def step(self, max_grad_norm: float) -> float:
+        """DeepSpeed clips inside its own step, at the config's ``gradient_clipping``, set once from
+        ``trainer.max_grad_norm`` (``wrap``); a step asking for another norm is refused rather than
+        silently clipped at the configured one."""
+        if max_grad_norm != self.max_grad_norm:
+            raise ValueError(f"ZeRO-3 clips at gradient_clipping={self.max_grad_norm:g}, set when the model was "
+                             f"wrapped; this step asked for max_grad_norm={max_grad_norm:g}")
         return zero.step(self.model)
 
     def full_state(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any]]:

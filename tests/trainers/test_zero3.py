@@ -167,3 +167,13 @@ def test_a_deepspeed_launch_train_py_cannot_honour_is_refused_in_one_line(tmp_pa
         assert done.returncode != 0
         assert any(line.startswith(why) for line in done.stderr.splitlines()), done.stderr[-3000:]
         assert not (tmp_path / "a" / "config.yaml").exists() and not (tmp_path / "b" / "config.yaml").exists()
+
+
+def test_a_zero3_step_asking_for_another_clipping_norm_is_refused():
+    """DeepSpeed clips at the norm its config was given when the model was wrapped; a step that asks
+    for another one must not be clipped silently at the configured norm."""
+    from coevo.trainers.strategies import ZeRO3
+
+    strategy = ZeRO3(accelerator=None, plugin=None, max_grad_norm=1.0)  # the check runs before any engine call
+    with pytest.raises(ValueError, match=r"clips at gradient_clipping=1, .*max_grad_norm=0.5"):
+        strategy.step(0.5)
