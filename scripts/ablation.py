@@ -146,7 +146,8 @@ def against(results: dict[str, list[list[RoundRecord]]], seeds: Sequence[int], o
 
         def signal(recs: list[list[RoundRecord]], scores: np.ndarray) -> dict[str, list[float | None]]:
             zero = [[r.grpo.zero_variance_fraction if r.grpo else None for r in rec] for rec in recs]
-            return {"zero_variance_by_round": [None if None in col else float(np.mean(col)) for col in zip(*zero, strict=False)],
+            by_round = zip(*zero, strict=False)  # only the rounds every seed reached
+            return {"zero_variance_by_round": [None if None in col else float(np.mean(col)) for col in by_round],
                     "grpo_minutes": float(np.mean([sum(r.seconds.get("grpo", 0.0) for r in rec) / 60 for rec in recs])),
                     "pass_at_1": points(scores, rng)}
         out[mode] = {"seeds": len(seeds), "this": signal(runs, mine_m), "other": signal(theirs, theirs_m),

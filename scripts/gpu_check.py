@@ -142,7 +142,8 @@ def check_transformers(model_name: str, device: str):
                           r.sampling) for r, g in zip(first, a, strict=True)]
         a2, b2 = policy.generate(second), hf.generate(second)
         same = all(x.completion_ids == y.completion_ids for x, y in zip(a + a2, b + b2, strict=True))
-        err = max(abs(u - v) for x, y in zip(a + a2, b + b2, strict=True) for u, v in zip(x.logprobs, y.logprobs, strict=False))
+        pairs = zip(a + a2, b + b2, strict=True)
+        err = max(abs(u - v) for x, y in pairs for u, v in zip(x.logprobs, y.logprobs, strict=False))
         report("cached_engine_vs_generate", temperature=temperature, identical_ids=same, max_abs_logprob_diff=err,
                prompt_tokens=policy.prompt_tokens, computed=policy.prompt_tokens_computed,
                passed=bool(same and err < 1e-4))

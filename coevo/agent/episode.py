@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from coevo.agent.firing import EpisodeError, fire
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.agent.trace import ModelCall, ToolCallRecord, Trace
-from coevo.envs.base import Env, EnvSession, Task
+from coevo.envs.base import Env, EnvSession, Score, Task
 from coevo.envs.deadline import DeadlineExceeded, run_bounded
 from coevo.harness import events as ev
 from coevo.harness.errors import ProcessorContractError
@@ -349,27 +349,36 @@ class EpisodeRun:
             score = self.session.verify(self.state.final_answer)
         except Exception as err:
             raise EpisodeError("env verify", err, "env") from err
-        if not 0.0 <= score.reward <= 1.0:
-            raise EpisodeError("env verify", ValueError(f"reward {score.reward} outside [0, 1]"), "env")
-        self.trace.reward, self.trace.passed = float(score.reward), bool(score.passed)
-        self.trace.verifier_info = dict(score.info)
+        record_score(self.trace, score, "env verify", "env")
 
     def _finish(self, seconds: float) -> Trace:
-        t, s = self.trace, self.state
-        if t.error is not None:
-            t.reward, t.passed, s.trainable = 0.0, False, False
-        t.messages = s.messages
-        t.final_answer = s.final_answer
-        t.replies = list(s.replies)
-        t.stop_reason = s.stop_reason
-        t.trainable = s.trainable
-        t.journal, t.metrics = s.journal, s.metrics
-        t.cost = {
-            "prompt_tokens": s.usage.get("prompt_tokens", 0),
-            "completion_tokens": s.usage.get("completion_tokens", 0),
-            "seconds": round(seconds, 4),
-        }
-        return t
+        return finish_trace(self.trace, self.state, seconds)
+
+
+def record_score(trace: Trace, score: Score, where: str, source: str) -> None:
+    """``score`` on ``trace``; a reward outside [0, 1] fails the episode as ``where``'s error."""
+    if not 0.0 <= score.reward <= 1.0:
+        raise EpisodeError(where, ValueError(f"reward {score.reward} outside [0, 1]"), source)
+    trace.reward, trace.passed = float(score.reward), bool(score.passed)
+    trace.verifier_info = dict(score.info)
+
+
+def finish_trace(t: Trace, s: ev.EpisodeState, seconds: float) -> Trace:
+    """The episode's state copied onto its trace (a failed one scores 0 and is never trained on)."""
+    if t.error is not None:
+        t.reward, t.passed, s.trainable = 0.0, False, False
+    t.messages = s.messages
+    t.final_answer = s.final_answer
+    t.replies = list(s.replies)
+    t.stop_reason = s.stop_reason
+    t.trainable = s.trainable
+    t.journal, t.metrics = s.journal, s.metrics
+    t.cost = {
+        "prompt_tokens": s.usage.get("prompt_tokens", 0),
+        "completion_tokens": s.usage.get("completion_tokens", 0),
+        "seconds": round(seconds, 4),
+    }
+    return t
 
 
 def _close_quietly(session: EnvSession) -> None:

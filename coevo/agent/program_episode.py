@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Generator
 
-from coevo.agent.episode import Episode, Job
+from coevo.agent.episode import Episode, Job, finish_trace, record_score
 from coevo.agent.firing import EpisodeError, fire
 from coevo.agent.policy import ChatRequest, Generation
 from coevo.agent.trace import ModelCall, Trace
@@ -78,7 +78,7 @@ class ProgramEpisodeRun:
             channel.close(f"episode {self.trace.trace_id} is over")
             if program is not None:
                 program.stop()
-        return self._finish(time.perf_counter() - start)
+        return finish_trace(self.trace, self.state, time.perf_counter() - start)
 
     def _serve(self, channel: ModelChannel) -> Generator[ChatRequest, Generation, object]:
         """Answer the program's requests until it ends; its score."""
@@ -177,17 +177,4 @@ class ProgramEpisodeRun:
     def _score(self, score: object) -> None:
         if not isinstance(score, Score):
             raise EpisodeError("program", TypeError(f"scored with a {type(score).__name__}, not a Score"), PROGRAM)
-        if not 0.0 <= score.reward <= 1.0:
-            raise EpisodeError("program", ValueError(f"reward {score.reward} outside [0, 1]"), PROGRAM)
-        self.trace.reward, self.trace.passed = float(score.reward), bool(score.passed)
-        self.trace.verifier_info = dict(score.info)
-
-    def _finish(self, seconds: float) -> Trace:
-        t, s = self.trace, self.state
-        if t.error is not None:
-            t.reward, t.passed, s.trainable = 0.0, False, False
-        t.messages, t.final_answer, t.stop_reason = s.messages, s.final_answer, s.stop_reason
-        t.trainable, t.journal, t.metrics = s.trainable, s.journal, s.metrics
-        t.cost = {"prompt_tokens": s.usage.get("prompt_tokens", 0),
-                  "completion_tokens": s.usage.get("completion_tokens", 0), "seconds": round(seconds, 4)}
-        return t
+        record_score(self.trace, score, "program", PROGRAM)

@@ -93,14 +93,12 @@ class AEGIS:
         max_proposals: int = EvolutionConfig.max_proposals,
         patience: Patience | None = None,
         router: RouteFn | None = None,
-        critic_pool: Mapping[str, Task] | None = None,
-        inert: frozenset[str] = frozenset(),
+        critic_pool: Mapping[str, Task] | None = None, inert: frozenset[str] = frozenset(),
     ) -> None:
         self.meta, self.critic, self.tasks = meta, critic, dict(tasks)
         self.critic_pool, self.references, self.tools = dict(critic_pool or {}), dict(references or {}), list(tools)
         self.variants = VariantSet(base, max_variants=max_variants)
-        self.max_proposals, self.patience, self.router = max_proposals, patience, router
-        self.inert = inert  # processor kinds that change nothing on this agent (PlanContext.inert)
+        self.max_proposals, self.patience, self.router, self.inert = max_proposals, patience, router, inert
         self.pool = SnapshotPool()
         self.pool.add(base, round=-1, variant=BASE, score=0.0, verdict="starting harness")
         self.monitors = Monitors()

@@ -174,10 +174,9 @@ def _format_system_prompt(cluster: Cluster, harness: Harness, context: PlanConte
     template = FORMAT_PROMPT
     if context.tools:
         template += "\nTools you can call: " + ", ".join(sorted(context.tools)) + "."
-    if find_kind(harness, "system_prompt") is None:  # a program's harness: the program wrote the prompt so far
-        edit = insert_edit(harness, SystemPrompt(template=template))
-    else:
-        edit = set_edit(harness, "system_prompt", "template", template)
+    present = find_kind(harness, "system_prompt")  # absent from a program's harness: the program wrote its own
+    edit = (set_edit(harness, "system_prompt", "template", template) if present
+            else insert_edit(harness, SystemPrompt(template=template)))
     why = f"{_n_tasks(cluster)}: a system prompt stating the exact <answer> and <tool_call> formats"
     return (why, [edit]) if edit else None
 

@@ -498,9 +498,9 @@ def test_run_attempts_groups_traces_per_task_in_the_order_run_episodes_gives():
     groups = run_attempts(tasks, [base_harness(), other, base_harness(), other], numbering(), env, attempts=3,
                           variant=["base", "v1", "base", "v1"], trace_id=lambda t, a: f"x-{t.task_id}-{a}",
                           batch_size=5, workers=2, max_steps=4, on_trace=seen.append)
+    harnesses, variants = [base_harness(), other, base_harness(), other], ["base", "v1", "base", "v1"]
     jobs = [Job(t, h, variant=v, trace_id=f"x-{t.task_id}-{a}")
-            for t, h, v in zip(tasks, [base_harness(), other, base_harness(), other], ["base", "v1", "base", "v1"], strict=True)
-            for a in range(3)]
+            for t, h, v in zip(tasks, harnesses, variants, strict=True) for a in range(3)]
     by_hand = run_episodes(jobs, numbering(), env, batch_size=5, workers=2, max_steps=4)
     assert [len(g) for g in groups] == [3, 3, 3, 3] and len(seen) == 12
     flat = [t for g in groups for t in g]

@@ -4,11 +4,7 @@ arrive as the library defines them (examples/ecosystem_envs.py). verifiers 0.4 t
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -17,10 +13,10 @@ from coevo.agent.policy import ScriptedPolicy
 from coevo.agent.rollouts import RolloutService
 from coevo.envs import ENVS
 from coevo.harness.defaults import BUILTIN_HARNESSES
+from tests.train_round import one_round
 
 pytest.importorskip("skyrl_gym")
 
-ROOT = Path(__file__).resolve().parents[2]
 GSM8K_ROWS = "examples.ecosystem_envs:gsm8k_rows"
 
 
@@ -88,15 +84,8 @@ def test_coevo_eval_runs_an_ecosystem_env_by_name(tmp_path):
 
 @pytest.mark.slow
 def test_train_py_runs_a_round_on_skyrl_gym_as_the_readme_writes_it(tmp_path):
-    overrides = ["env=skyrl_gym", f"env.args.rows={GSM8K_ROWS}", "env.args.env_class=gsm8k", "model=tiny",
-                 "trainer=grpo", "rounds=1", "batch_tasks=2",
-                 "rollout.attempts=2", "val_limit=2", "rollout.max_new_tokens=16", "rollout.keep_truncated=true",
-                 "rollout.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (record,) = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    record = one_round(tmp_path, "env=skyrl_gym", f"env.args.rows={GSM8K_ROWS}", "env.args.env_class=gsm8k",
+                       "val_limit=2", "rollout.max_new_tokens=16")
     assert record["train"]["n_traces"] == 4
     assert all(t.startswith("gsm8k-") for t in record["train"]["outcomes"])
 

@@ -15,6 +15,7 @@ from coevo.envs import ENVS
 from coevo.envs.openenv_env import parse_action
 from coevo.errors import UsageError
 from coevo.harness.defaults import function_calling_harness
+from tests.train_round import one_round
 
 pytest.importorskip("openenv")
 
@@ -91,20 +92,7 @@ def test_coevo_eval_runs_an_openenv_environment_by_name(tmp_path):
 
 @pytest.mark.slow
 def test_train_py_runs_a_round_on_an_openenv_environment_as_the_readme_writes_it(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    overrides = ["env=openenv", "harness=function_calling", "model=tiny", "trainer=grpo", "rounds=1", "batch_tasks=2",
-                 "rollout.attempts=2", "val_limit=1", "rollout.max_new_tokens=8", "rollout.keep_truncated=true",
-                 "rollout.max_steps=2", "evolution.stat_tasks=2", "evolution.stat_budget=4",
-                 f"hydra.run.dir={tmp_path / 'run'}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    out = subprocess.run([sys.executable, str(root / "train.py"), *overrides], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (record,) = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    record = one_round(tmp_path, "env=openenv", "harness=function_calling", "val_limit=1", "rollout.max_new_tokens=8",
+                       "evolution.stat_tasks=2", "evolution.stat_budget=4")
     assert record["train"]["n_traces"] == 4 and record["infra_failures"]["count"] == 0
     assert all(t.startswith("guess-") for t in record["train"]["outcomes"])

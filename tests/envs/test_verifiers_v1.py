@@ -5,11 +5,7 @@ interception server (examples/verifiers_v1/arith.py; no hub download, no sandbox
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -20,10 +16,10 @@ from coevo.envs import ENVS
 from coevo.errors import UsageError
 from coevo.harness.defaults import program_harness
 from coevo.policy.tiny import tiny_policy
+from tests.train_round import one_round
 
 pytest.importorskip("verifiers.v1")
 
-ROOT = Path(__file__).resolve().parents[2]
 ARITH = "examples.verifiers_v1.arith:ArithTaskset"
 
 
@@ -99,15 +95,8 @@ def test_coevo_eval_runs_a_v1_taskset_by_name(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("harness", ["null", "bash"])
 def test_train_py_runs_a_round_on_a_v1_taskset_as_the_readme_writes_it(tmp_path, harness):
-    overrides = ["env=verifiers", f"env.args.harness={harness}", "harness=program", "model=tiny", "trainer=grpo",
-                 "rounds=1", "batch_tasks=2", "rollout.attempts=2", "val_limit=2", "rollout.max_new_tokens=16",
-                 "rollout.keep_truncated=true", "rollout.max_steps=2", "evolution.stat_tasks=4",
-                 "evolution.stat_budget=8", f"hydra.run.dir={tmp_path / 'run'}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (record,) = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    record = one_round(tmp_path, "env=verifiers", f"env.args.harness={harness}", "harness=program", "val_limit=2",
+                       "rollout.max_new_tokens=16", "evolution.stat_tasks=4", "evolution.stat_budget=8")
     assert record["train"]["n_traces"] == 4 and record["infra_failures"]["count"] == 0
     assert all(t.startswith("arith-") for t in record["train"]["outcomes"])
 

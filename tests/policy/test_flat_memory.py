@@ -105,8 +105,9 @@ def test_the_prefix_cache_gives_way_so_cache_and_batch_stay_within_one_budget(mo
 
     def spy(model, prompts, past, *, max_new_tokens, keep_from=None, **kwargs):
         cached = keep_from or [0] * len(prompts)
-        batch = len(prompts) * (max(cached) + max(len(p) - c for p, c in zip(prompts, cached, strict=True)) + max_new_tokens)
-        batch += sum(len(p) - c + max_new_tokens for p, c in zip(prompts, cached, strict=True))  # the copies kept for the cache
+        fresh = [len(p) - c for p, c in zip(prompts, cached, strict=True)]  # tokens of each prompt not cached
+        batch = len(prompts) * (max(cached) + max(fresh) + max_new_tokens)
+        batch += sum(f + max_new_tokens for f in fresh)  # the copies kept for the cache
         held.append(shared.cache.nbytes // per_token + batch)
         return original(model, prompts, past, max_new_tokens=max_new_tokens, keep_from=keep_from, **kwargs)
 

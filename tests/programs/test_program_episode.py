@@ -19,6 +19,7 @@ from coevo.harness.defaults import program_harness
 from coevo.policy.tiny import tiny_policy
 from coevo.programs.channel import ModelChannel
 from coevo.programs.endpoint import ModelEndpoint
+from tests.train_round import ROOT, one_round
 
 CALCULATOR_AGENT = "python examples/programs/calculator_agent.py"
 
@@ -197,18 +198,6 @@ def test_the_endpoint_routes_by_path_bearer_or_header_and_refuses_unknown_sessio
 
 @pytest.mark.slow
 def test_train_py_runs_a_round_of_an_openai_program_as_the_docs_write_it(tmp_path):
-    import os
-    import subprocess
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    overrides = ["env=program", "harness=program", "model=tiny", "trainer=grpo", "rounds=1", "batch_tasks=2",
-                 "rollout.attempts=2", "val_limit=1", "rollout.max_new_tokens=8", "rollout.keep_truncated=true",
-                 "rollout.max_steps=2", "evolution.stat_tasks=2", "evolution.stat_budget=4",
-                 f"hydra.run.dir={tmp_path / 'run'}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    out = subprocess.run([sys.executable, str(root / "train.py"), *overrides], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (record,) = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    record = one_round(tmp_path, "env=program", "harness=program", "val_limit=1", "rollout.max_new_tokens=8",
+                       "evolution.stat_tasks=2", "evolution.stat_budget=4", cwd=ROOT)  # the command's path is relative
     assert record["train"]["n_traces"] == 4 and record["infra_failures"]["count"] == 0
