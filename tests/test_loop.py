@@ -207,12 +207,12 @@ def _comparable_traces(run_dir: Path) -> list[tuple]:
 
 
 def _stable(value):
-    """A record without its wall-clock fields (everything else must be reproduced exactly), and the
+    """A record without its wall-clock and memory fields (everything else must be reproduced exactly), and the
     sampler/trainer mismatch at the 5 decimals the log-probs it is made of are compared at (a
     round re-run after a kill recomputes them in a fresh process: ~1e-7 apart)."""
     if isinstance(value, dict):
         return {k: round(v, 5) if k.startswith("sampler_mismatch") and v is not None else _stable(v)
-                for k, v in value.items() if k not in ("seconds", "tokens_per_s", "generation_seconds")}
+                for k, v in value.items() if k not in ("seconds", "tokens_per_s", "generation_seconds", "peak_rss_mb")}
     if isinstance(value, list):
         return [_stable(v) for v in value]
     return value

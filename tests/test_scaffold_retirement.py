@@ -237,10 +237,10 @@ def test_a_training_run_puts_episodes_without_the_scaffolding_in_their_tasks_gro
     seen: dict[int, list[Trace]] = {}
     original = AEGIS.evolve
 
-    def evolve(self, traces, *, round, withheld=(), unscaffolded=()):
+    def evolve(self, traces, *, round, withheld=(), unscaffolded=(), weights=0):
         seen[round] = list(unscaffolded)
         assert all(t.variant != "unscaffolded" for t in traces)  # no variant's traces
-        return original(self, traces, round=round, withheld=withheld, unscaffolded=unscaffolded)
+        return original(self, traces, round=round, withheld=withheld, unscaffolded=unscaffolded, weights=weights)
 
     monkeypatch.setattr(AEGIS, "evolve", evolve)
     common = ("mode=coevolve", f"harness.start={SCAFFOLDED}")

@@ -129,6 +129,8 @@ class GRPOTrainer:
             raise ValueError("micro_batch_size and micro_batch_tokens must be >= 1")
         self.accelerator = accelerator or Accelerator()
         self.strategy = strategy_for(c.sharding, self.accelerator, max_grad_norm=c.max_grad_norm)
+        if c.gradient_checkpointing:  # non-reentrant: LoRA's frozen inputs need no requires_grad hook
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.strategy.prepare_model(model, reshard_after_forward=reshard_after_forward)  # before the optimizer
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
@@ -152,7 +154,8 @@ class GRPOTrainer:
         self.beta, self.tis_cap, self.loss_horizon = c.beta, c.tis_cap, loss_horizon
         self.crediting = {k: getattr(c, k) for k in ("credit_prefill", "distill_demos", "distill_prompt")}
         self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, c.scale_by_std, drop_zero_variance
-        self.pack_calls, self.share_prefix = pack_calls, share_prefix
+        # a checkpointed layer drops the KV cache the shared-prompt pass hands it (GradientCheckpointingLayer)
+        self.pack_calls, self.share_prefix = pack_calls, share_prefix and not c.gradient_checkpointing
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
 
     @property

@@ -15,9 +15,12 @@ Two kinds of gate follow (``gate``):
   enough evidence is *undecided*: its pairs are kept (``evidence``, keyed by parent and
   candidate) and pooled with those of its next judgement; once the pooled episodes reach
   ``max_episodes`` it is rejected for no effect. A rejected edit keeps its pairs too, so one
-  proposed again continues the same test instead of restarting it. Fresh parent runs matter: the batch's own
-  outcomes chose the claimed tasks for failing and would flatter any edit by regression to
-  the mean, so they only pick tasks here.
+  proposed again continues the same test instead of restarting it. A scaffold layer's shed is the
+  exception: its effect is the weights' (they are trained every round to do without the layer),
+  so its pairs are pooled only under the weights that produced them (``weights``), it is judged
+  on ``SHED_EPISODES`` in one go, and a rejection holds only until the weights change. Fresh
+  parent runs matter: the batch's own outcomes chose the claimed tasks for failing and would
+  flatter any edit by regression to the mean, so they only pick tasks here.
 - ``seesaw`` / ``performance`` / ``both`` (HarnessX, HarnessEvolve): the candidate is re-run on
   the tasks it claims (its scope) plus every task that passed before, ``k`` attempts each, and
   compared with the batch's outcomes per task under pass@k.
@@ -82,6 +85,14 @@ GATES = {
 STAT_MAX_EPISODES = 256
 """Statistical gate: pooled episodes (every judgement of an edit together) after which an edit still
 undecided is rejected for no effect; also the most one decision may spend (``evolution.stat_budget``)."""
+SHED_EPISODES = 192
+"""Statistical gate: episodes a scaffold layer's shed is judged on, under one set of weights. Its
+pairs cannot pool across rounds (the weights it depends on change in between), so one judgement
+must bound the loss within the margin by itself: at 96 pairs, a shed that costs nothing (about a
+third of the pairs discordant, half of them losses) bounds it at ~7.5 points, inside the 10-point
+margin; at the default 64 episodes (32 pairs) even an even split bounds it only at ~10.5 points,
+so a shed was never decided in one round and its pooled evidence mixed weights that had not yet
+learned to do without the layer with weights that had."""
 STAT_CONFIRM_ATTEMPTS = 4
 """Statistical gate: paired re-runs of a task that flipped pass→fail before it counts as a
 regression (which rejects); 4 is the fewest whose sign test can reach ``STAT_ALPHA`` = 0.1
@@ -199,6 +210,7 @@ class Critic:
         allowed: Sequence[str] = (),
         round: int = 0,
         extra: Mapping[str, Task] | None = None,
+        weights: int = 0,
     ) -> tuple[Verdict, Harness | None]:
         """Build, gate and re-run ``proposal`` against ``parent``; returns the verdict and the
         candidate harness (None when it did not build).
@@ -206,7 +218,8 @@ class Critic:
         ``before``: outcomes of the parent on this round's batch (task id → k attempts);
         ``tasks``: those tasks by id. ``extra``: other train tasks the statistical gate may judge
         on (never validation or test tasks, nor the tasks whose references are offered as
-        demonstrations). ``allowed``: see ``quality``.
+        demonstrations). ``allowed``: see ``quality``. ``weights``: the version of the model the
+        re-runs sample from, which a shed's evidence is pooled under (``SHED_EPISODES``).
         """
         verdict = Verdict(proposal=proposal, parent_id=parent.id, candidate_id=None, variant=proposal.variant,
                           ship=False, reason="", round=round)
@@ -220,8 +233,12 @@ class Critic:
         failed_before = [tid for tid, outs in before.items() if not any(outs)]
         scope = [tid for tid in proposal.target_tasks if tid in before] or failed_before
         known = {**(extra or {}), **tasks}
+        shed = candidate.id == without_outer_scaffold(parent).id != parent.id
+        budget = max(self.budget, min(SHED_EPISODES, self.max_episodes)) if shed else self.budget
         if self.gate == "stat":
-            evaluated = self._stat_tasks(scope, passed_before, [*before, *(extra or {})], parent, candidate, round)
+            n_tasks = max(self.n_tasks, budget // (2 * self.k)) if shed else self.n_tasks
+            evaluated = self._stat_tasks(scope, passed_before, [*before, *(extra or {})], parent, candidate, round,
+                                         n_tasks)
         else:
             evaluated = sorted(set(scope) | set(passed_before))
         verdict.quality = self.quality(proposal, parent, {tid: known[tid] for tid in evaluated}, failed_before,
@@ -230,9 +247,11 @@ class Critic:
             verdict.gate, verdict.reason = "quality", verdict.quality.reason
             return verdict, candidate
         # a leaner harness needs no gain to ship, only no harm: processors removed, or a scaffold layer shed
-        removal = proposal.removes_only or candidate.id == without_outer_scaffold(parent).id != parent.id
+        removal = proposal.removes_only or shed
         if self.gate == "stat":
-            self._judge_stat(verdict, parent, candidate, [known[tid] for tid in evaluated], removal)
+            key = f"{parent.id}>{candidate.id}" + (f"@{weights}" if shed else "")
+            self._judge_stat(verdict, parent, candidate, [known[tid] for tid in evaluated], removal, key, budget,
+                             cap=budget if shed else self.max_episodes)
             log.info("critic %s %s: %s", "ships" if verdict.ship else "rejects" if not verdict.undecided
                      else "keeps undecided", candidate.id, verdict.reason)
             return verdict, candidate
@@ -253,22 +272,24 @@ class Critic:
 
     # ------------------------------------------------------------------ statistical gate
     def _stat_tasks(self, scope: Sequence[str], passed_before: Sequence[str], available: Sequence[str],
-                    parent: Harness, candidate: Harness, round: int) -> list[str]:
+                    parent: Harness, candidate: Harness, round: int, n_tasks: int) -> list[str]:
         """The claimed tasks, then those that passed before, then a seeded sample of the other
         available tasks up to ``n_tasks``; a short stage runs the head of this list."""
         core = list(dict.fromkeys([*sorted(scope), *sorted(passed_before)]))
         others = sorted(set(available) - set(core))
         seed = hashlib.sha256(f"{round}:{parent.id}:{candidate.id}".encode()).hexdigest()
         random.Random(seed).shuffle(others)
-        return core + others[: max(0, self.n_tasks - len(core))]
+        return core + others[: max(0, n_tasks - len(core))]
 
     def _judge_stat(self, verdict: Verdict, parent: Harness, candidate: Harness, tasks: list[Task],
-                    removal: bool = False) -> None:
+                    removal: bool, key: str, budget: int, cap: int) -> None:
         """Stages of ``k`` paired attempts per task until ``stat_gate`` decides or the
         budget is spent; apparent regressions are re-run in between. Fills ``verdict``. A
         ``removal`` (an edit that only removes processors or sheds a scaffold layer, such as the
         demonstration nearest the task) is judged by ``noninferiority_gate``,
-        which ships only once this judgement's budget is spent."""
+        which ships only once this judgement's budget is spent. ``key``: what the pairs are pooled
+        under (``evidence``); ``budget``: the episodes this judgement may spend; ``cap``: the pooled
+        episodes after which an edit still undecided is rejected."""
         def decide(final: bool, exhausted: bool = False) -> StatResult:
             if removal:
                 return noninferiority_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, final=final,
@@ -276,7 +297,6 @@ class Critic:
             return stat_gate(pooled.pairs, regressions=confirmed, alpha=self.alpha, beta=self.beta,
                              win_share=self.win_share, exhausted=exhausted)
 
-        key = f"{parent.id}>{candidate.id}"
         pooled = self.evidence.setdefault(key, PooledPairs())
         pooled.judged += 1
         by_id = {t.task_id: t for t in tasks}
@@ -286,7 +306,7 @@ class Critic:
         confirmations: dict[str, dict[str, Any]] = {}
         result = None
         while True:
-            stage = tasks[: (self.budget - spent) // (2 * self.k)]
+            stage = tasks[: (budget - spent) // (2 * self.k)]
             if not stage:
                 break
             pairs, dropped = self._paired(parent, candidate, stage, self.k)
@@ -294,7 +314,7 @@ class Critic:
             pooled.add(pairs)
             suspects = [tid for tid in pairs if tid not in checked and apparent_regression(pairs[tid])]
             for tid in sorted(suspects, key=lambda t: -pair_counts(pairs[t]).losses):
-                if not self.confirm_attempts or self.budget - spent < 2 * self.confirm_attempts:
+                if not self.confirm_attempts or budget - spent < 2 * self.confirm_attempts:
                     break
                 fresh, dropped = self._paired(parent, candidate, [by_id[tid]], self.confirm_attempts)
                 spent, infra = spent + 2 * self.confirm_attempts, infra + dropped
@@ -306,12 +326,12 @@ class Critic:
                                       "confirmed": is_confirmed}
                 if is_confirmed:
                     confirmed.append(tid)
-            result = decide(final=not tasks[: (self.budget - spent) // (2 * self.k)])
+            result = decide(final=not tasks[: (budget - spent) // (2 * self.k)])
             if result.decision != "undecided":
                 break
         pooled.episodes += spent
         if result is None or result.decision == "undecided":
-            result = decide(final=True, exhausted=pooled.episodes >= self.max_episodes)
+            result = decide(final=True, exhausted=pooled.episodes >= cap)
         if result.decision == "ship":  # the parent is replaced: nothing will be compared with it again
             del self.evidence[key]
         counts = {tid: pair_counts(ps) for tid, ps in pooled.pairs.items()}
@@ -322,10 +342,10 @@ class Critic:
         verdict.ship, verdict.undecided = result.decision == "ship", result.decision == "undecided"
         verdict.gate = "stat"
         verdict.evidence = replace(
-            result.evidence, decision=result.decision, episodes=spent, budget=self.budget,
-            pooled_episodes=pooled.episodes, max_episodes=self.max_episodes, judged=pooled.judged,
+            result.evidence, decision=result.decision, episodes=spent, budget=budget,
+            pooled_episodes=pooled.episodes, max_episodes=cap, judged=pooled.judged,
             confirmations=confirmations, infra_left_out=infra)
-        verdict.reason = (f"{result.reason}; {spent}/{self.budget} episodes this time, {pooled.episodes} pooled "
+        verdict.reason = (f"{result.reason}; {spent}/{budget} episodes this time, {pooled.episodes} pooled "
                           f"over {pooled.judged} judgement(s)"
                           + (f"; {infra} pair(s) with an infrastructure failure left out" if infra else ""))
 

@@ -49,7 +49,7 @@ from coevo.evolution.types import HarnessEvent
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.edit_record import edits_key
 from coevo.harness.harness import Harness
-from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold
+from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold, without_outer_scaffold
 from coevo.rundir.evolve_records import Digest, EvolveReport, Proposal, Verdict
 
 log = logging.getLogger("coevo.evolution")
@@ -158,7 +158,7 @@ class AEGIS:
 
     # ------------------------------------------------------------------ one round
     def evolve(self, traces: Sequence[Trace], *, round: int, withheld: Collection[str] = (),
-               unscaffolded: Sequence[Trace] = ()) -> tuple[EvolveReport, list[HarnessEvent]]:
+               unscaffolded: Sequence[Trace] = (), weights: int = 0) -> tuple[EvolveReport, list[HarnessEvent]]:
         """Digest, propose, judge and ship, per variant, from this round's traces: the round's report
         (what the run directory records) and the harness events (shipped, spawned, rejected).
 
@@ -171,6 +171,9 @@ class AEGIS:
         round's episodes of the same tasks under each variant's harness without its scaffolding
         (``coevo.harness.scaffold``); each variant's digest reports them (``Digest.scaffold``), and
         the Planner may propose retiring the scaffolding from them. They are no variant's traces.
+        ``weights``: the model version the round sampled from; a scaffold layer's shed is judged
+        under it, and a shed rejected under one version is proposed again under the next
+        (``coevo.evolution.critic.SHED_EPISODES``).
         """
         report, events = EvolveReport(round=round), []
         by_variant: dict[str, list[Trace]] = defaultdict(list)
@@ -202,7 +205,7 @@ class AEGIS:
                 report.warnings.append(f"variant {variant}: all {len(vtraces)} traces are infrastructure failures")
                 continue
             if stopped is None and (dig.n_failed or dig.scaffold is not None):
-                events += self._evolve_variant(variant, dig, dict(outcomes), report, set(withheld))
+                events += self._evolve_variant(variant, dig, dict(outcomes), report, set(withheld), weights)
             self._remember_batch(variant, dict(outcomes))
             shipped = next((v for v in report.verdicts if v.ship and v.variant == variant), None)
             alerts = self.monitors.observe_round(
@@ -215,12 +218,13 @@ class AEGIS:
         return report, events
 
     def _evolve_variant(self, variant: str, dig: Digest, before: dict[str, list[bool]], report: EvolveReport,
-                        withheld: set[str]) -> list[HarnessEvent]:
+                        withheld: set[str], weights: int) -> list[HarnessEvent]:
         parent = self.variants.harnesses[variant]
         exclude = set(before) | withheld
         context = PlanContext(
             round=report.round, variant=variant, priorities=self.monitors.priorities(), tools=self.tools,
-            rejected=set(self.rejected[variant]), demos=fresh_demos(self.references, exclude, self.spent_demos),
+            rejected=self._rejected_under(variant, weights),
+            demos=fresh_demos(self.references, exclude, self.spent_demos),
             lessons=list(self.design_lessons.items), max_proposals=self.max_proposals, inert=self.inert,
         )
         # undecided edits of this parent are judged again first; those of a replaced parent are dropped
@@ -245,8 +249,8 @@ class AEGIS:
         for proposal in proposals:
             proposal.variant = variant
             verdict, candidate = self._judge_with_revisions(proposal, parent, dig, context, before, tasks, recent,
-                                                            report, extra)
-            self._record_verdict(verdict, parent, report)
+                                                            report, extra, weights)
+            self._record_verdict(verdict, parent, report, weights)
             self._keep_if_undecided(variant, parent.id, proposal, verdict)
             if verdict.ship and candidate is not None:
                 self.variants.harnesses[variant] = candidate
@@ -267,13 +271,14 @@ class AEGIS:
 
     def _judge_with_revisions(self, proposal: Proposal, parent: Harness, dig: Digest, context: PlanContext,
                               before: dict[str, list[bool]], tasks: dict[str, Task], recent: list[RecentBatch],
-                              report: EvolveReport, extra: dict[str, Task]) -> tuple[Verdict, Harness | None]:
+                              report: EvolveReport, extra: dict[str, Task], weights: int
+                              ) -> tuple[Verdict, Harness | None]:
         """Build and quality rejections go back to the meta-agent, up to ``max_revisions`` times."""
         while True:
             start = time.perf_counter()
             verdict, candidate = self.critic.judge(proposal, parent, before=before, tasks=tasks, recent=recent,
                                                    allowed=[demo_question(d) for d in context.demos],
-                                                   round=report.round, extra=extra)
+                                                   round=report.round, extra=extra, weights=weights)
             report.seconds["critic"] = report.seconds.get("critic", 0.0) + time.perf_counter() - start
             if verdict.gate not in ("build", "quality") or proposal.revision >= MAX_REVISIONS:
                 return verdict, candidate
@@ -284,7 +289,7 @@ class AEGIS:
                                      parent, context)
             if revised is None:  # the caller records the verdict that stands
                 return verdict, candidate
-            self._record_verdict(verdict, parent, report)
+            self._record_verdict(verdict, parent, report, weights)
             revised.variant, revised.revision = proposal.variant, proposal.revision + 1
             proposal = revised
 
@@ -302,11 +307,21 @@ class AEGIS:
             report.warnings.append(message)
             return None
 
-    def _record_verdict(self, verdict: Verdict, parent: Harness, report: EvolveReport) -> None:
+    def _rejected_under(self, variant: str, weights: int) -> set[str]:
+        """The variant's rejected proposal keys that stand under ``weights``: every edit's, and a
+        shed's only when it was rejected under these weights."""
+        held, mark = self.rejected[variant], f"@{weights} "  # a key is JSON: "[..."; a shed's "@<weights> [..."
+        return {k for k in held if not k.startswith("@")} | {k[len(mark):] for k in held if k.startswith(mark)}
+
+    def _record_verdict(self, verdict: Verdict, parent: Harness, report: EvolveReport, weights: int) -> None:
+        """The verdict in the round's report and the history; a rejection is remembered, a shed's
+        only under the weights it was judged with (another version may have learned the layer)."""
         report.verdicts.append(verdict)
         self.history.append(verdict.to_dict())
         if not verdict.ship and not verdict.undecided:
-            self.rejected[verdict.variant].add(verdict.proposal.key())
+            shed = verdict.candidate_id is not None and verdict.candidate_id == without_outer_scaffold(parent).id
+            key = verdict.proposal.key()
+            self.rejected[verdict.variant].add(f"@{weights} {key}" if shed else key)
             self.spent_demos |= shown_questions(verdict.proposal)
         report.warnings += [a.message for a in self.monitors.observe_verdict(verdict, harness_before=parent)]
         edits = ", ".join(e.describe() for e in verdict.proposal.edits)

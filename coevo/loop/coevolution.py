@@ -209,6 +209,7 @@ class Coevolution:
         with clock("checkpoint"):
             self._commit()
         record.seconds = clock.close()
+        record.peak_rss_mb = dict(clock.peak_mb)
         self._write_logs()  # the timing fields of the last record are known only now
         self.tracker.log_round(record)
         if evolved is not None and evolved.verdicts:
@@ -240,7 +241,9 @@ class Coevolution:
         train); at an epoch's end, the best snapshot on validation."""
         self.rollouts.begin_critic(r)  # the Critic's re-runs go on from here
         withheld = self.withheld(r)
-        evolved, events = self.aegis.evolve(traces, round=r, withheld=withheld, unscaffolded=bare)
+        with clock("evolve", timed=False):  # its time is digest, plan and critic, from the report
+            evolved, events = self.aegis.evolve(traces, round=r, withheld=withheld, unscaffolded=bare,
+                                                weights=version)
         critic_ids: set[str] = set()
         if self.training is not None and self.training.critic_traces:
             with clock("logprobs"):

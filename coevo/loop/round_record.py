@@ -12,6 +12,7 @@ from typing import Any
 from coevo.agent.outcomes import task_outcomes
 from coevo.agent.rollouts import infra_failures, tool_use_rate, trace_tokens
 from coevo.agent.trace import Trace
+from coevo.policy.heap import high_water_mb, reset_high_water
 from coevo.rundir.evolve_records import EvolveReport
 from coevo.rundir.records import (
     BufferStats,
@@ -24,24 +25,47 @@ from coevo.rundir.records import (
 
 
 class PhaseClock:
-    """Wall seconds per phase of one round: ``with clock("grpo"):`` adds the block's time to its
-    phase (a phase timed twice, e.g. snapshot selection then validation under "eval", sums), and
-    ``close`` adds "total" and "other" (the time in no phase), so the phases sum to the total."""
+    """Wall seconds and peak resident memory per phase of one round: ``with clock("grpo"):`` adds the
+    block's time to its phase (a phase timed twice, e.g. snapshot selection then validation under
+    "eval", sums), and ``close`` adds "total" and "other" (the time in no phase), so the phases sum
+    to the total. ``with clock("evolve", timed=False):`` tracks only the memory of a block whose
+    time other phases already count. ``peak_mb``: the highest resident memory (MB) seen inside
+    each phase, phases nested in it included, and in "other" between phases; empty where the
+    kernel does not keep a resettable peak (``coevo.policy.heap``)."""
 
     def __init__(self) -> None:
         self.began = time.perf_counter()
         self.seconds: dict[str, float] = defaultdict(float)
+        self.peak_mb: dict[str, float] = {}
+        self._open: list[str] = []  # the phases the current block is inside, outermost first
+        self._tracks = reset_high_water()
+
+    def _fold_peak(self) -> None:
+        """The peak since the last reset, credited to every open phase (or "other"), then reset."""
+        if not self._tracks:
+            return
+        peak = high_water_mb()
+        if peak is not None:
+            for phase in self._open or ["other"]:
+                self.peak_mb[phase] = round(max(self.peak_mb.get(phase, 0.0), peak), 1)
+        reset_high_water()
 
     @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
+    def __call__(self, phase: str, *, timed: bool = True) -> Iterator[None]:
+        self._fold_peak()
+        self._open.append(phase)
         tick = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds[phase] += time.perf_counter() - tick
+            if timed:
+                self.seconds[phase] += time.perf_counter() - tick
+            self._fold_peak()
+            self._open.remove(phase)
 
     def close(self) -> dict[str, float]:
         """The phases with "total" and "other" added."""
+        self._fold_peak()
         total = time.perf_counter() - self.began
         return {**self.seconds, "total": total, "other": max(0.0, total - sum(self.seconds.values()))}
 

@@ -5,6 +5,10 @@ them when it ends; glibc keeps freed memory in its arenas instead of returning i
 trim the process grows to the high-water mark of every batch so far, not of what is alive.
 Measured on the BFCL-sized eval (docs/PERF.md): a trim after each batch took its peak from about
 2.1 to 1.8-2.0 GiB at the same speed. Nothing happens where the C library is not glibc.
+
+Also the process's peak resident memory, which the loop reads phase by phase (``PhaseClock``): the
+kernel's high-water mark, reset at each phase's start, so a round's record says which phase set
+its peak (rollout, the Critic's re-runs, the GRPO step) without a sampler thread.
 """
 
 from __future__ import annotations
@@ -28,3 +32,29 @@ def trim_heap() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+_STATUS, _CLEAR_REFS = "/proc/self/status", "/proc/self/clear_refs"
+
+
+def high_water_mb() -> float | None:
+    """The process's peak resident memory since the last ``reset_high_water`` (Linux's ``VmHWM``,
+    which the kernel keeps exactly: no sampling misses a short spike), in MB (10^6 bytes); None
+    where /proc does not say."""
+    try:
+        with open(_STATUS) as f:
+            line = next((x for x in f if x.startswith("VmHWM:")), None)
+    except OSError:
+        return None
+    return int(line.split()[1]) * 1024 / 1e6 if line else None
+
+
+def reset_high_water() -> bool:
+    """Start a new peak at the current resident memory (writing 5 to ``/proc/self/clear_refs``);
+    False where the kernel does not allow it (the peak then runs from the process's start)."""
+    try:
+        with open(_CLEAR_REFS, "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True

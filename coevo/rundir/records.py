@@ -179,6 +179,7 @@ class RoundRecord(Record):
     meta_tokens: JSONDict  # TokenLedger.as_dict() (cumulative)
     buffer: BufferStats | None
     unscaffolded: TrainStats | None = None  # the episodes without the scaffolding (rollout.unscaffolded_attempts)
+    peak_rss_mb: dict[Str, Float] = field(default_factory=dict)  # phase → peak resident MB (PhaseClock.peak_mb)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
