@@ -54,6 +54,7 @@ from typing import Any
 from coevo.agent.policy import Policy
 from coevo.report.experiment import markdown_table
 from coevo.report.stats import wilson
+from coevo.rundir.evolve_records import Evidence, Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,8 +89,8 @@ class Setup:
 
 
 @dataclass
-class Decision:
-    decision: str  # ship | reject | undecided
+class Judgement:
+    outcome: Outcome
     episodes: int
     seconds: float
     wins: int
@@ -104,12 +105,12 @@ class Decision:
 class Run:
     edit: str
     seed: int
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: list[Judgement] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
-    def outcome(self) -> str:
-        return self.decisions[-1].decision
+    def outcome(self) -> Outcome:
+        return self.decisions[-1].outcome
 
 
 def compose(overrides: Sequence[str]) -> Any:
@@ -261,7 +262,6 @@ def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> 
     from coevo.agent.rollouts import RolloutService
     from coevo.evolution.meta_agent import demo_question
     from coevo.loop.builders import make_critic
-    from coevo.rundir.evolve_records import Evidence
 
     cfg = setup.cfg
     quoted = quoted_tasks(proposal, setup)
@@ -287,16 +287,15 @@ def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> 
                                   allowed=[demo_question(d) for d in setup.demos], round=r)
         if verdict.gate in ("build", "quality"):
             raise RuntimeError(f"the planted {edit} edit did not reach the gate: {verdict.reason}")
-        decision = "ship" if verdict.ship else "undecided" if verdict.undecided else "reject"
         ev = verdict.evidence or Evidence(pairs=0, wins=0, losses=0)
-        run.decisions.append(Decision(
-            decision, critic.reruns - episodes, time.perf_counter() - tick, ev.wins, ev.losses, ev.pairs,
+        run.decisions.append(Judgement(
+            verdict.outcome, critic.reruns - episodes, time.perf_counter() - tick, ev.wins, ev.losses, ev.pairs,
             sum(sum(v) for v in verdict.before.values()),
             sum(sum(v) for v in verdict.after.values()), verdict.reason))
         d = run.decisions[-1]
-        print(f"  [{edit} seed {seed}] judgement {r + 1}: {decision}, {d.episodes} episodes, {d.wins} wins / "
+        print(f"  [{edit} seed {seed}] judgement {r + 1}: {d.outcome}, {d.episodes} episodes, {d.wins} wins / "
               f"{d.losses} losses in {d.pairs} pooled pairs, {d.seconds:.1f} s", flush=True)
-        if decision != "undecided":
+        if d.outcome is not Outcome.UNDECIDED:
             break
     run.seconds = time.perf_counter() - began
     return run
@@ -305,7 +304,7 @@ def run_edit(setup: Setup, edit: str, proposal: Any, seed: int, rounds: int) -> 
 def summarise(runs: Sequence[Run]) -> dict[str, Any]:
     """Per-edit figures of the table."""
     n = len(runs)
-    counts = {o: sum(r.outcome == o for r in runs) for o in ("ship", "reject", "undecided")}
+    counts = {o.value: sum(r.outcome is o for r in runs) for o in Outcome}
     decisions = [d for r in runs for d in r.decisions]
     last = [r.decisions[-1] for r in runs]  # pooled evidence: the last decision holds every pair
     pairs = sum(d.pairs for d in last)

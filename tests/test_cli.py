@@ -132,13 +132,13 @@ def test_evolve_summary_reports_pass_at_1_and_k_and_every_verdict():
     from coevo.harness.edits import Edit
     from coevo.report.data import Run
     from coevo.report.evolve_summary import evolve_markdown, evolve_summary
-    from coevo.rundir.evolve_records import Proposal, Verdict
+    from coevo.rundir.evolve_records import Outcome, Proposal, Verdict
     from coevo.rundir.records import Evaluation, StartRecord
 
     def verdict(ship: bool, reason: str) -> Verdict:
         proposal = Proposal(hypothesis="h", edits=[Edit("set_param", "sampling", param="temperature", value=0.1)],
                             dimension="model_selection", cluster="format_error")
-        return Verdict(proposal, "p", "c", "base", ship, reason, gate="seesaw", round=1,
+        return Verdict(proposal, "p", "c", "base", Outcome.SHIP if ship else Outcome.REJECT, reason, gate="seesaw", round=1,
                        fail_to_pass=["a"] if ship else [])
 
     def evaluation(outcomes: dict) -> Evaluation:

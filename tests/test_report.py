@@ -23,7 +23,7 @@ from rich.console import Console
 from coevo.harness.edits import Edit
 from coevo.report.data import Run, lineage_layout, load_run, task_matrix
 from coevo.report.summary import round_table, write_report
-from coevo.rundir.evolve_records import Proposal, QualityReport, Verdict
+from coevo.rundir.evolve_records import Outcome, Proposal, QualityReport, Verdict
 from coevo.rundir.records import LineageRow, RoundRecord
 
 H0, H1, H2, H3, H4 = (c * 16 for c in "abcde")
@@ -503,7 +503,7 @@ def test_real_verdict_dicts_validate_and_describe_like_edit():
     edits = [Edit("insert", "few_shot", spec={"kind": "few_shot", "demos": []}, after="system_prompt"),
              Edit("set_param", "step_budget", param="max_steps", value=6)]
     proposal = Proposal(hypothesis="demos fix format", edits=edits, dimension="context_assembly", variant="base")
-    verdict = Verdict(proposal=proposal, parent_id=H0, candidate_id=H1, variant="base", ship=True, reason="ok",
+    verdict = Verdict(proposal=proposal, parent_id=H0, candidate_id=H1, variant="base", outcome=Outcome.SHIP, reason="ok",
                       quality=QualityReport(passed=True, leakage=0.0, bloat=0.1), fail_to_pass=["t1"], gate="seesaw")
     rec = fabricate_records()[0]
     rec["evolve"]["verdicts"] = [json.loads(json.dumps(verdict.to_dict()))]

@@ -31,7 +31,7 @@ from coevo.report.tracking import (
     run_id_for,
     scrub,
 )
-from coevo.rundir.evolve_records import Cluster, Digest, EvolveReport, Proposal, QualityReport, Verdict
+from coevo.rundir.evolve_records import Cluster, Digest, EvolveReport, Outcome, Proposal, QualityReport, Verdict
 from coevo.rundir.records import RoundRecord
 
 PLANTED_KEY = "sk-coevo-test-" + "q" * 32  # a fake API key, planted in the environment and a config
@@ -50,7 +50,7 @@ def _verdict(variant: str, ship: bool, gate: str, reason: str, f2p: list[str], p
         variant=variant,
     )
     return Verdict(proposal=proposal, parent_id="p0", candidate_id="c1" if ship else None, variant=variant,
-                   ship=ship, reason=reason, quality=QualityReport(True, 0.0, 0.1), before={"t1": [False, False]},
+                   outcome=Outcome.SHIP if ship else Outcome.REJECT, reason=reason, quality=QualityReport(True, 0.0, 0.1), before={"t1": [False, False]},
                    after={"t1": [True, True]}, fail_to_pass=f2p, pass_to_fail=p2f, gate=gate, round=1)
 
 

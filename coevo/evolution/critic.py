@@ -62,7 +62,7 @@ from coevo.evolution.stat_gate import (
 )
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import without_outer_scaffold
-from coevo.rundir.evolve_records import Proposal, QualityReport, Verdict
+from coevo.rundir.evolve_records import Outcome, Proposal, QualityReport, Verdict
 
 log = logging.getLogger("coevo.evolution")
 
@@ -222,7 +222,7 @@ class Critic:
         re-runs sample from, which a shed's evidence is pooled under (``SHED_EPISODES``).
         """
         verdict = Verdict(proposal=proposal, parent_id=parent.id, candidate_id=None, variant=proposal.variant,
-                          ship=False, reason="", round=round)
+                          outcome=Outcome.REJECT, reason="", round=round)
         try:
             candidate = build_candidate(parent, proposal)
         except BuildError as err:
@@ -264,7 +264,7 @@ class Critic:
         verdict.fail_to_pass, verdict.pass_to_fail = seesaw.fail_to_pass, seesaw.pass_to_fail
         performance = self._performance(candidate, before, after, recent) if self.gate != "seesaw" else None
         decision = combine(self.gate, seesaw=seesaw, performance=performance)
-        verdict.ship, verdict.gate, verdict.reason = decision.ship, decision.gate, decision.reason
+        verdict.outcome, verdict.gate, verdict.reason = decision.outcome, decision.gate, decision.reason
         if infra:
             verdict.reason += f"; {infra} infrastructure-failed attempt(s) left out"
         log.info("critic %s %s: %s", "ships" if verdict.ship else "rejects", candidate.id, verdict.reason)
@@ -327,22 +327,22 @@ class Critic:
                 if is_confirmed:
                     confirmed.append(tid)
             result = decide(final=not tasks[: (budget - spent) // (2 * self.k)])
-            if result.decision != "undecided":
+            if result.outcome is not Outcome.UNDECIDED:
                 break
         pooled.episodes += spent
-        if result is None or result.decision == "undecided":
+        if result is None or result.outcome is Outcome.UNDECIDED:
             result = decide(final=True, exhausted=pooled.episodes >= cap)
-        if result.decision == "ship":  # the parent is replaced: nothing will be compared with it again
+        if result.outcome is Outcome.SHIP:  # the parent is replaced: nothing will be compared with it again
             del self.evidence[key]
         counts = {tid: pair_counts(ps) for tid, ps in pooled.pairs.items()}
         verdict.before = {tid: [a for a, _ in ps] for tid, ps in pooled.pairs.items()}
         verdict.after = {tid: [b for _, b in ps] for tid, ps in pooled.pairs.items()}
         verdict.fail_to_pass = sorted(tid for tid, c in counts.items() if c.wins > c.losses)
         verdict.pass_to_fail = sorted(confirmed)
-        verdict.ship, verdict.undecided = result.decision == "ship", result.decision == "undecided"
+        verdict.outcome = result.outcome
         verdict.gate = "stat"
         verdict.evidence = replace(
-            result.evidence, decision=result.decision, episodes=spent, budget=budget,
+            result.evidence, decision=result.outcome.value, episodes=spent, budget=budget,
             pooled_episodes=pooled.episodes, max_episodes=cap, judged=pooled.judged,
             confirmations=confirmations, infra_left_out=infra)
         verdict.reason = (f"{result.reason}; {spent}/{budget} episodes this time, {pooled.episodes} pooled "

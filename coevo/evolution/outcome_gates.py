@@ -1,5 +1,7 @@
 """The Critic's outcome gates as pure functions of per-task outcomes and accuracies: seesaw,
-performance, and ``combine``, which turns their results into the Critic's ``Decision``.
+performance, and ``combine``, which turns their results into the Critic's ``Decision``. Every gate
+says what it decided as an ``Outcome`` (ship or reject here; the statistical gate may also leave
+an edit undecided), the type the ``Verdict`` stores.
 
 Why pure functions: what the Critic decides from the outcomes of its episodes must be
 reproducible from the numbers alone (a verdict can be re-derived from a run directory) and
@@ -15,9 +17,10 @@ boundaries pass (compared with a 1e-9 tolerance because accuracies are ratios of
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from coevo.agent.outcomes import task_pass_at_k
+from coevo.rundir.evolve_records import Outcome
 
 TOLERANCE = 1e-9
 GATE_MODES = ("seesaw", "performance", "both")
@@ -27,8 +30,13 @@ the same rule the seesaw gate applies per task (the Critic's default; no config 
 
 
 # ---------------------------------------------------------------------------------- seesaw gate
+def shipped(ship: bool) -> Outcome:
+    """A two-way gate's outcome."""
+    return Outcome.SHIP if ship else Outcome.REJECT
+
+
 class SeesawResult(NamedTuple):
-    ship: bool
+    outcome: Outcome
     fail_to_pass: list[str]
     pass_to_fail: list[str]
     reason: str
@@ -73,12 +81,12 @@ def seesaw_gate(
         reason = f"ship: {len(f2p)} fail→pass {f2p}, no pass→fail among {len(judged)} evaluated task(s)"
     if unjudged:
         reason += f"; not re-run after: {unjudged}"
-    return SeesawResult(ship, f2p, p2f, reason)
+    return SeesawResult(shipped(ship), f2p, p2f, reason)
 
 
 # ---------------------------------------------------------------------------------- performance gate
 class PerformanceResult(NamedTuple):
-    ship: bool
+    outcome: Outcome
     reason: str
 
 
@@ -122,9 +130,9 @@ def performance_gate(
     if bad:
         problems.append(f"recent batch(es) {bad} degrade by up to {worst:.3f} > epsilon {epsilon:g}")
     if problems:
-        return PerformanceResult(False, "reject: " + "; ".join(problems))
+        return PerformanceResult(Outcome.REJECT, "reject: " + "; ".join(problems))
     return PerformanceResult(
-        True,
+        Outcome.SHIP,
         f"ship: current batch gain {gain:+.3f} >= {delta:g}, worst recent degradation {worst:.3f} <= {epsilon:g} "
         f"over {len(degradations)} batch(es)",
     )
@@ -132,7 +140,7 @@ def performance_gate(
 
 # ---------------------------------------------------------------------------------- combining
 class Decision(NamedTuple):
-    ship: bool
+    outcome: Outcome
     gate: str  # seesaw | performance | seesaw+performance (the gate(s) that decided)
     reason: str
 
@@ -140,12 +148,11 @@ class Decision(NamedTuple):
 def combine(
     mode: str,
     *,
-    seesaw: Sequence[Any] | None = None,
-    performance: Sequence[Any] | None = None,
+    seesaw: SeesawResult | None = None,
+    performance: PerformanceResult | None = None,
 ) -> Decision:
-    """The Critic's decision from gate results (``SeesawResult``/``PerformanceResult``, or any
-    ``(ship, ..., reason)`` tuple). ``both`` ships only when both ship; the gate named is the one
-    that rejected, or ``seesaw+performance`` when both agree."""
+    """The Critic's decision from the gates' results. ``both`` ships only when both ship; the gate
+    named is the one that rejected, or ``seesaw+performance`` when both agree."""
     if mode not in GATE_MODES:
         raise ValueError(f"gate mode must be one of {GATE_MODES}, got {mode!r}")
     needed = {"seesaw": ("seesaw",), "performance": ("performance",), "both": ("seesaw", "performance")}[mode]
@@ -153,13 +160,12 @@ def combine(
     missing = [g for g in needed if given[g] is None]
     if missing:
         raise ValueError(f"gate mode {mode!r} needs the result of {missing}")
-    if mode != "both":
-        result = given[mode]
-        assert result is not None
-        return Decision(bool(result[0]), mode, str(result[-1]))
+    if mode == "seesaw" and seesaw is not None:
+        return Decision(seesaw.outcome, mode, seesaw.reason)
+    if mode == "performance" and performance is not None:
+        return Decision(performance.outcome, mode, performance.reason)
     assert seesaw is not None and performance is not None
-    s_ok, p_ok = bool(seesaw[0]), bool(performance[0])
-    reason = f"seesaw: {seesaw[-1]}; performance: {performance[-1]}"
-    if s_ok == p_ok:
-        return Decision(s_ok, "seesaw+performance", reason)
-    return Decision(False, "performance" if s_ok else "seesaw", reason)
+    reason = f"seesaw: {seesaw.reason}; performance: {performance.reason}"
+    if seesaw.outcome == performance.outcome:
+        return Decision(seesaw.outcome, "seesaw+performance", reason)
+    return Decision(Outcome.REJECT, "performance" if seesaw.outcome is Outcome.SHIP else "seesaw", reason)

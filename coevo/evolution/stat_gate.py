@@ -27,7 +27,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from coevo.evolution.outcome_gates import TOLERANCE
-from coevo.rundir.evolve_records import Evidence
+from coevo.rundir.evolve_records import Evidence, Outcome
 
 # The gate's constants (the Critic's defaults; no config field: a run does not tune them).
 STAT_ALPHA = 0.1
@@ -43,7 +43,6 @@ on a small model: wins 0.14, losses 0.04 per pair)."""
 
 Pair = tuple[bool, bool]
 """One paired attempt on a task: (the parent passed, the candidate passed)."""
-STAT_DECISIONS = ("ship", "reject", "undecided")
 
 
 class PairCounts(NamedTuple):
@@ -101,7 +100,7 @@ def regression_confirmed(fresh: Sequence[Pair], alpha: float) -> bool:
 
 
 class StatResult(NamedTuple):
-    decision: str  # one of STAT_DECISIONS
+    outcome: Outcome
     reason: str
     evidence: Evidence  # every number the decision used
 
@@ -132,18 +131,18 @@ def stat_gate(
     counts = f"{c.wins} wins / {c.losses} losses in {c.pairs} paired attempts on {evidence.tasks} task(s)"
     stat = f"log LR {llr:+.2f} (ship ≥ {ship_at:.2f}, reject ≤ {reject_at:.2f})"
     if regressions:
-        return StatResult("reject", f"reject: confirmed regression on {sorted(regressions)} "
+        return StatResult(Outcome.REJECT, f"reject: confirmed regression on {sorted(regressions)} "
                           f"(re-run, sign test p ≤ {alpha:g}); {counts}", evidence)
     if llr >= ship_at - TOLERANCE:
-        return StatResult("ship", f"ship: {counts}; {stat}, sign test p {p_gain:.3f}", evidence)
+        return StatResult(Outcome.SHIP, f"ship: {counts}; {stat}, sign test p {p_gain:.3f}", evidence)
     if llr <= reject_at + TOLERANCE:
         what = (f"evidence of harm (sign test on losses p {p_harm:.3f} ≤ {alpha:g})" if p_harm <= alpha
                 else "no effect at the designed size")
-        return StatResult("reject", f"reject: {what}; {counts}; {stat}", evidence)
+        return StatResult(Outcome.REJECT, f"reject: {what}; {counts}; {stat}", evidence)
     if exhausted:
-        return StatResult("reject", f"reject: no effect found with enough evidence (the pooled cap is spent); "
+        return StatResult(Outcome.REJECT, f"reject: no effect found with enough evidence (the pooled cap is spent); "
                           f"{counts}; {stat}", evidence)
-    return StatResult("undecided", f"undecided: not enough evidence yet; {counts}; {stat}", evidence)
+    return StatResult(Outcome.UNDECIDED, f"undecided: not enough evidence yet; {counts}; {stat}", evidence)
 
 
 NONINFERIORITY_MARGIN = 0.1
@@ -206,15 +205,15 @@ def noninferiority_gate(
     counts = f"{c.wins} wins / {c.losses} losses in {c.pairs} paired attempts on {evidence.tasks} task(s)"
     stat = f"pass rate lost ≤ {100 * bound:.1f} points at {100 * (1 - alpha):.0f}% (margin {100 * margin:.0f})"
     if regressions:
-        return StatResult("reject", f"reject: confirmed regression on {sorted(regressions)} "
+        return StatResult(Outcome.REJECT, f"reject: confirmed regression on {sorted(regressions)} "
                           f"(re-run, sign test p ≤ {alpha:g}); {counts}", evidence)
     if harm_lower > margin:
-        return StatResult("reject", f"reject: evidence that it costs more than the margin (at least "
+        return StatResult(Outcome.REJECT, f"reject: evidence that it costs more than the margin (at least "
                           f"{100 * harm_lower:.1f} points at {100 * (1 - alpha):.0f}%); {counts}", evidence)
     if final and bound <= margin + TOLERANCE:
-        return StatResult("ship", f"ship: a removal within the margin; {counts}; {stat}", evidence)
+        return StatResult(Outcome.SHIP, f"ship: a removal within the margin; {counts}; {stat}", evidence)
     if exhausted:
-        return StatResult("reject", f"reject: the loss is not bounded within the margin with the evidence the cap "
-                          f"allows; {counts}; {stat}", evidence)
-    return StatResult("undecided", f"undecided: the loss is not bounded within the margin yet; {counts}; {stat}",
+        return StatResult(Outcome.REJECT, f"reject: the loss is not bounded within the margin with the evidence "
+                          f"the cap allows; {counts}; {stat}", evidence)
+    return StatResult(Outcome.UNDECIDED, f"undecided: the loss is not bounded within the margin yet; {counts}; {stat}",
                       evidence)

@@ -13,6 +13,7 @@ events).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
@@ -126,6 +127,32 @@ class Digest(Record):
 
 
 # ----------------------------------------------------------------------------------------- verdicts
+class Outcome(StrEnum):
+    """What a gate decided about an edit, every gate alike: ship it, reject it, or (the statistical
+    gate only) not yet: judged again later with its evidence pooled."""
+
+    SHIP = "ship"
+    REJECT = "reject"
+    UNDECIDED = "undecided"
+
+
+def _outcome_from_flags(data: Any) -> Any:
+    """A verdict as the run directory holds it (``ship`` and ``undecided``, two booleans) with its
+    ``outcome``; a verdict already holding one, or anything else, as it is."""
+    if not isinstance(data, dict) or "outcome" in data:
+        return data
+    data = dict(data)
+    ship, undecided = data.pop("ship", None), data.pop("undecided", False)
+    if not isinstance(ship, bool):
+        raise RecordError("ship", "is missing" if ship is None else f"must be bool, got {type(ship).__name__}")
+    if not isinstance(undecided, bool):
+        raise RecordError("undecided", f"must be bool, got {type(undecided).__name__}")
+    if ship and undecided:
+        raise RecordError("", "is both shipped and undecided")
+    data["outcome"] = Outcome.SHIP if ship else Outcome.UNDECIDED if undecided else Outcome.REJECT
+    return data
+
+
 @dataclass
 class Evidence(Record):
     """The statistical gate's evidence for one verdict: the counts and thresholds its decision used
@@ -148,7 +175,7 @@ class Evidence(Record):
     win_share: Float | None = None
     regressions: list[Str] = field(default_factory=list)
     confirmations: JSONDict = field(default_factory=dict)  # task → wins, losses, pairs, confirmed
-    decision: Str = ""
+    decision: Str = ""  # the Outcome's value (the verdict holds the Outcome itself)
     budget: Int | None = None
     pooled_episodes: Int | None = None
     max_episodes: Int | None = None
@@ -231,13 +258,14 @@ class Proposal(Record):
 
 @dataclass
 class Verdict(Record):
-    """What the Critic decided for one candidate, and why."""
+    """What the Critic decided for one candidate, and why. The run directory holds the outcome as
+    two booleans, ``ship`` and ``undecided`` (``to_dict``; both read back into ``outcome``)."""
 
     proposal: Proposal
     parent_id: Str
     candidate_id: Str | None  # None when the edit did not even build
     variant: Str
-    ship: Bool
+    outcome: Outcome
     reason: Str
     quality: QualityReport | None = None
     # task -> outcomes of k attempts (stat: the parent's and candidate's paired attempts; None: an
@@ -248,16 +276,41 @@ class Verdict(Record):
     pass_to_fail: list[Str] = field(default_factory=list)  # stat gate: confirmed regressions
     gate: Str = ""  # which gate decided: build | quality | stat | seesaw | performance | seesaw+performance
     round: Int = 0
-    undecided: Bool = False  # stat gate: not enough evidence; judged again later with its pairs pooled
     evidence: Evidence | None = None  # stat gate: counts, statistic, thresholds, budget used
 
-    def __post_init__(self) -> None:
-        if self.ship and self.undecided:
-            raise RecordError("", "is both shipped and undecided")
+    @property
+    def ship(self) -> bool:
+        return self.outcome is Outcome.SHIP
+
+    @property
+    def undecided(self) -> bool:
+        """The statistical gate wants more evidence: judged again later with its pairs pooled."""
+        return self.outcome is Outcome.UNDECIDED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields in the order and form the run directory has always held them."""
+        out: dict[str, Any] = {}
+        for key, value in super().to_dict().items():
+            if key == "outcome":
+                out["ship"] = self.ship
+            elif key == "evidence":
+                out["undecided"] = self.undecided
+                out[key] = value
+            else:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: object, where: str | None = None) -> Verdict:
+        return super().from_dict(_outcome_from_flags(data), where)
 
     def describe_edits(self) -> str:
         """The proposal's edits in ``Edit.describe()`` form, joined by '; '."""
         return "; ".join(e.describe() for e in self.proposal.edits)
+
+
+VerdictRow = Annotated[Verdict, BeforeValidator(_outcome_from_flags)]
+"""A verdict read back from the run directory's form (``Verdict.to_dict``)."""
 
 
 # ------------------------------------------------------------------------------------------ a round
@@ -268,7 +321,7 @@ class EvolveReport(Record):
     stopped the search, and seconds per stage (digest / plan / critic)."""
 
     round: Int
-    verdicts: list[Verdict] = field(default_factory=list)
+    verdicts: list[VerdictRow] = field(default_factory=list)
     shipped: list[Str] = field(default_factory=list)
     spawned: list[Str] = field(default_factory=list)
     warnings: list[Str] = field(default_factory=list)

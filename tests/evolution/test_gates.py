@@ -407,30 +407,30 @@ def test_quality_gate_validates_thresholds():
 def test_seesaw_single_regression_vetoes_many_gains():
     before = {f"f{i}": [False, False] for i in range(10)} | {"p": [True, False]}
     after = {f"f{i}": [True, False] for i in range(10)} | {"p": [False, False]}
-    ship, f2p, p2f, reason = seesaw_gate(before, after, scope=list(before))
-    assert not ship and p2f == ["p"] and f2p == [f"f{i}" for i in range(10)]
+    outcome, f2p, p2f, reason = seesaw_gate(before, after, scope=list(before))
+    assert outcome == "reject" and p2f == ["p"] and f2p == [f"f{i}" for i in range(10)]
     assert "pass→fail" in reason and "['p']" in reason
 
 
 def test_seesaw_ships_with_a_gain_and_no_regression():
     before = {"a": [False, False], "b": [True, True], "c": [False, False]}
     after = {"a": [False, True], "b": [True, False], "c": [False, False]}
-    assert tuple(seesaw_gate(before, after, scope=["a", "c"]))[:3] == (True, ["a"], [])
+    assert tuple(seesaw_gate(before, after, scope=["a", "c"]))[:3] == ("ship", ["a"], [])
     no_gain = seesaw_gate(before, {"a": [False], "b": [True], "c": [False]}, scope=["a", "c"])
-    assert not no_gain.ship and no_gain.reason.startswith("reject: no fail→pass")
+    assert no_gain.outcome == "reject" and no_gain.reason.startswith("reject: no fail→pass")
 
 
 def test_seesaw_checks_tasks_that_passed_before_outside_scope_and_errors_on_missing_scope():
     before = {"a": [False], "x": [True], "y": [False]}
     # x is outside scope but passed before: its regression vetoes; y outside scope is ignored
     r = seesaw_gate(before, {"a": [True], "x": [False], "y": [True]}, scope=["a"])
-    assert (r.ship, r.fail_to_pass, r.pass_to_fail) == (False, ["a"], ["x"])
+    assert (r.outcome, r.fail_to_pass, r.pass_to_fail) == ("reject", ["a"], ["x"])
     with pytest.raises(ValueError, match=r"after lacks scope tasks of before: \['a'\]"):
         seesaw_gate(before, {"x": [True]}, scope=["a"])
     with pytest.raises(ValueError, match="no outcomes in before"):
         seesaw_gate(before, {"a": [True], "z": [True]}, scope=["z"])
     unjudged = seesaw_gate(before, {"a": [True]}, scope=["a"])
-    assert unjudged.ship and "not re-run after: ['x']" in unjudged.reason
+    assert unjudged.outcome == "ship" and "not re-run after: ['x']" in unjudged.reason
 
 
 def test_seesaw_agrees_with_loop_twin():
@@ -440,8 +440,8 @@ def test_seesaw_agrees_with_loop_twin():
         before = {t: [rng.random() < 0.4 for _ in range(2)] for t in tasks}
         scope = [t for t in tasks if rng.random() < 0.6]
         after = {t: [rng.random() < 0.5 for _ in range(2)] for t in tasks if t in scope or rng.random() < 0.8}
-        ship, f2p, p2f, _ = seesaw_gate(before, after, scope=scope)
-        assert (ship, f2p, p2f) == slow_seesaw(before, after, scope)
+        outcome, f2p, p2f, _ = seesaw_gate(before, after, scope=scope)
+        assert (outcome == "ship", f2p, p2f) == slow_seesaw(before, after, scope)
 
 
 # ------------------------------------------------------------------------------- performance
@@ -449,14 +449,14 @@ def test_seesaw_agrees_with_loop_twin():
 
 def test_performance_gate_boundaries_pass():
     # exactly delta: 0.3 - 0.2 is 0.09999999999999998 in floating point and still passes
-    assert performance_gate(0.2, 0.3, [], [], delta=0.1, epsilon=0.0).ship
+    assert performance_gate(0.2, 0.3, [], [], delta=0.1, epsilon=0.0).outcome == "ship"
     # exactly epsilon on a recent batch
-    assert performance_gate(0.5, 0.5, [0.7], [0.675], delta=0.0, epsilon=0.025).ship
+    assert performance_gate(0.5, 0.5, [0.7], [0.675], delta=0.0, epsilon=0.025).outcome == "ship"
     # just past either boundary fails, and the reason says which
     r = performance_gate(0.2, 0.29, [], [], delta=0.1, epsilon=0.0)
-    assert not r.ship and "delta 0.1" in r.reason
+    assert r.outcome == "reject" and "delta 0.1" in r.reason
     r = performance_gate(0.5, 0.6, [0.7, 0.9], [0.7, 0.85], delta=0.0, epsilon=0.025)
-    assert not r.ship and "recent batch(es) [1]" in r.reason
+    assert r.outcome == "reject" and "recent batch(es) [1]" in r.reason
 
 
 def test_performance_gate_validates_inputs():
@@ -480,7 +480,7 @@ def test_performance_gate_agrees_with_exact_twin():
         ra = [min(n, max(0, b + rng.randint(-3, 2))) for b in rb]
         delta, eps = Fraction(rng.randint(0, 4), n), Fraction(rng.randint(0, 2), n)
         got = performance_gate(cb / n, ca / n, [b / n for b in rb], [a / n for a in ra],
-                               delta=float(delta), epsilon=float(eps)).ship
+                               delta=float(delta), epsilon=float(eps)).outcome == "ship"
         want = slow_performance(Fraction(cb, n), Fraction(ca, n), [Fraction(b, n) for b in rb],
                                 [Fraction(a, n) for a in ra], delta, eps)
         assert got == want
@@ -494,13 +494,13 @@ def test_combine_modes():
     s_no = seesaw_gate({"a": [True]}, {"a": [False]}, scope=["a"])
     p_ok = performance_gate(0.1, 0.2, [], [], delta=0.0, epsilon=0.0)
     p_no = performance_gate(0.2, 0.1, [], [], delta=0.0, epsilon=0.0)
-    assert combine("seesaw", seesaw=s_ok)[:2] == (True, "seesaw")
-    assert combine("performance", performance=p_no)[:2] == (False, "performance")
-    assert combine("both", seesaw=s_ok, performance=p_ok)[:2] == (True, "seesaw+performance")
-    assert combine("both", seesaw=s_ok, performance=p_no)[:2] == (False, "performance")
-    assert combine("both", seesaw=s_no, performance=p_ok)[:2] == (False, "seesaw")
-    assert combine("both", seesaw=s_no, performance=p_no)[:2] == (False, "seesaw+performance")
-    assert combine("seesaw", seesaw=(True, "fine")).reason == "fine"
+    assert combine("seesaw", seesaw=s_ok)[:2] == ("ship", "seesaw")
+    assert combine("performance", performance=p_no)[:2] == ("reject", "performance")
+    assert combine("both", seesaw=s_ok, performance=p_ok)[:2] == ("ship", "seesaw+performance")
+    assert combine("both", seesaw=s_ok, performance=p_no)[:2] == ("reject", "performance")
+    assert combine("both", seesaw=s_no, performance=p_ok)[:2] == ("reject", "seesaw")
+    assert combine("both", seesaw=s_no, performance=p_no)[:2] == ("reject", "seesaw+performance")
+    assert combine("seesaw", seesaw=s_ok._replace(reason="fine")).reason == "fine"
     with pytest.raises(ValueError, match=r"one of \('seesaw', 'performance', 'both'\)"):
         combine("majority", seesaw=s_ok)
     with pytest.raises(ValueError, match="needs the result of \\['performance'\\]"):

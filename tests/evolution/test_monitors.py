@@ -25,7 +25,7 @@ from coevo.evolution.pathologies import (
 from coevo.harness.defaults import base_harness
 from coevo.harness.edits import Edit
 from coevo.harness.library.context import DEFAULT_SYSTEM_PROMPT
-from coevo.rundir.evolve_records import Proposal, Verdict
+from coevo.rundir.evolve_records import Outcome, Proposal, Verdict
 
 
 def prompt_edit(extra: str) -> Edit:
@@ -39,7 +39,7 @@ def demo_edit(*texts: str) -> Edit:
 def verdict(dimension: str, predicted=(), f2p=(), ran=True, edits=None, ship=False) -> Verdict:
     proposal = Proposal("h", edits or [prompt_edit("Be precise.")], dimension, predicted_flips=list(predicted))
     return Verdict(
-        proposal, "parent", "cand", "base", ship, "r",
+        proposal, "parent", "cand", "base", Outcome.SHIP if ship else Outcome.REJECT, "r",
         before={"t": [False]} if ran else {}, after={"t": [True]} if ran else {},
         fail_to_pass=list(f2p),
     )

@@ -120,19 +120,19 @@ def test_stat_gate_hand_computed_decisions():
     assert (ship_at, reject_at) == pytest.approx((math.log(10), math.log(0.2 / 0.9)))
     win, loss, tie = (False, True), (True, False), (False, False)
     # 6 wins: 6 log 1.5 = 2.43 >= log 10 = 2.30 ships; 5 wins (2.03) does not
-    assert stat_gate({"a": [win] * 6 + [tie] * 9}).decision == "ship"
+    assert stat_gate({"a": [win] * 6 + [tie] * 9}).outcome == "ship"
     five = stat_gate({"a": [win] * 5, "b": [tie] * 4})
-    assert five.decision == "undecided" and five.evidence.wins == 5 and five.evidence.pairs == 9
-    assert stat_gate({"a": [win] * 5}, exhausted=True).decision == "reject"
+    assert five.outcome == "undecided" and five.evidence.wins == 5 and five.evidence.pairs == 9
+    assert stat_gate({"a": [win] * 5}, exhausted=True).outcome == "reject"
     # 3 losses: 3 log 0.5 = -2.08 <= -1.50 rejects; the sign test on 3 losses (p 0.125) is no harm at 0.1
     three = stat_gate({"a": [loss] * 3})
-    assert three.decision == "reject" and "no effect" in three.reason and three.evidence.p_harm == 0.125
+    assert three.outcome == "reject" and "no effect" in three.reason and three.evidence.p_harm == 0.125
     four = stat_gate({"a": [loss] * 4})
-    assert four.decision == "reject" and "harm" in four.reason
+    assert four.outcome == "reject" and "harm" in four.reason
     # 2 losses (-1.39) stay undecided; a confirmed regression vetoes any number of wins
-    assert stat_gate({"a": [loss] * 2}).decision == "undecided"
+    assert stat_gate({"a": [loss] * 2}).outcome == "undecided"
     vetoed = stat_gate({"a": [win] * 20, "b": [loss] * 4}, regressions=["b"])
-    assert vetoed.decision == "reject" and "confirmed regression on ['b']" in vetoed.reason
+    assert vetoed.outcome == "reject" and "confirmed regression on ['b']" in vetoed.reason
     with pytest.raises(ValueError, match="alpha and beta"):
         stat_thresholds(0.6, 0.5)
 
@@ -343,8 +343,8 @@ def test_the_seesaw_option_behaves_as_before():
         evaluated = sorted(set(failed) | {t for t, o in before.items() if any(o)})
         assert calls == [(CANDIDATE.id, evaluated, 2)]
         want = seesaw_gate(before, {t: after[t] for t in evaluated}, scope=failed)
-        assert (verdict.ship, verdict.fail_to_pass, verdict.pass_to_fail, verdict.reason, verdict.gate) == (
-            want.ship, want.fail_to_pass, want.pass_to_fail, want.reason, "seesaw")
+        assert (verdict.outcome, verdict.fail_to_pass, verdict.pass_to_fail, verdict.reason, verdict.gate) == (
+            want.outcome, want.fail_to_pass, want.pass_to_fail, want.reason, "seesaw")
         assert not verdict.undecided and verdict.evidence is None and critic.evidence == {}
 
 
@@ -370,17 +370,17 @@ def test_the_harm_bound_is_clopper_pearson_on_the_discordant_pairs():
 
 def test_noninferiority_decisions_by_hand():
     ties = {"a": [(True, True)] * 20, "b": [(False, False)] * 20}
-    assert noninferiority_gate(ties).decision == "ship"
-    assert noninferiority_gate(ties, final=False).decision == "undecided"  # ships only with the budget spent
-    assert noninferiority_gate(ties, regressions=["a"]).decision == "reject"
+    assert noninferiority_gate(ties).outcome == "ship"
+    assert noninferiority_gate(ties, final=False).outcome == "undecided"  # ships only with the budget spent
+    assert noninferiority_gate(ties, regressions=["a"]).outcome == "reject"
     harm = {"a": [(True, False)] * 6 + [(True, True)] * 10}
-    assert noninferiority_gate(harm).decision == "reject" and "more than the margin" in noninferiority_gate(harm).reason
+    assert noninferiority_gate(harm).outcome == "reject" and "more than the margin" in noninferiority_gate(harm).reason
     noisy = {"a": [(True, False)] * 3 + [(False, True)] * 2 + [(True, True)] * 5}  # 10 pairs: too few to bound
-    assert noninferiority_gate(noisy).decision == "undecided"
-    assert noninferiority_gate(noisy, exhausted=True).decision == "reject"
-    assert seesaw_gate({"a": [True], "b": [False]}, {"a": [True], "b": [False]}, scope=["b"], need_gain=False).ship
-    assert not seesaw_gate({"a": [True], "b": [False]}, {"a": [True], "b": [False]}, scope=["b"]).ship
-    assert not seesaw_gate({"a": [True]}, {"a": [False]}, scope=[], need_gain=False).ship
+    assert noninferiority_gate(noisy).outcome == "undecided"
+    assert noninferiority_gate(noisy, exhausted=True).outcome == "reject"
+    assert seesaw_gate({"a": [True], "b": [False]}, {"a": [True], "b": [False]}, scope=["b"], need_gain=False).outcome == "ship"
+    assert seesaw_gate({"a": [True], "b": [False]}, {"a": [True], "b": [False]}, scope=["b"]).outcome == "reject"
+    assert seesaw_gate({"a": [True]}, {"a": [False]}, scope=[], need_gain=False).outcome == "reject"
 
 
 REMOVAL = Proposal(hypothesis="retire", edits=[Edit("remove", "answer_extraction")], dimension="tools")
