@@ -50,6 +50,7 @@ from coevo.trainers.batch import (
 )
 from coevo.trainers.logprobs import (
     MIN_SHARED_PREFIX,
+    allow_prefix_reads,
     completion_hidden,
     lm_head_weight,
     shared_prefix_length,
@@ -131,6 +132,7 @@ class GRPOTrainer:
         self.strategy = strategy_for(c.sharding, self.accelerator, max_grad_norm=c.max_grad_norm)
         if c.gradient_checkpointing:  # non-reentrant: LoRA's frozen inputs need no requires_grad hook
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            allow_prefix_reads(model)
         self.strategy.prepare_model(model, reshard_after_forward=reshard_after_forward)  # before the optimizer
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
@@ -154,8 +156,7 @@ class GRPOTrainer:
         self.beta, self.tis_cap, self.loss_horizon = c.beta, c.tis_cap, loss_horizon
         self.crediting = {k: getattr(c, k) for k in ("credit_prefill", "distill_demos", "distill_prompt")}
         self.aggregation, self.scale_by_std, self.drop_zero_variance = aggregation, c.scale_by_std, drop_zero_variance
-        # a checkpointed layer drops the KV cache the shared-prompt pass hands it (GradientCheckpointingLayer)
-        self.pack_calls, self.share_prefix = pack_calls, share_prefix and not c.gradient_checkpointing
+        self.pack_calls, self.share_prefix = pack_calls, share_prefix
         self.version = 0  # optimizer steps taken: the model version of the next rollouts
 
     @property

@@ -8,7 +8,10 @@ row chunks. Using one path keeps the ratio exactly 1 on-policy up to float round
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
 
 import torch
 
@@ -87,11 +90,49 @@ def completion_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention
     # The prefix pass goes to the wrapped module: a DDP wrapper must see exactly one forward per backward.
     inner = _unwrapped(model)
     cache = DynamicCache()  # filled in place by the prefix pass
-    inner(input_ids=input_ids[:1, :shared], use_cache=True, logits_to_keep=1, **{key: cache})
+    with _checkpointing_off(inner):  # a checkpointed prefix pass would write the cache again when recomputed
+        inner(input_ids=input_ids[:1, :shared], use_cache=True, logits_to_keep=1, **{key: cache})
     cache.batch_repeat_interleave(input_ids.shape[0])  # [1, heads, S, d] -> [B, heads, S, d] per layer
+    for layer in cache.layers:  # the rows only read the prefix: a recomputed (checkpointed) layer reads it alike
+        layer.update = partial(_read_prefix, layer)
     out = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, output_hidden_states=True,
                 logits_to_keep=1, use_cache=True, **{key: cache})
     return out.hidden_states[-1][rows, positions - shared]  # [N, H]
+
+
+def _read_prefix(layer: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache layer's ``update`` that returns the prefix's keys and values followed by the new ones
+    [B, heads, S + s, d] without storing them, so a layer run twice (forward, then its checkpointed
+    recompute) sees the same prefix both times."""
+    return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+
+
+@contextmanager
+def _checkpointing_off(model: torch.nn.Module) -> Iterator[None]:
+    """``model``'s checkpointed layers run as plain layers inside the block (transformers'
+    ``GradientCheckpointingLayer.gradient_checkpointing``)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    for m in layers:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.gradient_checkpointing = True
+
+
+def allow_prefix_reads(model: torch.nn.Module) -> None:
+    """Let ``model``'s checkpointed layers keep the KV cache they are handed: the shared-prefix pass
+    hands them a cache that only reads (``_read_prefix``), so a recompute gives the same states.
+    Without it transformers drops the cache under checkpointing and the rows would lose their prefix."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    for m in model.modules():
+        if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing:
+            m._can_checkpoint_with_cache = True
 
 
 @torch.no_grad()

@@ -171,8 +171,7 @@ class TrainerConfig:
                                          ge=1, none="rows only")
     gradient_checkpointing: bool = opt(False, "recompute each decoder layer's activations in the backward instead of "
                                        "keeping them: a step's activations shrink to about one layer's, for ~a third "
-                                       "more step compute; the shared-prompt pass is off under it (the recompute "
-                                       "would drop its KV cache)")
+                                       "more step compute")
     # Activations set a step's peak memory (~1.3 MB a token for SmolLM2 in fp32: 48 retire traces
     # peaked at 5.8 GB with rows only, 4.2 GB at 2048); the step loss is a sum over its tokens, so
     # how its rows are split into micro-batches leaves it unchanged (docs/PERF.md, "Memory").

@@ -1,6 +1,7 @@
 """Gradient checkpointing (``trainer.gradient_checkpointing``): the step keeps less for its backward
-and moves the weights exactly as the step that keeps every activation and reads a shared prompt
-once (fp32 tolerance), full fine-tuning and LoRA alike."""
+and moves the weights as the step that keeps every activation (fp32 tolerance), full fine-tuning
+and LoRA alike, with the rows' shared prompt read once by both (the checkpointed rows recompute
+their layers over a prefix cache that only reads)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_checkpointing_keeps_less_and_moves_the_weights_the_same(lora):
     traces = synthetic_traces(tiny_model(tok, seed=0), tok, system=40)  # a prefix the plain step reads once
     plain, plain_loss, plain_saved = _step(tok, traces, lora=lora, checkpointing=False)
     ckpt, ckpt_loss, ckpt_saved = _step(tok, traces, lora=lora, checkpointing=True)
-    assert ckpt_saved < plain_saved / 2  # the layers' activations are recomputed, not kept
+    assert ckpt_saved < 0.7 * plain_saved, (ckpt_saved, plain_saved)  # the rows' layer activations are recomputed
     assert ckpt_loss == pytest.approx(plain_loss, abs=1e-6)
     assert plain.keys() == ckpt.keys() and plain
     for key, value in plain.items():
