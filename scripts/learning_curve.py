@@ -55,7 +55,7 @@ def collect(run_dirs: Sequence[Path]) -> dict:
         after.append(_scores(end, tasks))
         tool_use.append((start.test.tool_use_rate, end.tool_use_rate))
         steps.append([row | {"round": rec.round} for rec in run.records if rec.grpo is not None
-                      for row in (rec.grpo.steps or [])])
+                      for row in (step.to_dict() for step in rec.grpo.steps)])
         train.append([rec.train.pass_rate for rec in run.records])
     return {"tasks": tasks or [], "before": np.asarray(before), "after": np.asarray(after), "tool_use": tool_use,
             "steps": steps, "train": train}

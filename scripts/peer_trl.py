@@ -285,8 +285,8 @@ def coevo_row(record: RoundRecord) -> dict[str, Any]:
         "generation_seconds": record.generation_seconds,
         "task_ids": list(record.train.outcomes),
         "zero_variance_fraction": grpo.zero_variance_fraction if grpo else None,
-        "trained_tokens": grpo.tokens if grpo else None,
-        "loss": grpo.loss if grpo else None,
+        "trained_tokens": grpo.last_step.tokens if grpo and grpo.last_step else None,
+        "loss": grpo.last_step.loss if grpo and grpo.last_step else None,
         "harness": record.variants,
     }
 

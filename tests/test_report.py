@@ -24,7 +24,7 @@ from coevo.harness.edits import Edit
 from coevo.report.data import Run, lineage_layout, load_run, task_matrix
 from coevo.report.summary import round_table, write_report
 from coevo.rundir.evolve_records import Outcome, Proposal, QualityReport, Verdict
-from coevo.rundir.records import LineageRow, RoundRecord
+from coevo.rundir.records import GRPOMetrics, LineageRow, RoundRecord, StepMetrics
 
 H0, H1, H2, H3, H4 = (c * 16 for c in "abcde")
 PHASES = ("rollout", "logprobs", "digest", "plan", "critic", "grpo", "eval", "checkpoint", "other")
@@ -123,8 +123,11 @@ def fabricate_records(n_val_tasks: int = 10, seed: int = 0) -> list[dict[str, An
         evolve = {"round": r, "digests": [], "verdicts": [v for _, v in PLAN[r]],
                   "shipped": [v["candidate_id"] for s, v in PLAN[r] if s == "shipped"],
                   "spawned": ["v1"] if r == 1 else [], "warnings": [], "stopped": None, "seconds": {}}
-        grpo = {"buffer_traces": 18} if r == LOSSLESS_ROUND else {"loss": 0.5 / (r + 1), "clip_fraction": 0.1,
-                                                                    "kl": 0.01, "buffer_traces": 18}
+        step = StepMetrics(loss=0.5 / (r + 1), clip_fraction=0.1, kl=0.01, ratio_mean=1.0, ratio_min=0.9,
+                           ratio_max=1.1, advantage_mean=0.0, advantage_std=1.0, zero_variance_fraction=0.2,
+                           excluded_traces=0, infra_traces=0, sequences=18, tokens=900, tokens_per_s=50.0,
+                           grad_norm=0.3, lr=1e-5, staleness={0: 18})
+        grpo = GRPOMetrics(buffer_traces=18, steps=[] if r == LOSSLESS_ROUND else [step]).to_dict()
         meta = {"plan": {"calls": r + 1, "cached": 0, "prompt_tokens": 100 * (r + 1), "completion_tokens": 40 * (r + 1),
                          "seconds": 0.5 * (r + 1)},
                 "revise": {"calls": 1, "cached": 1, "prompt_tokens": 30, "completion_tokens": 10, "seconds": 0.25}}

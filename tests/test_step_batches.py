@@ -9,6 +9,7 @@ from pathlib import Path
 import coevo
 from coevo.agent.trace import Trace
 from coevo.loop.round_grpo import grpo_record, step_batches
+from coevo.rundir.records import StepMetrics
 from tests.test_loop import records, smoke
 
 
@@ -61,10 +62,14 @@ def test_a_group_larger_than_the_cap_is_still_trained_whole():
 
 def test_the_round_record_reports_the_whole_batch_not_the_last_minibatch():
     traces = _round(3, 1)
-    steps = [{"reward_mean": 0.5, "zero_variance_fraction": 0.0, "reward_std": 0.1, "loss": 1.0}]
-    rec = grpo_record(steps, traces)
+    step = StepMetrics(loss=1.0, clip_fraction=0.0, kl=0.0, ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0,
+                       advantage_mean=0.0, advantage_std=1.0, zero_variance_fraction=0.0, excluded_traces=0,
+                       infra_traces=0, sequences=4, tokens=40, tokens_per_s=1.0, grad_norm=0.1, lr=1e-5,
+                       reward_mean=0.5, reward_std=0.1)
+    rec = grpo_record([step], traces)
     assert rec.zero_variance_fraction == 0.25 and abs(rec.reward_mean - 3 / 16) < 1e-12
-    assert rec.loss == 1.0
+    written = rec.to_dict()  # rounds.jsonl: the round's figures over the step's, the step's own in steps
+    assert (written["zero_variance_fraction"], written["loss"], written["steps"][0]["reward_mean"]) == (0.25, 1.0, 0.5)
 
 
 def test_a_capped_run_trains_minibatches_and_records_the_round(tmp_path, monkeypatch):

@@ -32,7 +32,7 @@ from coevo.report.tracking import (
     scrub,
 )
 from coevo.rundir.evolve_records import Cluster, Digest, EvolveReport, Outcome, Proposal, QualityReport, Verdict
-from coevo.rundir.records import RoundRecord
+from coevo.rundir.records import GRPOMetrics, RoundRecord, StepMetrics
 
 PLANTED_KEY = "sk-coevo-test-" + "q" * 32  # a fake API key, planted in the environment and a config
 
@@ -91,12 +91,17 @@ def round_record(round: int = 1) -> RoundRecord:
         "variants": {"base": "c1", "v1": "h-v1"},
         "by_variant": {"base": {"pass_rate": 0.5, "n_traces": 12}, "v1": {"pass_rate": 0.25, "n_traces": 4}},
         "evolve": report.to_dict(),
-        "grpo": {"loss": -0.125, "clip_fraction": 0.0, "kl": 0.0, "zero_variance_fraction": 0.5, "sequences": 16,
-                 "tokens": 640, "staleness": {0: 12, 1: 4}, "buffer_traces": 16},
+        "grpo": GRPOMetrics(buffer_traces=16, steps=[STEP], reward_mean=0.25, reward_std=0.5,
+                            zero_variance_fraction=0.5).to_dict(),
         "meta_tokens": ledger.as_dict(),
         "buffer": {"size": 32, "lag": 1},
     })
 
+
+STEP = StepMetrics(loss=-0.125, clip_fraction=0.0, kl=0.0, ratio_mean=1.0, ratio_min=1.0, ratio_max=1.0,
+                   advantage_mean=0.0, advantage_std=1.0, zero_variance_fraction=0.25, excluded_traces=0,
+                   infra_traces=0, sequences=16, tokens=640, tokens_per_s=100.0, grad_norm=0.5, lr=1e-5,
+                   staleness={0: 12, 1: 4}, reward_mean=0.125, reward_std=0.25)
 
 EXPECTED_FLAT = {
     "round": 1, "mode": "coevolve", "model_version": 4,
@@ -113,7 +118,12 @@ EXPECTED_FLAT = {
     "evolve/warnings": 1, "evolve/rejected_by/quality": 1, "evolve/rejected_by/seesaw": 1,
     "evolve/failures/format_error": 5, "evolve/failures/loop": 1,
     "evolve/compression/base": 10.0, "evolve/compression/v1": 2.0,
-    "grpo/loss": -0.125, "grpo/clip_fraction": 0.0, "grpo/kl": 0.0, "grpo/zero_variance_fraction": 0.5,
+    "grpo/loss": -0.125, "grpo/clip_fraction": 0.0, "grpo/kl": 0.0, "grpo/ratio_mean": 1.0, "grpo/ratio_min": 1.0,
+    "grpo/ratio_max": 1.0, "grpo/advantage_mean": 0.0, "grpo/advantage_std": 1.0, "grpo/excluded_traces": 0,
+    "grpo/infra_traces": 0, "grpo/tokens_per_s": 100.0, "grpo/grad_norm": 0.5, "grpo/lr": 1e-5,
+    "grpo/approx_kl": 0.0, "grpo/entropy": 0.0, "grpo/sampler_tokens": 0,
+    # the round's, over its whole batch, where the step's own are 0.125, 0.25 and 0.25
+    "grpo/reward_mean": 0.25, "grpo/reward_std": 0.5, "grpo/zero_variance_fraction": 0.5,
     "grpo/sequences": 16, "grpo/tokens": 640, "grpo/staleness/0": 12, "grpo/staleness/1": 4, "grpo/buffer_traces": 16,
     "meta_tokens/plan/calls": 2, "meta_tokens/plan/cached": 1, "meta_tokens/plan/prompt_tokens": 150,
     "meta_tokens/plan/completion_tokens": 30, "meta_tokens/plan/seconds": 1.5, "meta_tokens/total_tokens": 180,
@@ -145,7 +155,7 @@ def test_flatten_survives_a_json_round_trip() -> None:
     """What rounds.jsonl gives back (staleness keys become strings there) reads back equal and
     flattens to the same keys."""
     again = RoundRecord.from_dict(json.loads(json.dumps(round_record().to_dict())))
-    assert again == round_record() and again.grpo.staleness == {0: 12, 1: 4}
+    assert again == round_record() and again.grpo.last_step.staleness == {0: 12, 1: 4}
     assert flatten(again) == EXPECTED_FLAT
 
 

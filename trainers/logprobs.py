@@ -94,7 +94,7 @@ def completion_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention
         inner(input_ids=input_ids[:1, :shared], use_cache=True, logits_to_keep=1, **{key: cache})
     cache.batch_repeat_interleave(input_ids.shape[0])  # [1, heads, S, d] -> [B, heads, S, d] per layer
     for layer in cache.layers:  # the rows only read the prefix: a recomputed (checkpointed) layer reads it alike
-        layer.update = partial(_read_prefix, layer)
+        layer.update = partial(_read_prefix, layer)  # type: ignore[method-assign,union-attr]  # this cache only
     out = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, output_hidden_states=True,
                 logits_to_keep=1, use_cache=True, **{key: cache})
     return out.hidden_states[-1][rows, positions - shared]  # [N, H]

@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coevo.agent.rollouts import Rollout, RolloutService
 from coevo.agent.trace import Trace
@@ -61,9 +62,13 @@ from coevo.report.tracking import Tracker, edit_rows
 from coevo.rundir import checkpoint
 from coevo.rundir.check import buffer_next_seq, verify_run
 from coevo.rundir.evolve_records import EvolveReport
-from coevo.rundir.records import BufferStats, Evaluation, GRPOMetrics, RoundRecord, StartRecord
+from coevo.rundir.records import BufferStats, Evaluation, GRPOMetrics, RoundRecord, StartRecord, StepMetrics
 from coevo.rundir.state import LoopState
 from coevo.safety.secrets import contains_secret
+
+if TYPE_CHECKING:
+    from coevo.agent.policy import Policy
+    from coevo.buffers import ReplayBuffer
 
 log = logging.getLogger("coevo.loop.coevolution")
 
@@ -78,33 +83,58 @@ class Coevolution:
     def __init__(self, *, mode: str, rollouts: RolloutService, aegis: AEGIS, run_dir: Path, splits: Splits,
                  schedule: Schedule, tracker: Tracker, progress: ProgressDisplay, training: Training | None = None,
                  processes: Processes = Processes()) -> None:
-        trains = Mode(mode).trains
-        if trains and (training is None or (processes.is_main and (training.buffer is None
-                                                                   or training.logprob_fn is None))):
-            raise ValueError(f"mode {mode!r} trains the model: it needs a trainer, and on rank 0 a buffer and a "
-                             "logprob_fn")
-        s, self.schedule, self.processes = schedule, schedule, processes
-        self.mode, self.rollouts, self.aegis, self.run_dir = mode, rollouts, aegis, run_dir
-        self.tracker, self.progress, self.is_main = tracker, progress, processes.is_main
-        self.policy = rollouts.policy
-        self.env_name = rollouts.env.name  # noted in every harness file the run writes
-        self.evolves, self.trains = Mode(mode).evolves, trains
-        self.training = training if trains else None
-        self.trainer = training.trainer if trains else None
-        self.buffer = training.buffer if trains else None
+        self.mode = Mode(mode)
+        if self.mode.trains != (training is not None):
+            raise ValueError(f"mode {mode!r} {'trains' if self.mode.trains else 'does not train'} the model: "
+                             f"{'it needs' if self.mode.trains else 'it takes no'} training (trainer, buffer)")
+        if training is not None and processes.is_main and (training.buffer is None or training.logprob_fn is None):
+            raise ValueError("a training run needs, on rank 0, a buffer and a logprob_fn")
+        self.training = training  # the only optional part: whether, and how, the run trains its weights
+        self.rollouts, self.aegis, self.tracker, self.progress = rollouts, aegis, tracker, progress
+        self.run_dir, self.schedule, self.processes = run_dir, schedule, processes
+        s = schedule
         self.batches = round_batches(splits.train, s.batch_tasks, s.seed, s.rounds)
-        self.per_epoch = batches_per_epoch(len(splits.train), s.batch_tasks)
-        self.signal_groups = s.signal_groups if trains else None  # dynamic sampling: only a training run draws more
+        # dynamic sampling: only a training run draws more tasks
         self.extras = extra_pools(splits.train, self.batches, s.max_extra_tasks if self.signal_groups else 0, s.seed)
         self.val_tasks, self.test_tasks = list(splits.val), list(splits.test)
+        self.per_epoch = batches_per_epoch(len(splits.train), s.batch_tasks)
         self.first, self.end = s.first_round, s.first_round + s.rounds  # round numbers [first, end)
         self.state = LoopState()
         self.shape = RunShape(  # what the time estimates price (coevo.report.eta)
             first=self.first, end=self.end,
-            critic_episodes=s.critic_episodes if self.evolves else 0, evolves=s.evolve_rounds,
+            critic_episodes=s.critic_episodes if self.mode.evolves else 0, evolves=s.evolve_rounds,
             rollout_episodes=s.batch_tasks * (s.attempts + s.unscaffolded_attempts),
-            grpo_steps=s.steps_per_round if trains else 0, step_traces=s.step_traces or s.batch_tasks * s.attempts,
+            grpo_steps=s.steps_per_round if training else 0, step_traces=s.step_traces or s.batch_tasks * s.attempts,
             eval_episodes=(len(self.val_tasks) + len(self.test_tasks)) * s.eval_attempts)
+
+    # what the collaborators already hold, named once
+    @property
+    def policy(self) -> Policy:
+        return self.rollouts.policy
+
+    @property
+    def is_main(self) -> bool:
+        return self.processes.is_main
+
+    @property
+    def env_name(self) -> str:
+        """Noted in every harness file the run writes."""
+        return self.rollouts.env.name
+
+    @property
+    def signal_groups(self) -> int | None:
+        """Dynamic sampling's target of groups with a learning signal (a training run only)."""
+        return self.schedule.signal_groups if self.training is not None else None
+
+    @property
+    def version(self) -> int:
+        """The model version the next episodes sample from: optimizer steps so far (0 without training)."""
+        return self.training.trainer.version if self.training is not None else 0
+
+    def _buffer(self) -> ReplayBuffer:
+        """The replay buffer (rank 0 of a training run: the only place that calls this)."""
+        assert self.training is not None and self.training.buffer is not None
+        return self.training.buffer
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
@@ -116,10 +146,11 @@ class Coevolution:
         if directory is None:
             return 0
         state = checkpoint.load_state(directory, resumable=True)
-        verify_run(self.run_dir, directory, state, files=True, buffer=self.buffer, lineage=True)
-        if self.trainer is not None:
-            checkpoint.load_trainer(self.trainer, directory / "trainer")
-            self.policy.model_version = str(self.trainer.version)
+        verify_run(self.run_dir, directory, state, files=True,
+                   buffer=self.training.buffer if self.training is not None else None, lineage=True)
+        if self.training is not None:
+            checkpoint.load_trainer(self.training.trainer, directory / "trainer")
+            self.policy.model_version = str(self.version)
             self.processes.sync_weights()
         where = directory / "state.json"
         try:
@@ -138,18 +169,19 @@ class Coevolution:
         state = {**self.state.to_state(), "aegis": aegis, "rng": checkpoint.rng_state()}
         if contains_secret([aegis.get("variants"), aegis.get("pool")]):  # checkpoint.commit redacts them
             state["harnesses_redacted"] = True
-        if self.buffer is not None:
-            state["buffer_next_seq"] = buffer_next_seq(self.buffer)
+        training = self.training
+        if training is not None and training.buffer is not None:
+            state["buffer_next_seq"] = buffer_next_seq(training.buffer)
 
         def write_trainer(directory: Path) -> None:
-            if self.trainer is not None:
-                self.trainer.save(directory / "trainer")
+            if training is not None:
+                training.trainer.save(directory / "trainer")
 
         if self.is_main:
             checkpoint.commit(self.run_dir / "checkpoint", self.state.next_round - 1, state, write_trainer)
             self._write_logs()
-        elif self.trainer is not None:
-            self.trainer.save(self.run_dir / "checkpoint" / "unused")  # joins the collective barrier only
+        elif training is not None:
+            training.trainer.save(self.run_dir / "checkpoint" / "unused")  # joins the collective barrier only
 
     def _write_logs(self) -> None:
         if self.is_main:
@@ -177,19 +209,19 @@ class Coevolution:
         if not self.is_main:
             return self._follow_round(r)
         clock, generating = PhaseClock(), self.policy.seconds
-        batch, version = self.batches[r - self.first], self.trainer.version if self.trainer is not None else 0
+        batch, version = self.batches[r - self.first], self.version
         traces, bare = self._roll_out(batch, r, version, clock)
         train_ids = {t.task_id for t in batch}
         extra_ids = {t.task_id for t in traces} - train_ids  # dynamic sampling's: they train, AEGIS never sees them
         traces, train_ids = [t for t in traces if t.task_id in train_ids], train_ids | extra_ids
         evolved = None
-        if self.evolves and self.schedule.evolve_rounds(r):
+        if self.mode.evolves and self.schedule.evolve_rounds(r):
             evolved, critic_ids = self._evolve(traces, bare, r, version, clock)
             train_ids |= critic_ids
         grpo = None
-        if self.trains:
+        if self.training is not None:
             with clock("grpo"):
-                grpo = self._train(self.processes.share(training_batch(self.buffer, train_ids)), r)
+                grpo = self._train(self.processes.share(training_batch(self._buffer(), train_ids)), r)
             grpo.extra_tasks = len(extra_ids) if self.signal_groups else None
         val, test = self._evaluate_round(r, clock)
         if evolved is not None:  # the trend monitor: train pass rate up while validation goes down
@@ -197,11 +229,11 @@ class Coevolution:
             evolved.warnings += self.aegis.observe_rates(
                 r, train_pass_rate=sum(t.passed for t in judged) / len(judged) if judged else None,
                 val_pass_rate=val.pass_at_1 if val is not None else None)
-        record = round_record(r, self.mode, version, traces, clock.seconds, unscaffolded=bare, val=val, test=test,
+        record = round_record(r, self.mode.name, version, traces, clock.seconds, unscaffolded=bare, val=val, test=test,
                               evolved=evolved, grpo=grpo, variants={n: h.id for n, h in self.aegis.current().items()},
                               meta_tokens=self.aegis.meta_tokens(),
-                              buffer=BufferStats(len(self.buffer), self.buffer.lag(self.trainer.version))
-                              if self.trains else None)
+                              buffer=BufferStats(len(self._buffer()), self._buffer().lag(self.version))
+                              if self.training is not None else None)
         # inside rollout, critic and eval: the share spent in the model's generate() (not a phase of its own)
         record.generation_seconds = self.policy.seconds - generating
         self.state.records.append(record)
@@ -229,10 +261,10 @@ class Coevolution:
             traces = self._routed(batch, r, "rollout", self.schedule.attempts, f"round {r}: rollouts").traces
             traces += self._top_up(traces, r)
             bare = self._unscaffolded(batch, r)
-        if self.trains:
+        if self.training is not None:
             with clock("logprobs"):
                 stored = traces + bare
-                self.buffer.add(stored, round=r, model_version=version, logprob_fn=self._logprob_fn(stored))
+                self._buffer().add(stored, round=r, model_version=version, logprob_fn=self._logprob_fn(stored))
         return traces, bare
 
     def _evolve(self, traces: list[Trace], bare: list[Trace], r: int, version: int, clock: PhaseClock
@@ -276,7 +308,7 @@ class Coevolution:
         val = self.evaluate(self.val_tasks, -1, "eval") if self.val_tasks else None
         test = self.evaluate(self.test_tasks, -1, "test") if self.test_tasks else None
         return StartRecord(val, test, {n: h.id for n, h in self.aegis.current().items()},
-                           self.trainer.version if self.trainer is not None else 0, time.perf_counter() - began)
+                           self.version, time.perf_counter() - began)
 
     def withheld(self, r: int) -> set[str]:
         """Task ids whose references may not become demonstrations in round ``r``: the tasks round ``r`` or
@@ -304,16 +336,17 @@ class Coevolution:
         return done.traces
 
     def _buffered(self, r: int) -> tuple[list[Trace], list[Trace]] | None:
-        return None if self.buffer is None else buffered_rollouts(self.buffer, r)
+        return None if self.training is None else buffered_rollouts(self._buffer(), r)
 
     def _buffer_critic_traces(self, r: int, version: int, withheld: set[str]) -> set[str]:
         """Store the round's Critic re-runs with their behaviour log-probs (the model has not changed
         since they ran: exact; ``round_grpo.critic_traces_to_store`` says which) and return the tasks
         whose groups they joined."""
-        kept = critic_traces_to_store(self.rollouts.critic_traces(), self.buffer, r, withheld)
+        buffer = self._buffer()
+        kept = critic_traces_to_store(self.rollouts.critic_traces(), buffer, r, withheld)
         if kept:
-            self.buffer.add(kept, round=r, model_version=version, logprob_fn=self._logprob_fn(kept))
-        return critic_task_ids(self.buffer, r)
+            buffer.add(kept, round=r, model_version=version, logprob_fn=self._logprob_fn(kept))
+        return critic_task_ids(buffer, r)
 
     def _top_up(self, traces: list[Trace], r: int) -> list[Trace]:
         """Round ``r``'s extra tasks from its reserve (``rollout.signal_groups``: dynamic sampling), on
@@ -338,7 +371,7 @@ class Coevolution:
     def _follow_round(self, r: int) -> None:
         """A non-main rank's round: the GRPO step on rank 0's batch, then the checkpoint barrier
         (no record: rank 0 keeps them)."""
-        if self.trains:
+        if self.training is not None:
             self._train(self.processes.share(None), r)
         self.state.next_round = r + 1
         self._commit()
@@ -347,20 +380,22 @@ class Coevolution:
         """The buffer's LogprobFn for ``traces``: the sampler's own log-probs where the run trusts them
         (``buffer.sampler_logprobs``), else a forward pass of the current model."""
         t = self.training
+        assert t is not None and t.logprob_fn is not None
         return sampler_first(traces, t.logprob_fn) if t.sampler_logprobs else t.logprob_fn
 
     def _train(self, batch: tuple[list[Trace], list[int]], r: int) -> GRPOMetrics:
         """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each): passes
         over the same buffered groups (the ratio is clipped), or minibatches of them (``step_traces``)."""
-        traces, versions = batch
-        steps: list[dict] = []
+        assert self.training is not None
+        trainer, (traces, versions) = self.training.trainer, batch
+        steps: list[StepMetrics] = []
         self.processes.release_rollout()
         with self.progress.task("GRPO", self.schedule.steps_per_round) as advance:
             for part, part_versions in step_batches(traces, versions, self.schedule.steps_per_round,
                                                     self.schedule.step_traces, seed=f"{self.schedule.seed}-{r}"):
-                steps.append(self.trainer.step(part, versions=part_versions).to_dict())
+                steps.append(trainer.step(part, versions=part_versions))
                 advance()
-        self.policy.model_version = str(self.trainer.version)
+        self.policy.model_version = str(trainer.version)
         self.processes.sync_weights()
         return grpo_record(steps, traces)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from coevo.agent.trace import Trace
 from coevo.envs.base import Task
-from coevo.rundir.records import GRPOMetrics
+from coevo.rundir.records import GRPOMetrics, StepMetrics
 from coevo.trainers.advantages import group_advantages
 
 if TYPE_CHECKING:
@@ -88,26 +88,23 @@ def step_batches(traces: Sequence[Trace], versions: Sequence[int], steps: int, m
     return out
 
 
-def grpo_record(steps: Sequence[dict[str, Any]], traces: Sequence[Trace]) -> GRPOMetrics:
-    """The round's GRPO record: the last step's ``StepMetrics`` fields (reward mean/std and the
-    zero-variance share over the round's whole batch, which a step may only part of), every step's scalars, the
-    traces trained on, how many were the Critic's, and the zero-variance share the groups would
-    have had without them (what the gate's evidence adds to the signal)."""
-    last = steps[-1] if steps else {}
+def grpo_record(steps: Sequence[StepMetrics], traces: Sequence[Trace]) -> GRPOMetrics:
+    """The round's GRPO record: every step's figures, the reward mean/std and zero-variance share
+    over the round's whole batch (a step may train on only part of it), the traces trained on, how
+    many were the Critic's, and the zero-variance share the groups would have had without them
+    (what the gate's evidence adds to the signal)."""
     members = [t for t in traces if t.trainable]
     stats = group_advantages([t.task_id for t in members], [t.reward for t in members])[2]
     rewards = [t.reward for t in members]
     mean = sum(rewards) / len(rewards) if rewards else None
-    whole = {"zero_variance_fraction": stats.zero_variance_fraction, "reward_mean": mean,  # the round's, not a step's
-             "reward_std": (sum((x - mean) ** 2 for x in rewards) / max(1, len(rewards) - 1)) ** 0.5
-                           if rewards else None}
-    rows = [{k: v for k, v in step.items() if k != "staleness"} for step in steps]  # scalars: a JSON round trip
+    std = (sum((x - mean) ** 2 for x in rewards) / max(1, len(rewards) - 1)) ** 0.5 if mean is not None else None
     without = [t for t in traces if t.variant != CRITIC]
-    stats = group_advantages([t.task_id for t in without], [t.reward for t in without],
+    alone = group_advantages([t.task_id for t in without], [t.reward for t in without],
                              members=[t.trainable for t in without])[2]
-    return GRPOMetrics.from_dict(last | (whole if steps else {}) | {"buffer_traces": len(traces), "steps": rows or None,
-                                         "critic_traces": len(traces) - len(without),
-                                         "zero_variance_without_critic": stats.zero_variance_fraction})
+    whole = {"reward_mean": mean, "reward_std": std, "zero_variance_fraction": stats.zero_variance_fraction}
+    return GRPOMetrics(buffer_traces=len(traces), steps=list(steps), **(whole if steps else {}),
+                       critic_traces=len(traces) - len(without),
+                       zero_variance_without_critic=alone.zero_variance_fraction)
 
 
 def spread_groups(traces: Sequence[Trace]) -> list[tuple[list[int], bool]]:

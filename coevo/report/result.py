@@ -73,7 +73,7 @@ def run_result(records: Sequence[RoundRecord], start: StartRecord | None) -> Res
             break
     tasks, begin, end, change = compare(*pair) if pair else (0, None, None, None)
     tools = (pair[0].tool_use_rate, pair[1].tool_use_rate) if pair else (0.0, 0.0)
-    steps = [s for r in records if r.grpo is not None and r.grpo.steps for s in r.grpo.steps]
+    steps = [s for r in records if r.grpo is not None for s in r.grpo.steps]
     return Result(
         split=split, tasks=tasks, start=begin, end=end, change=change, start_tool_use=tools[0], end_tool_use=tools[1],
         shipped=[(r.round, in_words(v)) for r in records for v in r.verdicts if v.ship],
@@ -81,7 +81,7 @@ def run_result(records: Sequence[RoundRecord], start: StartRecord | None) -> Res
         train_pass=[r.train.pass_rate for r in records],
         tool_use=[r.train.tool_use_rate for r in records],
         reward=[r.train.mean_reward for r in records],
-        step_rewards=[float(s["reward_mean"]) for s in steps if s.get("reward_mean") is not None],
+        step_rewards=[s.reward_mean for s in steps],
     )
 
 

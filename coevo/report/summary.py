@@ -38,7 +38,8 @@ def _rate(x: float | None) -> str:
 
 
 def _loss(record: RoundRecord) -> str:
-    loss = record.grpo.loss if record.grpo is not None else None
+    step = record.grpo.last_step if record.grpo is not None else None
+    loss = step.loss if step is not None else None
     return "—" if loss is None else f"{loss:.4f}"
 
 

@@ -19,8 +19,10 @@ Imports only ``coevo.config.schema``, ``evolve_records`` and ``record_checks``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 from coevo.config.schema import MODES
 from coevo.rundir.evolve_records import EvolveReport, Verdict
@@ -83,8 +85,7 @@ class VariantStats(Record):
 @dataclass
 class StepMetrics(Record):
     """One GRPO step's figures, computed by ``coevo.trainers.step_metrics.step_metrics`` from the step's
-    tensors. A round's record keeps every step's (``GRPOMetrics.steps``) and the last one's fields
-    at its top level; ``GRPOMetrics`` has a field for each of these (a test holds them equal)."""
+    tensors. A round's record keeps every step's (``GRPOMetrics.steps``)."""
 
     loss: Float
     clip_fraction: Float
@@ -102,7 +103,8 @@ class StepMetrics(Record):
     tokens_per_s: Float
     grad_norm: Float
     lr: Float
-    staleness: dict[int, Int]  # model-version lag -> traces
+    # model-version lag -> traces; rounds.jsonl keeps the last step's only (JSON keys are strings: read back as ints)
+    staleness: dict[int, Int] = field(default_factory=dict)
     reward_mean: Float = 0.0  # over the step's trainable traces (every group, signal or not)
     reward_std: Float = 0.0
     approx_kl: Float = 0.0  # KL(behaviour || current) per token, k3 estimate from the ratio: how far reuse has moved
@@ -115,41 +117,60 @@ class StepMetrics(Record):
     tis_truncated_fraction: Float | None = None  # of those, the share whose weight trainer.tis_cap cut (None: off)
 
 
+def _nest_steps(data: Any) -> Any:
+    """A round's GRPO record as ``rounds.jsonl`` holds it (the last step's figures at the top level,
+    the round's reward and zero-variance share over them, every step's but staleness in ``steps``)
+    in ``GRPOMetrics``' nested form; anything else as it is."""
+    if not isinstance(data, dict) or "last_step" in data:
+        return data
+    flat = dict(data)
+    rows = flat.get("steps")
+    if rows is None and flat.get("loss") is not None:  # written before rounds kept every step
+        rows = [{k: v for k, v in flat.items() if k in STEP_FIELDS}]
+    if isinstance(rows, list) and rows and isinstance(rows[-1], dict):
+        rows = [*rows[:-1], rows[-1] | {"staleness": flat.get("staleness") or {}}]
+    return {"buffer_traces": flat.get("buffer_traces"), "steps": rows or [],
+            **{k: flat.get(k) for k in (*ROUND_WIDE, "critic_traces", "zero_variance_without_critic", "extra_tasks")}}
+
+
 @dataclass
 class GRPOMetrics(Record):
-    """The round's GRPO update: ``StepMetrics`` fields of its last step (every field None when no step
-    ran), each step's in ``steps``, and the buffered traces it trained on."""
+    """The round's GRPO update: every step's ``StepMetrics`` (the last is ``last_step``), the round's
+    reward mean and std and zero-variance share over its whole batch (a step may train on part of
+    it), and the buffered traces it trained on. ``to_dict`` writes it as ``rounds.jsonl`` always held
+    it: the last step's figures at the top level, these three over them."""
 
     buffer_traces: Int
-    loss: Float | None = None
-    clip_fraction: Float | None = None
-    kl: Float | None = None
-    ratio_mean: Float | None = None
-    ratio_min: Float | None = None
-    ratio_max: Float | None = None
-    advantage_mean: Float | None = None
-    advantage_std: Float | None = None
-    zero_variance_fraction: Float | None = None
-    excluded_traces: Int | None = None
-    infra_traces: Int | None = None
-    sequences: Int | None = None
-    tokens: Int | None = None
-    tokens_per_s: Float | None = None
-    grad_norm: Float | None = None
-    lr: Float | None = None
-    staleness: dict[int, Int] | None = None  # model-version lag → traces (JSON keys are strings: read back as ints)
-    reward_mean: Float | None = None
+    steps: list[StepMetrics] = field(default_factory=list)
+    reward_mean: Float | None = None  # over the round's trainable traces (every group, signal or not)
     reward_std: Float | None = None
-    approx_kl: Float | None = None  # KL(behaviour || current), k3 from the ratio
-    entropy: Float | None = None  # mean -log pi of the sampled tokens
-    sampler_mismatch_mean: Float | None = None  # |behaviour - sampler| log-prob per token (absent in older records)
-    sampler_mismatch_max: Float | None = None
-    sampler_tokens: Int | None = None
-    tis_truncated_fraction: Float | None = None
-    steps: list[dict[str, Any]] | None = None  # every step's scalar StepMetrics (the fields above are the last's)
+    zero_variance_fraction: Float | None = None
     critic_traces: Int | None = None  # of buffer_traces, the Critic's paired re-runs (buffer.critic_traces)
     zero_variance_without_critic: Float | None = None  # the groups' zero-variance share had they been left out
     extra_tasks: Int | None = None  # tasks dynamic sampling added to the round's groups (rollout.signal_groups)
+
+    @property
+    def last_step(self) -> StepMetrics | None:
+        return self.steps[-1] if self.steps else None
+
+    def to_dict(self) -> dict[str, Any]:
+        last = self.last_step.to_dict() if self.last_step is not None else dict.fromkeys(STEP_FIELDS)
+        if self.last_step is not None:
+            last |= {k: getattr(self, k) for k in ROUND_WIDE}
+        rows = [{k: v for k, v in step.to_dict().items() if k != "staleness"} for step in self.steps]
+        return {"buffer_traces": self.buffer_traces, **last, "steps": rows or None, "critic_traces": self.critic_traces,
+                "zero_variance_without_critic": self.zero_variance_without_critic, "extra_tasks": self.extra_tasks}
+
+    @classmethod
+    def from_dict(cls, data: object, where: str | None = None) -> GRPOMetrics:
+        return super().from_dict(_nest_steps(data), where)
+
+
+STEP_FIELDS = tuple(f.name for f in fields(StepMetrics))
+ROUND_WIDE = ("reward_mean", "reward_std", "zero_variance_fraction")
+"""The figures the round's record gives over its whole batch where a step gives them over its own."""
+GRPORow = Annotated[GRPOMetrics, BeforeValidator(_nest_steps)]
+"""A round's GRPO record read back from ``rounds.jsonl``'s form (``GRPOMetrics.to_dict``)."""
 
 
 @dataclass
@@ -175,7 +196,7 @@ class RoundRecord(Record):
     variants: dict[Str, Str]  # variant → harness id after the round
     by_variant: dict[Str, VariantStats]
     evolve: EvolveReport | None
-    grpo: GRPOMetrics | None
+    grpo: GRPORow | None
     meta_tokens: JSONDict  # TokenLedger.as_dict() (cumulative)
     buffer: BufferStats | None
     unscaffolded: TrainStats | None = None  # the episodes without the scaffolding (rollout.unscaffolded_attempts)

@@ -133,30 +133,18 @@ def test_without_sampler_logprobs_the_figures_are_empty_and_the_cap_changes_noth
 
 
 def test_mismatch_figures_reach_the_round_records_steps(tok):
-    """The loop keeps every StepMetrics field but staleness in ``grpo.steps`` (coevo/loop/coevolution.py ``_train``);
-    the figures survive GRPOMetrics' validation and a JSON round trip."""
+    """The round's record keeps every step's figures (``grpo.steps``) and writes the last step's at
+    its top level (rounds.jsonl's form): the mismatch figures survive the JSON round trip both ways."""
     model = tiny_model(tok, seed=0)
     traces = synthetic_traces(model, tok)
     with_sampler(traces)
-    step = make_trainer(model, tok, lr=0.0, tis_cap=CAP).step(traces).to_dict()
-    row = {k: v for k, v in step.items() if k != "staleness"}  # what the loop stores per step
-    grpo = GRPOMetrics.from_dict(step | {"buffer_traces": len(traces), "steps": [row]})
-    back = GRPOMetrics.from_dict(json.loads(json.dumps(grpo.to_dict())))
+    step = make_trainer(model, tok, lr=0.0, tis_cap=CAP).step(traces)
+    written = GRPOMetrics(buffer_traces=len(traces), steps=[step]).to_dict()
+    back = GRPOMetrics.from_dict(json.loads(json.dumps(written)))
     keys = ("sampler_mismatch_mean", "sampler_mismatch_max", "sampler_tokens", "tis_truncated_fraction")
-    assert all(back.steps[0][k] == step[k] for k in keys)
-    assert all(getattr(back, k) == step[k] for k in keys)  # the round's own fields keep them too
-    assert step["sampler_mismatch_max"] == pytest.approx(2.5, abs=1e-6) and step["sampler_tokens"] > 0
-
-
-def test_the_round_record_has_a_field_for_every_step_figure():
-    """``GRPOMetrics`` holds the last step's ``StepMetrics`` at its top level: a figure added to one and
-    not the other would be dropped from rounds.jsonl (or refused on reading)."""
-    from dataclasses import fields
-
-    from coevo.rundir.records import StepMetrics
-
-    assert {f.name for f in fields(StepMetrics)} <= {f.name for f in fields(GRPOMetrics)}
-
+    assert back == GRPOMetrics(buffer_traces=len(traces), steps=[step])  # staleness too: the last step's
+    assert all(written[k] == written["steps"][0][k] == getattr(step, k) for k in keys)
+    assert step.sampler_mismatch_max == pytest.approx(2.5, abs=1e-6) and step.sampler_tokens > 0
 
 def test_a_sampler_logprob_count_that_does_not_fit_the_call_is_refused(tok):
     model = tiny_model(tok, seed=0)
