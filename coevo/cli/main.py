@@ -25,7 +25,7 @@ from coevo.cli.options import (
     split_env_arg,
     with_sampling,
 )
-from coevo.config.schema import RolloutConfig
+from coevo.config.schema import EvolutionConfig, RolloutConfig
 from coevo.errors import USAGE_EXIT, debugging, one_line, reported_as_one_line
 
 if TYPE_CHECKING:
@@ -230,6 +230,7 @@ def stream_cmd(
     from coevo.safety.secrets import start_redaction
     from coevo.streams import PROTOCOLS, run_stream
     from coevo.streams.axes import get_axis, tool_owners
+    from coevo.streams.config import StreamConfig
 
     env_cls = resolve_env(env_name)
     try:
@@ -239,6 +240,13 @@ def stream_cmd(
     bad = [p for p in protocols if p not in PROTOCOLS]
     if bad:
         raise typer.BadParameter(f"protocol must be one of {list(PROTOCOLS)}, got {bad}", param_hint="--protocol")
+    try:
+        config = StreamConfig(axis=axis, stages=stages, protocols=tuple(protocols), rounds_per_stage=rounds_per_stage,
+                              adapt_limit=adapt_limit, eval_limit=eval_limit, seed=seed,
+                              rollout=RolloutConfig(attempts=attempts, max_steps=max_steps, batch_size=batch_size),
+                              evolution=EvolutionConfig(gate="seesaw", critic_attempts=attempts))
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     start = with_sampling(load_harness(harness), temperature, max_new_tokens, attempts, max_steps)
     start_redaction()  # before the env: a variable it unsets after reading stays redacted from the files
     env = env_cls(**parse_env_args(env_args))
@@ -253,9 +261,7 @@ def stream_cmd(
             policy = cli_policy(model, backend, device, None, env_name, seed, env=env, delegate=axis == "agents")
         say_prompt_size(policy, start, env, "train", max_steps)
         try:
-            result = run_stream(env, policy, out, axis=axis, stages=stages, protocols=protocols, base=start,
-                                rounds_per_stage=rounds_per_stage, attempts=attempts, adapt_limit=adapt_limit,
-                                eval_limit=eval_limit, batch_size=batch_size, max_steps=max_steps, seed=seed)
+            result = run_stream(env, policy, out, config, base=start)
         except ValueError as err:  # a stream that cannot be built from this env's annotations
             raise typer.BadParameter(str(err)) from None
     finally:

@@ -25,6 +25,7 @@ from coevo.loop.builders import (
     build_models,
     build_processes,
     build_rollout_policy,
+    build_rollouts,
     build_schedule,
     build_training,
     start_harness,
@@ -145,7 +146,6 @@ def run_on_env(cfg: TrainConfig, env: Env, accelerator: Accelerator, *,
     starting harness, the run directory, the weights and the policy, AEGIS, GRPO's half of a round,
     then the rounds and the report. ``reshard_after_forward``: an FSDP2 launch config's choice
     (``launch_accelerator``), None for the trainer's default."""
-    from coevo.agent.rollouts import RolloutService
     from coevo.evolution.reference import ReferenceStore, build_references
     from coevo.loop.coevolution import Coevolution
     from coevo.report.progress import NullProgress, RichProgress
@@ -166,13 +166,12 @@ def run_on_env(cfg: TrainConfig, env: Env, accelerator: Accelerator, *,
     if prompt_size is not None:
         progress.message(prompt_size)
 
-    rollouts = RolloutService(policy, env, batch_size=cfg.rollout.batch_size, max_steps=cfg.rollout.max_steps,
-                              workers=cfg.rollout.workers, seed=cfg.seed, progress=progress, tokenizer=models.tokenizer)
+    rollouts = build_rollouts(cfg.rollout, policy, env, seed=cfg.seed, progress=progress, tokenizer=models.tokenizer)
     # every train task's reference serves the Digester; only those of the pool and of tasks no
     # remaining round trains on may become demonstrations (Coevolution.withheld)
     store = ReferenceStore(run_dir / "references", tokenizer=models.tokenizer)
     references = build_references(env, [*train, *pool], store) if mode.evolves and is_main else {}
-    aegis = build_aegis(cfg, start, rollouts, build_meta(cfg, run_dir), tasks={t.task_id: t for t in train},
+    aegis = build_aegis(cfg.evolution, start, rollouts, build_meta(cfg, run_dir), tasks={t.task_id: t for t in train},
                         references=references, tools=env_tools, inert=env.inert_processors)
     training = build_training(cfg, models, run_dir, is_main=is_main) if mode.trains else None
     tracker = make_tracker(cfg.logger.kind, **tracker_kwargs(cfg, run_dir)) if is_main else NullTracker()

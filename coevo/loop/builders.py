@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from coevo.agent.policy import Policy
 from coevo.config.mode import Mode
-from coevo.config.schema import EvolutionConfig, TrainConfig
+from coevo.config.schema import EvolutionConfig, RolloutConfig, TrainConfig
 from coevo.errors import UsageError
 from coevo.loop.config_check import SCRIPTED_MODELS
 from coevo.loop.schedule import Processes, Schedule, Training
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from coevo.evolution.engine import AEGIS
     from coevo.evolution.meta_agent import MetaAgent
     from coevo.harness.harness import Harness
+    from coevo.report.progress import ProgressDisplay
     from coevo.trainers.grpo import GRPOTrainer
 
 
@@ -188,17 +189,26 @@ def start_harness(cfg: TrainConfig) -> Harness:
     return h
 
 
-def build_aegis(cfg: TrainConfig, start: Harness, rollouts: RolloutService, meta: MetaAgent, *,
+def build_rollouts(r: RolloutConfig, policy: Policy, env: Env, *, seed: int, progress: ProgressDisplay | None,
+                   tokenizer: PreTrainedTokenizerBase | None = None) -> RolloutService:
+    """The service every episode of a run goes through, from ``rollout.*``."""
+    from coevo.agent.rollouts import RolloutService
+
+    return RolloutService(policy, env, batch_size=r.batch_size, max_steps=r.max_steps, workers=r.workers, seed=seed,
+                          progress=progress, tokenizer=tokenizer)
+
+
+def build_aegis(e: EvolutionConfig, start: Harness, rollouts: RolloutService, meta: MetaAgent, *,
                 tasks: dict[str, Task], references: dict[str, Trace], tools: list[str],
-                inert: frozenset[str] = frozenset()) -> AEGIS:
-    """AEGIS over the train tasks: the meta-agent proposes, the Critic of ``evolution.*`` judges, and
-    ``evolution.patience`` rounds without a shipped edit end the search. ``inert``: processor kinds
-    that change nothing on this agent (``Env.inert_processors``: a program's own tools and answers)."""
+                inert: frozenset[str] = frozenset(), critic: Critic | None = None) -> AEGIS:
+    """AEGIS over the train tasks: the meta-agent proposes, the Critic of ``evolution.*`` judges (or
+    ``critic``, one built elsewhere), and ``evolution.patience`` rounds without a shipped edit end the
+    search. ``inert``: processor kinds that change nothing on this agent (``Env.inert_processors``: a
+    program's own tools and answers)."""
     from coevo.evolution.engine import AEGIS
     from coevo.evolution.pool import Patience
 
-    e = cfg.evolution
-    critic = make_critic(e, rollouts.critic_rollout())
+    critic = critic or make_critic(e, rollouts.critic_rollout())
     return AEGIS(start, meta, critic, tasks=tasks, critic_pool=tasks, references=references, tools=tools,
                  max_variants=e.max_variants, max_proposals=e.max_proposals, router=meta.route if e.router else None,
                  patience=Patience(rounds=e.patience) if e.patience is not None else None, inert=inert)

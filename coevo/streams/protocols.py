@@ -29,9 +29,9 @@ from coevo.agent.trace import Trace
 from coevo.config.schema import EvolutionConfig
 from coevo.envs.base import Task
 from coevo.evolution.critic import Critic
-from coevo.evolution.engine import AEGIS
 from coevo.evolution.meta_agent import MetaAgent
 from coevo.harness.harness import Harness
+from coevo.loop.builders import build_aegis
 from coevo.loop.coevolution import Coevolution
 from coevo.loop.schedule import Schedule, Splits
 from coevo.report.progress import NullProgress
@@ -105,11 +105,11 @@ def task_specific_reference(stream: Stream, base: Harness, axis_harness: AxisHar
 
 
 def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, rollouts: RolloutService,
-                  meta: MetaAgent, critic: Critic, run_dir: str | Path, *, rounds_per_stage: int = 1,
-                  attempts: int = 1, references: Mapping[str, Trace] | None = None, distractors_per_stage: int = 0,
-                  max_variants: int = EvolutionConfig.max_variants, max_proposals: int = EvolutionConfig.max_proposals,
-                  seed: int = 0) -> ProtocolResult:
-    """AEGIS carried across stages (see the module docstring).
+                  meta: MetaAgent, run_dir: str | Path, evolution: EvolutionConfig, *, critic: Critic | None = None,
+                  rounds_per_stage: int = 1, attempts: int = 1, references: Mapping[str, Trace] | None = None,
+                  distractors_per_stage: int = 0, seed: int = 0) -> ProtocolResult:
+    """AEGIS carried across stages (see the module docstring), built as the main job builds it
+    (``coevo.loop.builders.build_aegis`` over ``evolution``; ``critic`` replaces its Critic).
 
     ``references``: task id → reference trajectory of adaptation-split (train) tasks; at stage s
     AEGIS sees only those of cohorts ≤ s, so no demonstration uses a capability not yet released.
@@ -122,8 +122,8 @@ def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, roll
     universe = frozenset(stream.universe)
     cohort_of = {t.task_id: s for s, cohort in enumerate(stream.cohorts) for t in cohort}
     probe = next(t for cohort in stream.cohorts for t in cohort)  # any task: only its session's tools are read
-    aegis = AEGIS(starts[0], meta, critic, tasks={t.task_id: t for c in stream.adapt for t in c},
-                  max_variants=max_variants, max_proposals=max_proposals)
+    aegis = build_aegis(evolution, starts[0], rollouts, meta, tasks={t.task_id: t for c in stream.adapt for t in c},
+                        references={}, tools=[], critic=critic)
     result = ProtocolResult("self_evolving", stream.n_stages)
     progress = rollouts.progress or NullProgress()
     next_round = 0  # AEGIS numbers its rounds across stages (its monitors need them to increase)
@@ -132,8 +132,9 @@ def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, roll
             aegis.release(lambda h, s=s: axis_harness(h, stream.cumulative[s], universe, distractors_per_stage * s),
                           round=next_round - 1, note=f"stage {s} released")
         aegis.references = {tid: r for tid, r in (references or {}).items() if cohort_of.get(tid, s + 1) <= s}
+        aegis.critic_pool = {t.task_id: t for j in range(s + 1) for t in stream.adapt[j]}  # released cohorts only
         aegis.tools = exposed_tools(aegis.harness(), rollouts.env, probe)
-        reruns = critic.reruns
+        reruns = aegis.critic.reruns
         batch = list(stream.adapt[s])
         if batch and rounds_per_stage:
             schedule = Schedule(rounds=rounds_per_stage, batch_tasks=len(batch), attempts=attempts, seed=seed,
@@ -145,7 +146,7 @@ def self_evolving(stream: Stream, base: Harness, axis_harness: AxisHarness, roll
             for record in loop.run():
                 result.adapt_tokens[s] += record.train.tokens
                 result.evolve_reports.append({"stage": s, **record.evolve.to_dict()})
-        result.critic_episodes[s] = critic.reruns - reruns
+        result.critic_episodes[s] = aegis.critic.reruns - reruns
         tasks = [(j, t) for j in range(s + 1) for t in stream.evaluate[j]]
         harnesses, variants = aegis.routed([t for _, t in tasks])
         items = [(s, j, t, h, v) for (j, t), h, v in zip(tasks, harnesses, variants, strict=True)]

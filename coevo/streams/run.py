@@ -27,18 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from coevo.agent.policy import Policy
-from coevo.agent.rollouts import RolloutService
-from coevo.config.schema import EvolutionConfig, RolloutConfig
 from coevo.envs.base import Env
-from coevo.evolution.critic import GATES, Critic
+from coevo.evolution.critic import Critic
 from coevo.evolution.meta_agent import MetaAgent
 from coevo.evolution.reference import ReferenceStore, build_references
 from coevo.harness.defaults import base_harness
 from coevo.harness.harness import Harness
+from coevo.loop.builders import build_rollouts
 from coevo.meta.rule import RuleMetaAgent
 from coevo.report.progress import NullProgress, RichProgress
 from coevo.safety.secrets import redact, secret_env_values
 from coevo.streams.axes import agents_harness, get_axis, tool_owners, with_agent_capabilities
+from coevo.streams.config import StreamConfig
 from coevo.streams.construct import ADAPT_SPLIT, Stream, build_stream, hash_order
 from coevo.streams.metrics import (
     Matrix,
@@ -51,7 +51,6 @@ from coevo.streams.metrics import (
 )
 from coevo.streams.outcomes import ProtocolResult
 from coevo.streams.protocols import (
-    PROTOCOLS,
     deployment,
     self_evolving,
     stage_harnesses,
@@ -85,116 +84,75 @@ def protocol_metrics(result: ProtocolResult, reference: list[float | None]) -> d
     }
 
 
-def _check_args(protocols: Sequence[str], attempts: int, rounds_per_stage: int, gate: str,
-                references_per_stage: int) -> None:
-    if isinstance(protocols, str):
-        raise ValueError(  # noqa: TRY004 - a string is a list of names mistyped, as elsewhere in coevo
-            f"protocols must be a list of names from {list(PROTOCOLS)}, not the string {protocols!r}")
-    unknown = [p for p in protocols if p not in PROTOCOLS]
-    if unknown or not protocols or len(set(protocols)) != len(protocols):
-        raise ValueError(f"protocols must be distinct names from {list(PROTOCOLS)}, got {list(protocols)}")
-    if attempts < 1:
-        raise ValueError(f"attempts must be >= 1, got {attempts}")
-    if rounds_per_stage < 0:
-        raise ValueError(f"rounds_per_stage must be >= 0, got {rounds_per_stage}")
-    if gate not in GATES:
-        raise ValueError(f"gate must be one of {list(GATES)}, got {gate!r}")
-    if references_per_stage < 0:
-        raise ValueError(f"references_per_stage must be >= 0, got {references_per_stage}")
-
-
 def run_stream(
     env: Env,
     policy: Policy,
     out_dir: str | Path,
+    config: StreamConfig | None = None,
     *,
-    axis: str = "tools",
-    stages: int = 3,
-    protocols: Sequence[str] = PROTOCOLS,
     base: Harness | None = None,
     meta: MetaAgent | None = None,
     critic: Critic | None = None,
-    rounds_per_stage: int = 1,
-    attempts: int = 1,
-    adapt_limit: int | None = 8,
-    eval_limit: int | None = 16,
-    eval_splits: Sequence[str] = ("val",),
-    distractors_per_stage: int = 2,
-    references_per_stage: int = 4,
-    gate: str = "seesaw",
-    max_variants: int = EvolutionConfig.max_variants,
-    max_proposals: int = EvolutionConfig.max_proposals,
-    batch_size: int = RolloutConfig.batch_size,
-    max_steps: int = RolloutConfig.max_steps,
-    workers: int = RolloutConfig.workers,
-    seed: int = 0,
     progress: Progress | None = None,
 ) -> StreamRun:
-    """Build the ``axis`` stream of ``env`` (train + ``eval_splits`` tasks) into ``stages`` stages,
-    run the task-specific reference and ``protocols``, and write the files listed in the module
-    docstring into ``out_dir``.
-
-    ``adapt_limit``/``eval_limit``: tasks per cohort of each split (None: all); ``attempts``:
-    episodes per task (pass@1 is their mean); ``distractors_per_stage``: fake tools added per stage
-    (tools axis); ``base``: the starting harness (default ``base_harness()``). Self-evolving only:
-    ``meta`` (default the rule meta-agent), ``critic`` (default a Critic re-running with ``policy``
-    on ``env``, k = ``attempts``, ``gate``), ``rounds_per_stage``, ``references_per_stage`` (train
-    tasks per cohort beyond its adaptation split whose gold trajectories may serve as demonstrations),
-    ``max_variants``, ``max_proposals``. ``seed`` fixes which tasks the limits keep.
-    """
-    _check_args(protocols, attempts, rounds_per_stage, gate, references_per_stage)
-    spec = get_axis(axis)
+    """Build the ``config.axis`` stream of ``env`` (train + ``eval_splits`` tasks) into its stages,
+    run the task-specific reference and the protocols, and write the files listed in the module
+    docstring into ``out_dir``. ``config``: ``StreamConfig`` (its defaults when None); ``base``: the
+    starting harness (default ``base_harness()``). Self-evolving only: ``meta`` (default the rule
+    meta-agent) and ``critic`` (default the Critic of ``config.evolution`` re-running with
+    ``policy`` on ``env``), both handed to the same builders the main job uses."""
+    c = config or StreamConfig()
+    spec = get_axis(c.axis)
     progress = progress or RichProgress()
     out = Path(out_dir)
     base = base or base_harness()
-    tasks = env.tasks(ADAPT_SPLIT) + [t for split in eval_splits for t in env.tasks(split)]
+    tasks = env.tasks(ADAPT_SPLIT) + [t for split in c.eval_splits for t in env.tasks(split)]
     axis_harness = spec.harness
-    if axis == "agents":  # entities own the tools: tasks need the specialists owning their tools
+    if c.axis == "agents":  # entities own the tools: tasks need the specialists owning their tools
         owner = tool_owners(env)
         tasks = with_agent_capabilities(tasks, owner)
         axis_harness = partial(agents_harness, owner=owner)
-    stream = build_stream(tasks, prefix=spec.prefix, stages=stages, eval_splits=eval_splits,
-                          adapt_limit=adapt_limit, eval_limit=eval_limit, seed=seed)
-    stage_harnesses(stream, base, axis_harness, distractors_per_stage)  # bad axis settings fail before any episode
+    stream = build_stream(tasks, prefix=spec.prefix, stages=c.stages, eval_splits=c.eval_splits,
+                          adapt_limit=c.adapt_limit, eval_limit=c.eval_limit, seed=c.seed)
+    stage_harnesses(stream, base, axis_harness, c.distractors_per_stage)  # bad axis settings fail before any episode
     out.mkdir(parents=True, exist_ok=True)
-    args = {"env": env.name, "axis": axis, "stages": stages, "protocols": list(protocols), "base": base.id,
-            "rounds_per_stage": rounds_per_stage, "attempts": attempts, "adapt_limit": adapt_limit,
-            "eval_limit": eval_limit, "eval_splits": list(eval_splits), "distractors_per_stage": distractors_per_stage,
-            "gate": gate, "seed": seed, "model_version": policy.model_version}
+    attempts = c.rollout.attempts
+    args = {"env": env.name, "axis": c.axis, "stages": c.stages, "protocols": list(c.protocols), "base": base.id,
+            "rounds_per_stage": c.rounds_per_stage, "attempts": attempts, "adapt_limit": c.adapt_limit,
+            "eval_limit": c.eval_limit, "eval_splits": list(c.eval_splits),
+            "distractors_per_stage": c.distractors_per_stage, "gate": c.evolution.gate, "seed": c.seed,
+            "model_version": policy.model_version}
     _write_json(out / "stream.json", {"args": args, **stream.summary()})
-    progress.message(f"{axis} stream of {env.name}: {stream.n_stages} stages, cohorts "
-                     f"{[len(c) for c in stream.evaluate]} evaluation tasks")
+    progress.message(f"{c.axis} stream of {env.name}: {stream.n_stages} stages, cohorts "
+                     f"{[len(cohort) for cohort in stream.evaluate]} evaluation tasks")
 
-    rollouts = RolloutService(policy, env, batch_size=batch_size, max_steps=max_steps, workers=workers, seed=seed,
-                              progress=progress)
+    rollouts = build_rollouts(c.rollout, policy, env, seed=c.seed, progress=progress)
     results: dict[str, ProtocolResult] = {
         "reference": task_specific_reference(stream, base, axis_harness, rollouts, attempts=attempts)}
-    if "deployment" in protocols:
+    if "deployment" in c.protocols:
         results["deployment"] = deployment(stream, base, axis_harness, rollouts, attempts=attempts,
-                                           distractors_per_stage=distractors_per_stage)
-    if "self_evolving" in protocols:
-        critic = critic or Critic(rollouts.critic_rollout(), k=attempts, gate=gate)
-        references = _references(env, stream, references_per_stage, seed, out / "references")
+                                           distractors_per_stage=c.distractors_per_stage)
+    if "self_evolving" in c.protocols:
+        references = _references(env, stream, c.references_per_stage, c.seed, out / "references")
         results["self_evolving"] = self_evolving(
-            stream, base, axis_harness, rollouts, meta or RuleMetaAgent(), critic, out / "self_evolving",
-            rounds_per_stage=rounds_per_stage, attempts=attempts, references=references,
-            distractors_per_stage=distractors_per_stage, max_variants=max_variants, max_proposals=max_proposals,
-            seed=seed)
+            stream, base, axis_harness, rollouts, meta or RuleMetaAgent(), out / "self_evolving", c.evolution,
+            critic=critic, rounds_per_stage=c.rounds_per_stage, attempts=attempts, references=references,
+            distractors_per_stage=c.distractors_per_stage, seed=c.seed)
 
     reference = reference_rates(results["reference"].outcomes, stream.n_stages)
     metrics: dict[str, Any] = {
-        "axis": axis, "stages": stream.n_stages, "released": [list(r) for r in stream.released],
+        "axis": c.axis, "stages": stream.n_stages, "released": [list(r) for r in stream.released],
         "reference": {"pass_rate": reference,
                       "eval_tokens": stage_tokens(results["reference"].outcomes, stream.n_stages)},
     }
-    for name in protocols:
+    for name in c.protocols:
         metrics[name] = protocol_metrics(results[name], reference)
         _write_matrix(out, name, metrics[name], stream)
     _write_json(out / "metrics.json", metrics)
     _write_outcomes(out, results)
     _write_harnesses(out, results)
-    draw_stream(out / "stream.png", {name: metrics[name] for name in protocols}, stream)
-    _summary_table(progress, metrics, protocols)
+    draw_stream(out / "stream.png", {name: metrics[name] for name in c.protocols}, stream)
+    _summary_table(progress, metrics, c.protocols)
     return StreamRun(stream, results, metrics, out)
 
 

@@ -11,9 +11,11 @@ from typer.testing import CliRunner
 
 from coevo.agent.gold import GoldPolicy, segments
 from coevo.agent.rollouts import RolloutService
+from coevo.config.schema import RolloutConfig
 from coevo.envs.office import OWNER, OfficeEnv, degraded, final_answer
 from coevo.harness.defaults import base_harness
 from coevo.streams.axes import agents_harness
+from coevo.streams.config import StreamConfig
 
 ENTITIES = frozenset(OWNER.values())
 
@@ -74,10 +76,11 @@ def test_the_agents_axis_stream_runs_both_protocols_on_office(tmp_path, env):
     from coevo.streams import run_stream
 
     tasks = every_task(env)
-    result = run_stream(env, GoldPolicy(tasks, answer=final_answer, owner=OWNER), tmp_path, axis="agents", stages=2,
-                        protocols=("deployment", "self_evolving"), base=base_harness()
-                        .set_param("sampling", "max_new_tokens", 1024).set_param("step_budget", "max_steps", 10),
-                        adapt_limit=3, eval_limit=4, max_steps=10, progress=NullProgress())
+    config = StreamConfig(axis="agents", stages=2, adapt_limit=3, eval_limit=4,
+                          rollout=RolloutConfig(attempts=1, max_steps=10))
+    result = run_stream(env, GoldPolicy(tasks, answer=final_answer, owner=OWNER), tmp_path, config,
+                        base=base_harness().set_param("sampling", "max_new_tokens", 1024)
+                        .set_param("step_budget", "max_steps", 10), progress=NullProgress())
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["stages"] == 2 and len(result.stream.released) == 2
     for protocol in ("deployment", "self_evolving"):

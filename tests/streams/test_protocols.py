@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from coevo.agent.policy import ScriptedPolicy
+from coevo.config.schema import EvolutionConfig
 from coevo.evolution.critic import Critic
 from coevo.evolution.meta_agent import PlanContext, TokenLedger, demo_question
 from coevo.evolution.reference import gold_reference
@@ -19,6 +20,8 @@ from coevo.streams.metrics import backward_transfer, forward_transfer, pass_matr
 from coevo.streams.protocols import deployment, self_evolving, task_specific_reference
 from tests.aegis_helpers import critic_rollout, service
 from tests.streams.toolbox import TEMPLATE, ToolboxEnv, make_tasks, solve
+
+EVOLUTION = EvolutionConfig(gate="seesaw", critic_attempts=1)  # the stream's defaults (StreamConfig)
 
 # add: 4 val tasks + 1 plain val task; at stage 2 five tools are listed and add tasks fail
 DEPLOYMENT = [[1.0, None, None], [1.0, 0.0, None], [0.2, 0.0, 1.0]]
@@ -105,8 +108,8 @@ def test_self_evolving_carries_the_evolved_harness_and_gains_new_tools(env, stre
     # references of an add task (stage 0) and of neg tasks (stage 2): at stage 1 only the first may show
     references = {tid: gold_reference(env, train[tid]) for tid in ("add-0", "neg-0", "neg-2")}
     adapt = build_stream(make_tasks(), prefix="tool:", stages=3, adapt_limit=2)  # add-0 may be outside the batch
-    result = self_evolving(adapt, base_harness(), tools_harness, service(policy, env), meta, critic, tmp_path,
-                           rounds_per_stage=1, references=references, distractors_per_stage=1)
+    result = self_evolving(adapt, base_harness(), tools_harness, service(policy, env), meta, tmp_path, EVOLUTION,
+                           critic=critic, rounds_per_stage=1, references=references, distractors_per_stage=1)
     assert pass_matrix(result.outcomes, 3) == EVOLVED
     assert [ctx.round for ctx in meta.contexts] == [1]  # stage 0 passed everything: nothing to evolve
     # add-0's; neg's are not released
@@ -127,10 +130,10 @@ def test_self_evolving_carries_the_evolved_harness_and_gains_new_tools(env, stre
 
 def test_zero_rounds_is_deployment_with_a_carried_harness(env, stream, policy, tmp_path):
     critic = Critic(critic_rollout(policy, env, max_steps=6), k=1)
-    result = self_evolving(stream, base_harness(), tools_harness, service(policy, env), TemplateMeta(), critic,
-                           tmp_path, rounds_per_stage=0, distractors_per_stage=1)
+    result = self_evolving(stream, base_harness(), tools_harness, service(policy, env), TemplateMeta(), tmp_path,
+                           EVOLUTION, critic=critic, rounds_per_stage=0, distractors_per_stage=1)
     assert pass_matrix(result.outcomes, 3) == DEPLOYMENT
     assert result.evolve_reports == [] and result.adapt_tokens == [0, 0, 0]
     with pytest.raises(ValueError, match="rounds_per_stage must be >= 0"):
-        self_evolving(stream, base_harness(), tools_harness, service(policy, env), TemplateMeta(), critic, tmp_path,
-                      rounds_per_stage=-1)
+        self_evolving(stream, base_harness(), tools_harness, service(policy, env), TemplateMeta(), tmp_path,
+                      EVOLUTION, critic=critic, rounds_per_stage=-1)

@@ -10,9 +10,11 @@ import json
 import pytest
 
 from coevo.agent.policy import ScriptedPolicy
+from coevo.config.schema import EvolutionConfig, RolloutConfig
 from coevo.harness.harness import Harness
 from coevo.report.progress import NullProgress
 from coevo.streams import run_stream
+from coevo.streams.config import StreamConfig
 from tests.streams.test_protocols import DEPLOYMENT, REFERENCE
 from tests.streams.toolbox import ToolboxEnv, solve
 
@@ -20,9 +22,10 @@ from tests.streams.toolbox import ToolboxEnv, solve
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("stream")
-    return run_stream(ToolboxEnv(), ScriptedPolicy(solve), out, axis="tools", stages=3,
-                      protocols=("deployment", "self_evolving"), rounds_per_stage=1, attempts=1, adapt_limit=None,
-                      eval_limit=None, distractors_per_stage=1, max_steps=6, seed=0)
+    config = StreamConfig(axis="tools", stages=3, protocols=("deployment", "self_evolving"), rounds_per_stage=1,
+                          adapt_limit=None, eval_limit=None, distractors_per_stage=1,
+                          rollout=RolloutConfig(attempts=1, max_steps=6), seed=0)
+    return run_stream(ToolboxEnv(), ScriptedPolicy(solve), out, config)
 
 
 def test_every_file_is_written(run):
@@ -71,8 +74,9 @@ def test_outcomes_cover_every_stage_cohort_and_task(run):
 
 
 def test_one_protocol_and_the_skills_axis(tmp_path):
-    result = run_stream(ToolboxEnv(), ScriptedPolicy(solve), tmp_path, axis="skills", stages=2,
-                        protocols=["deployment"], adapt_limit=None, eval_limit=2, max_steps=6, progress=NullProgress())
+    config = StreamConfig(axis="skills", stages=2, protocols=("deployment",), adapt_limit=None, eval_limit=2,
+                          rollout=RolloutConfig(attempts=1, max_steps=6))
+    result = run_stream(ToolboxEnv(), ScriptedPolicy(solve), tmp_path, config, progress=NullProgress())
     assert (tmp_path / "matrix-deployment.csv").is_file() and not (tmp_path / "matrix-self_evolving.csv").exists()
     assert result.stream.released == (("add", "mul"), ("neg",))
     assert "skill_library" in result.results["deployment"].harnesses[1]["base"]
@@ -80,14 +84,16 @@ def test_one_protocol_and_the_skills_axis(tmp_path):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"protocols": "deployment"}, "not the string"),
-    ({"protocols": ["deploy"]}, "protocols must be distinct names from"),
+    ({"protocols": ("deploy",)}, "protocols must be distinct names from"),
+    ({"protocols": ("deployment", "deployment")}, "protocols must be distinct names from"),
     ({"axis": "memory"}, "axis must be one of"),
-    ({"attempts": 0}, "attempts must be >= 1"),
-    ({"gate": "vote"}, "gate must be one of"),
-    ({"stages": 0}, "stages must be an integer >= 1"),
+    ({"rollout": RolloutConfig(attempts=0)}, r"config rollout.attempts=0 is not allowed; it must be >= 1"),
+    ({"evolution": EvolutionConfig(gate="vote")}, r"config evolution.gate='vote' is not allowed; choose"),
+    ({"stages": 0}, r"config stages=0 is not allowed; it must be >= 1"),
+    ({"adapt_limit": 0}, r"config adapt_limit=0 is not allowed"),
     ({"axis": "agents"}, "env 'toolbox' has no tool_owners map"),
     ({"distractors_per_stage": 6}, "distractors must be an integer in 0..10"),
 ])
 def test_bad_arguments_are_refused(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        run_stream(ToolboxEnv(), ScriptedPolicy(solve), tmp_path, progress=NullProgress(), **kwargs)
+        run_stream(ToolboxEnv(), ScriptedPolicy(solve), tmp_path, StreamConfig(**kwargs), progress=NullProgress())
