@@ -96,7 +96,7 @@ def completion_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention
     for layer in cache.layers:  # the rows only read the prefix: a recomputed (checkpointed) layer reads it alike
         layer.update = partial(_read_prefix, layer)  # type: ignore[method-assign,union-attr]  # this cache only
     out = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, output_hidden_states=True,
-                logits_to_keep=1, use_cache=True, **{key: cache})
+                logits_to_keep=1, use_cache=False, **{key: cache})  # read only: nothing to return
     return out.hidden_states[-1][rows, positions - shared]  # [N, H]
 
 
