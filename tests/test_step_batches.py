@@ -56,7 +56,9 @@ def test_a_cap_splits_the_spread_groups_whole_and_covers_them_before_repeating()
 
 def test_a_group_larger_than_the_cap_is_still_trained_whole():
     traces = _round(2, 0, size=6)
-    for part, _ in step_batches(traces, [0] * len(traces), 2, 4, seed="0-0"):
+    parts = step_batches(traces, [0] * len(traces), 2, 4, seed="0-0")
+    assert len(parts) == 2  # two steps, each holding the whole group
+    for part, _ in parts:
         assert len(part) == 6
 
 

@@ -119,7 +119,9 @@ def run(respond: Any, harness: Harness | None = None, **kwargs: Any) -> list:
 
 
 def test_the_scripted_gold_policy_passes_through_delegation():
-    for trace in run(gold):
+    traces = run(gold)
+    assert traces
+    for trace in traces:
         assert trace.passed and trace.error is None, (trace.error, trace.stop_reason)
         assert [c.name for c in trace.tool_calls if not c.agent] == ["ask_notes", "ask_clock"]
         delegated = [(c.agent, c.name) for c in trace.tool_calls if c.agent]
@@ -151,7 +153,9 @@ def crashing(messages: list[Message]) -> str:
 
 
 def test_a_specialist_that_crashes_comes_back_as_a_tool_error_and_the_lead_goes_on():
-    for trace in run(crashing):
+    traces = run(crashing)
+    assert traces
+    for trace in traces:
         assert trace.error is None and trace.stop_reason == "answer"  # the parent episode ended normally
         (clock,) = [c for c in trace.tool_calls if c.name == "ask_clock"]
         assert "specialist 'clock' failed" in clock.error and "clock service is down" in clock.error
@@ -166,7 +170,9 @@ def looping(messages: list[Message]) -> str:
 
 def test_a_specialist_that_loops_is_stopped_at_its_step_budget():
     h = lead_harness().set_param("specialist_notes", "max_steps", 3)
-    for trace in run(looping, h):
+    traces = run(looping, h)
+    assert traces
+    for trace in traces:
         assert trace.error is None and trace.stop_reason == "answer"
         assert sum(c.agent == "notes" for c in trace.model_calls) <= 3
         (notes,) = [c for c in trace.tool_calls if c.name == "ask_notes"]
@@ -186,6 +192,7 @@ def test_a_policy_failure_inside_a_sub_episode_stays_there():
     env = Desk()
     traces = run_episodes([Job(t, lead_harness()) for t in env.tasks("train")], FlakyPolicy(gold), env, max_steps=6,
                           batch_size=1)
+    assert traces
     for trace in traces:
         assert trace.error is None and not trace.infra_failure
         errors = [c.error for c in trace.tool_calls if c.name.startswith("ask_")]

@@ -37,6 +37,7 @@ def test_registered_and_sized():
 
 
 def test_every_gold_path_passes_and_every_degraded_one_fails():
+    assert ALL and all(task.gold_actions for task in ALL)
     for task in ALL:
         session = ENV.reset(task)
         for call in task.gold_actions:
@@ -78,6 +79,7 @@ def test_splits_capabilities_entities_and_owners():
 def test_gold_calls_fit_the_base_harness_reply_budget():
     """A gold call as one completion fits the base harness's max_new_tokens (ScriptedPolicy counts bytes)."""
     budget = base_harness().get("sampling").config["max_new_tokens"]
+    assert ALL and all(task.gold_actions for task in ALL)
     for task in ALL:
         messages = [{"role": "user", "content": task.instruction}]
         for _ in task.gold_actions:
@@ -99,6 +101,7 @@ def harness(steps: int = 10):
 def test_scripted_solver_passes_every_task_through_the_runtime(split):
     tasks = ENV.tasks(split)
     traces = run_attempts(tasks, harness(), ScriptedPolicy(gold_solver), ENV, max_steps=10, batch_size=4)
+    assert tasks
     for task, (trace,) in zip(tasks, traces, strict=True):
         assert trace.error is None and trace.passed, (task.task_id, trace.stop_reason, trace.verifier_info)
         assert [c.name for c in trace.tool_calls] == [c.name for c in task.gold_actions]

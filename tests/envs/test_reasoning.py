@@ -97,6 +97,7 @@ def test_duplicate_questions_are_dropped():
 
 
 def test_gold_actions_reproduce_the_answer_in_the_session(env):
+    assert env.all_tasks()
     for task in env.all_tasks():
         if not task.gold_actions:
             continue

@@ -132,6 +132,7 @@ def next_task(messages: list[dict], tasks) -> str:
 
 
 def test_passing_traces_have_no_failure(round_: Round) -> None:
+    assert round_.of("solve")
     for trace in round_.of("solve"):
         assert trace.passed
         assert classify(trace) is None

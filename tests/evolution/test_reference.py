@@ -58,6 +58,7 @@ def replay(texts: list[str]):
 
 
 def test_gold_reference_runs_the_gold_actions_and_passes(env, tasks) -> None:
+    assert tasks
     for task in tasks:
         ref = gold_reference(env, task)
         expr = expression(task)

@@ -85,4 +85,7 @@ def test_diff_reports_moves():
 
 
 def test_spec_is_json_serialisable():
-    json.dumps(base_harness().to_dict())
+    """The spec survives JSON whole: read back, it builds the same harness (the id hashes every processor's config)."""
+    harness = base_harness()
+    again = Harness.from_dict(json.loads(json.dumps(harness.to_dict())))
+    assert again.id == harness.id and [p.name for p in again.processors] == [p.name for p in harness.processors]

@@ -55,6 +55,7 @@ def test_batched_greedy_equals_one_at_a_time(policy):
     reqs = [ChatRequest(m, SamplingParams(temperature=0.0, max_new_tokens=16)) for m in MSGS]
     batched = policy.generate(reqs)
     single = [policy.generate([r])[0] for r in reqs]
+    assert batched
     for b, s in zip(batched, single, strict=True):
         assert b.completion_ids == s.completion_ids and b.prompt_ids == s.prompt_ids
         assert b.logprobs == pytest.approx(s.logprobs, abs=1e-4)

@@ -118,6 +118,7 @@ def test_colocated_greedy_ids_equal_transformers_and_logprobs_equal_fp32_forward
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24)
     hf = TransformersPolicy(model, tok, seed=0).generate([ChatRequest(m, greedy) for m in chats()])
     vl = policy.generate([ChatRequest(m, greedy) for m in chats()])
+    assert hf
     for h, v in zip(hf, vl, strict=True):
         assert v.prompt_ids == h.prompt_ids
         assert v.completion_ids == h.completion_ids, (tok.decode(h.completion_ids), tok.decode(v.completion_ids))

@@ -68,6 +68,7 @@ def test_the_nearest_demonstrations_span_is_what_the_next_shed_leaves_out(tok):
     full = [t for per_task in run_attempts(tasks, harness, policy, env, max_steps=1) for t in per_task]
     fewer = [t for per_task in run_attempts(tasks, with_one_demonstration_fewer(harness), policy, env, max_steps=1)
              for t in per_task]
+    assert full
     for a, b in zip(full, fewer, strict=True):
         call, shed = a.model_calls[0], b.model_calls[0]
         start, end = call.nearest_demo_span
