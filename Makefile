@@ -21,6 +21,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check coevo trainers buffers kernels tests scripts examples train.py
 	$(PY) scripts/check_types.py
+	$(PY) scripts/check_docs.py
 
 install: $(STAMP)
 

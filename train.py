@@ -1,7 +1,7 @@
 """Co-evolution of an agent's harness and weights: ``python train.py [overrides]``.
 
-    python train.py                                  # the main job on CPU (SmolLM2 + LoRA, ~10 min)
-    python train.py experiment=smoke                 # tiny model, under a minute
+    python train.py                                  # the main job on CPU (SmolLM2 + LoRA; time: docs/PERF.md)
+    python train.py experiment=smoke                 # tiny model, the quickest run
     python train.py mode=harness_only name=h-only    # ablation arms: coevolve | harness_only | model_only | static
     python train.py -m trainer.lr=1e-5,5e-5          # a Hydra sweep, one run directory per override
     accelerate launch train.py model=... rollout=vllm logger=wandb
