@@ -29,6 +29,13 @@ class RunDirError(RuntimeError):
     """The run directory cannot be used as it is (another run holds it, a file in it is damaged)."""
 
 
+class DamagedFileError(RunDirError, ValueError):
+    """A run file that does not read back as what the run writes there (a malformed line, a field of
+    the wrong type, a repeated round), named by file and line. A ``ValueError`` too, for readers that
+    treat any unreadable input alike; the command line reports it as damage (exit 1), not as a
+    wrong argument."""
+
+
 def one_line(err: BaseException) -> str:
     """``error: <message>`` with the message's line breaks and runs of spaces folded to one space."""
     return "error: " + " ".join(str(err).split())

@@ -98,8 +98,9 @@ def test_a_deleted_newest_segment_the_checkpoint_counts_stops_the_resume(finishe
     newest_segment(run_dir).unlink()
     with pytest.raises(CheckpointError, match=rf"replay buffer .*buffer holds {newest.first_seq} traces .* the "
                                               rf"checkpoint of round 1 counts {newest.next_seq} \(the newest segment "
-                                              r"files are missing\); restore"):
+                                              r"files are missing\); restore the missing segment files, or") as info:
         coevo.run(smoke(run_dir))
+    assert ".corrupt" not in str(info.value)  # none exists to rename back
 
 
 def test_a_damaged_newest_segment_the_checkpoint_counts_stops_the_resume(finished, tmp_path):
@@ -213,6 +214,23 @@ def test_a_garbled_payload_stops_resume_and_export_naming_the_segment(finished, 
     out = CliRunner().invoke(app, ["export", str(run_dir), "--out", str(tmp_path / "out.jsonl")])
     assert out.exit_code == 1 and "error: replay buffer" in out.output and "fail their CRC" in out.output, out.output
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_the_report_is_written_and_names_what_else_is_damaged(finished, tmp_path):
+    """``coevo report`` draws the records it can read, then names damaged checkpoint weights and a
+    buffer payload that fails its CRC, one line each, and exits 1."""
+    from coevo.cli.main import app
+
+    run_dir = copy_of(finished, tmp_path)
+    assert CliRunner().invoke(app, ["report", str(run_dir)]).exit_code == 0  # intact: nothing to say
+    weights = next(p for p in (run_dir / "checkpoint").rglob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    garble_payload(sorted((run_dir / "buffer").glob("*.seg"))[0])
+    out = CliRunner().invoke(app, ["report", str(run_dir)])
+    errors = [line for line in out.output.splitlines() if line.startswith("error:")]
+    assert out.exit_code == 1 and (run_dir / "report" / "summary.md").is_file(), out.output
+    assert len(errors) == 2 and weights.name in errors[0] and "fail their CRC" in errors[1], out.output
+    assert "--help" not in out.output
 
 
 def test_a_deleted_newest_segment_stops_the_export_unless_partial(finished, tmp_path):

@@ -26,7 +26,7 @@ from coevo.cli.options import (
     with_sampling,
 )
 from coevo.config.schema import EvolutionConfig, RolloutConfig
-from coevo.errors import USAGE_EXIT, debugging, one_line, reported_as_one_line
+from coevo.errors import USAGE_EXIT, RunDirError, debugging, one_line, reported_as_one_line
 
 if TYPE_CHECKING:
     from coevo.agent.evaluate import EvalReport
@@ -299,16 +299,15 @@ def export_cmd(
 ) -> None:
     """Write a run's buffered traces in a format TRL's trainers and SFT tooling read."""
     from coevo.report.export import export
-    from coevo.rundir.checkpoint import CheckpointError
 
     out = out or run_dir / f"export-{fmt}.jsonl"
     try:
         n = export(run_dir, out, fmt, rounds=rounds or None, harness_ids=harness_ids or None,
                    min_reward=min_reward, max_reward=max_reward, passed=passed, partial=partial)
+    except RunDirError as err:
+        damaged(err)
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err)) from None
-    except CheckpointError as err:
-        damaged(err)
     console.print(f"exported {n} records to {out}")
 
 
@@ -318,16 +317,21 @@ def report_cmd(
     out: Path | None = typer.Option(None, help="where to write (default RUN_DIR/report)"),
 ) -> None:
     """Figures (pass rate per round, lineage tree, per-task matrix, time breakdown) and summary.md."""
+    from coevo.report.data import damage
     from coevo.report.summary import write_report
-    from coevo.rundir.checkpoint import CheckpointError
 
     try:
         path = write_report(run_dir, out)
+    except RunDirError as err:
+        damaged(err)
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err), param_hint="RUN_DIR") from None
-    except CheckpointError as err:
-        damaged(err)
     console.print(f"report: {path / 'summary.md'}")
+    problems = damage(run_dir)  # the report reads the records; what else the run keeps may be damaged
+    for problem in problems:
+        typer.echo(f"error: {problem}", err=True)
+    if problems:
+        raise typer.Exit(1)
 
 
 def damaged(err: Exception) -> None:

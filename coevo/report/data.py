@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from coevo.buffers import ReplayBuffer
 from coevo.errors import UsageError
 from coevo.rundir.check import committed, verify_run
+from coevo.rundir.checkpoint import CheckpointError
 from coevo.rundir.records import LineageRow, RoundRecord, StartRecord
 from coevo.rundir.run_files import read_lineage, read_rounds
 
@@ -75,6 +78,32 @@ def load_run(run_dir: str | Path) -> Run:
     start = (StartRecord.from_dict(json.loads(start_path.read_text()), str(start_path))
              if start_path.is_file() else None)
     return Run(run_dir=root, records=records, lineage=read_lineage(root / "lineage.jsonl"), start=start)
+
+
+def damage(run_dir: Path) -> list[str]:
+    """What is damaged in ``run_dir`` beyond its records, one line each: its newest checkpoint's files
+    against their recorded SHA-256, and its replay buffer's traces and payloads against the
+    checkpoint (skipped while a live run holds the buffer). Empty for an intact run, or one that
+    has committed no round."""
+    found = committed(run_dir)
+    if found is None:
+        return []
+    directory, state = found
+    problems = []
+    try:
+        verify_run(run_dir, directory, state, files=True)
+    except CheckpointError as err:
+        problems.append(str(err))
+    buffer_dir = Path(run_dir) / "buffer"
+    if buffer_dir.is_dir():
+        try:
+            with ReplayBuffer(buffer_dir, capacity=sys.maxsize, read_only=True) as buffer:
+                verify_run(run_dir, directory, state, buffer=buffer)
+        except CheckpointError as err:
+            problems.append(str(err))
+        except RuntimeError:  # held by the run writing it: it checks its own buffer when it resumes
+            pass
+    return problems
 
 
 def matrix_source(run: Run) -> str:

@@ -77,8 +77,9 @@ def check_buffer(buffer: Any, state: dict[str, Any], directory: Path, *, partial
         if partial:
             warnings.warn(message, stacklevel=3)
         else:
-            raise CheckpointError(f"{message}; restore the segment files (rename a .corrupt file back only if it is "
-                                  "intact), or start the run over in another run_dir=")
+            restore = ("restore the segment files (rename a .corrupt file back only if it is intact)" if aside
+                       else "restore the missing segment files")
+            raise CheckpointError(f"{message}; {restore}, or start the run over in another run_dir=")
     damaged = buffer.verify()
     if damaged:
         shown = "; ".join(damaged[:3]) + (f"; and {len(damaged) - 3} more" if len(damaged) > 3 else "")

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from coevo.errors import DamagedFileError
 from coevo.rundir.records import LineageRow, RoundRecord
+
+R = TypeVar("R", RoundRecord, LineageRow)
 
 
 def read_jsonl(path: Path) -> list[tuple[int, Any]]:
@@ -21,7 +24,7 @@ def read_jsonl(path: Path) -> list[tuple[int, Any]]:
         try:
             out.append((number, json.loads(text)))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{number}: malformed JSON ({e.msg} at column {e.colno})") from None
+            raise DamagedFileError(f"{path}:{number}: malformed JSON ({e.msg} at column {e.colno})") from None
     return out
 
 
@@ -31,9 +34,10 @@ def read_rounds(path: Path) -> list[RoundRecord]:
     path = Path(path)
     records, seen = [], {}
     for line, row in read_jsonl(path) if path.is_file() else []:
-        record = RoundRecord.from_dict(row, f"{path}:{line}")
+        record = _read(RoundRecord, row, f"{path}:{line}")
         if record.round in seen:
-            raise ValueError(f"{path}:{line}: round {record.round} repeats the record on line {seen[record.round]}")
+            raise DamagedFileError(f"{path}:{line}: round {record.round} repeats the record on line "
+                                   f"{seen[record.round]}")
         seen[record.round] = line
         records.append(record)
     return records
@@ -42,4 +46,12 @@ def read_rounds(path: Path) -> list[RoundRecord]:
 def read_lineage(path: Path) -> list[LineageRow]:
     """The rows of a ``lineage.jsonl`` in file order (none when it is missing)."""
     path = Path(path)
-    return [LineageRow.from_dict(row, f"{path}:{line}") for line, row in (read_jsonl(path) if path.is_file() else [])]
+    return [_read(LineageRow, row, f"{path}:{line}") for line, row in (read_jsonl(path) if path.is_file() else [])]
+
+
+def _read(record: type[R], row: Any, where: str) -> R:
+    """``row`` as a ``record`` (its ``from_dict``), a ``DamagedFileError`` naming ``where`` when it is not one."""
+    try:
+        return record.from_dict(row, where)
+    except ValueError as err:
+        raise DamagedFileError(str(err)) from None
