@@ -35,8 +35,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from coevo.config.schema import TrainerConfig
-
 
 @dataclass(frozen=True)
 class LossParams:
@@ -46,11 +44,13 @@ class LossParams:
     estimate named by ``kl_estimator`` into ℓ (with beta = 0 the KL is only reported).
     """
 
-    eps_low: float = TrainerConfig.eps_low  # the defaults are the config's, stated there only
-    eps_high: float = TrainerConfig.eps_high
-    dual_clip: float | None = TrainerConfig.dual_clip
-    beta: float = TrainerConfig.beta
-    kl_estimator: str = TrainerConfig.kl_estimator
+    # the objective's usual settings (PPO's clip below, DAPO's clip-higher above, no dual clip, no KL
+    # in the loss); trainer.* starts from the same ones (a test holds them equal)
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip: float | None = None
+    beta: float = 0.0
+    kl_estimator: str = "k3"
 
     def __post_init__(self) -> None:
         if not 0 <= self.eps_low < 1:

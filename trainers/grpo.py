@@ -37,7 +37,6 @@ from coevo.agent.trace import Trace
 from coevo.config.schema import ModelConfig, TrainerConfig
 from coevo.kernels import LossParams, grpo_loss
 from coevo.kernels.objective import pick, token_weights
-from coevo.trainers import zero
 from coevo.trainers.advantages import group_advantages
 from coevo.trainers.batch import (
     PackedSequence,
@@ -180,8 +179,9 @@ class GRPOTrainer:
         rewards = torch.tensor([t.reward for t, m in zip(traces, members, strict=True) if m], dtype=torch.float64)
         mismatch = sampler_mismatch(seqs, self.tis_cap)
         if not seqs:  # nothing to learn from: no step, but say why in the metrics
-            return step_metrics(0.0, [], adv[[i for i, m in enumerate(members) if m]], stats.zero_variance_fraction,
-                                0, 0, start, 0.0, staleness, float(self.scheduler.get_last_lr()[0]),
+            return step_metrics(loss=0.0, details=[], advantages=adv[[i for i, m in enumerate(members) if m]],
+                                zero_variance=stats.zero_variance_fraction, sequences=0, tokens=0, start=start,
+                                grad_norm=0.0, staleness=staleness, lr=float(self.scheduler.get_last_lr()[0]),
                                 excluded=excluded, rewards=rewards)
         lengths = [len(s.completion_ids) for s in seqs]
         step_tokens, step_seqs = sum(lengths), len(seqs)
@@ -205,8 +205,10 @@ class GRPOTrainer:
         self.scheduler.step()
         self.version += 1
         total_loss = float(self.accelerator.reduce(torch.tensor(total_loss, device=self.accelerator.device), "sum"))
-        metrics = step_metrics(total_loss, details, adv[keep], stats.zero_variance_fraction, step_seqs, step_tokens,
-                               start, float(grad_norm), staleness, lr, excluded=excluded, rewards=rewards)
+        metrics = step_metrics(loss=total_loss, details=details, advantages=adv[keep],
+                               zero_variance=stats.zero_variance_fraction, sequences=step_seqs, tokens=step_tokens,
+                               start=start, grad_norm=float(grad_norm), staleness=staleness, lr=lr, excluded=excluded,
+                               rewards=rewards)
         return dataclasses.replace(metrics, **mismatch)
 
     def _micro_step(self, mb: list[TrainSequence | PackedSequence], step_tokens: int, step_seqs: int,
@@ -229,7 +231,7 @@ class GRPOTrainer:
         ref = self._ref_logp(batch, temperature, share) if runs_ref else None
         hidden = completion_hidden(self.model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
                                    share_prefix=share)  # [N, H]
-        with zero.whole(lm_head_weight(self.model)) as weight:  # [V, H]; ZeRO-3: gathered until the backward is done
+        with self.strategy.gathered(lm_head_weight(self.model)) as weight:  # [V, H]; ZeRO-3: until the backward
             if not mb:
                 self.strategy.backward((hidden.sum() + weight.sum()) * 0.0)  # every parameter in the graph, no logits
                 return 0.0, None
@@ -266,7 +268,7 @@ class GRPOTrainer:
             with model.disable_adapter():
                 hidden = completion_hidden(model, batch.input_ids, batch.attention_mask, batch.rows, batch.positions,
                                            share_prefix=share)
-                with zero.whole(lm_head_weight(model)) as weight:  # ZeRO-3: the head is partitioned after the forward
+                with self.strategy.gathered(lm_head_weight(model)) as weight:  # ZeRO-3: partitioned after the forward
                     return token_logprobs(hidden, weight, batch.targets, temperature)
         if self.ref_model is None:
             raise ValueError("beta > 0 needs a ref_model (or a LoRA model, whose base is the reference)")

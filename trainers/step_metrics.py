@@ -34,14 +34,15 @@ def sampler_mismatch(seqs: Sequence[TrainSequence], tis_cap: float | None) -> di
             "sampler_tokens": int(delta.numel()), "tis_truncated_fraction": truncated}
 
 
-def step_metrics(loss: float, details: list[GRPOLossOutput], adv: torch.Tensor, zero_var: float, seqs: int, tokens: int,
-                 start: float, grad_norm: float, staleness: dict[int, int], lr: float, *,
+def step_metrics(*, loss: float, details: list[GRPOLossOutput], advantages: torch.Tensor, zero_variance: float,
+                 sequences: int, tokens: int, start: float, grad_norm: float, staleness: dict[int, int], lr: float,
                  excluded: tuple[int, int] = (0, 0), rewards: torch.Tensor | None = None) -> StepMetrics:
     """``details``: the micro-batches' loss details (ratio, log-probs, clipped mask, KL per token);
-    ``adv``: [T] advantages of the traces that trained; ``start``: ``perf_counter`` at the step's
-    start; ``lr``: the rate the step used (the scheduler has already moved on); ``excluded``:
-    (traces left out of the groups, infrastructure failures among them); ``rewards``: [T] of the
-    trainable traces."""
+    ``advantages``: [T] of the traces that trained; ``zero_variance``: the share of groups whose
+    rewards were all equal; ``start``: ``perf_counter`` at the step's start; ``lr``: the rate the
+    step used (the scheduler has already moved on); ``excluded``: (traces left out of the groups,
+    infrastructure failures among them); ``rewards``: [T] of the trainable traces."""
+    adv = advantages
     ratio = torch.cat([d.ratio for d in details]) if details else torch.ones(1)
     logp = torch.cat([d.logp for d in details]) if details else torch.zeros(1)
     rewards = rewards if rewards is not None and rewards.numel() else torch.zeros(1, dtype=torch.float64)
@@ -56,10 +57,10 @@ def step_metrics(loss: float, details: list[GRPOLossOutput], adv: torch.Tensor, 
         ratio_max=float(ratio.max()),
         advantage_mean=float(adv.mean()) if adv.numel() else 0.0,
         advantage_std=float(adv.std()) if adv.numel() > 1 else 0.0,
-        zero_variance_fraction=zero_var,
+        zero_variance_fraction=zero_variance,
         excluded_traces=excluded[0],
         infra_traces=excluded[1],
-        sequences=seqs,
+        sequences=sequences,
         tokens=tokens,
         tokens_per_s=tokens / max(time.perf_counter() - start, 1e-9),
         grad_norm=grad_norm,

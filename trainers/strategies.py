@@ -63,6 +63,10 @@ class Whole:
     def backward(self, loss: torch.Tensor) -> None:
         self.accelerator.backward(loss)
 
+    def gathered(self, param: torch.nn.Parameter) -> AbstractContextManager[torch.nn.Parameter]:
+        """``param`` whole for the body (the LM head the fused loss reads): as it is, unsharded."""
+        return contextlib.nullcontext(param)
+
     def step(self, max_grad_norm: float) -> float:
         """Clip to ``max_grad_norm``, step, zero the gradients; the gradient norm before clipping
         (over every rank's gradients)."""
@@ -159,6 +163,11 @@ class ZeRO3(Whole):
 
     def backward(self, loss: torch.Tensor) -> None:
         zero.backward(self.model, loss)  # the engine's own: accelerate's would also step it
+
+    def gathered(self, param: torch.nn.Parameter) -> AbstractContextManager[torch.nn.Parameter]:
+        """Gathered from every rank's partition for the body (a collective), partitioned again after;
+        a backward through it must run inside the body."""
+        return zero.whole(param)
 
     def step(self, max_grad_norm: float) -> float:
         """DeepSpeed clips inside its own step, at the config's ``gradient_clipping``, set once from

@@ -84,3 +84,16 @@ def test_the_written_out_slope_survives_an_overflowing_ratio() -> None:
     assert torch.isinf(terms.ratio).all() and terms.clipped.all()
     assert terms.dloss_dlogp.tolist() == [0.0, 0.0]
     assert terms.loss.tolist() == pytest.approx([-1.28, 3.0])
+
+
+def test_the_objectives_defaults_are_the_trainers():
+    """kernels/ states the objective's usual settings itself (it imports nothing of the config);
+    ``trainer.*`` starts from the same ones."""
+    from dataclasses import fields
+
+    from coevo.config.schema import TrainerConfig
+
+    defaults = LossParams()
+    assert fields(LossParams)
+    for f in fields(LossParams):
+        assert getattr(defaults, f.name) == getattr(TrainerConfig(), f.name), f.name
