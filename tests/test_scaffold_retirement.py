@@ -291,6 +291,25 @@ def test_the_report_draws_the_scaffold_figure_only_for_runs_with_unscaffolded_ep
     assert not (write_report(off) / "scaffold.png").exists()
 
 
+def test_the_lineage_lanes_follow_each_layer_from_added_to_shed():
+    """The scaffold lineage's lanes: the prefill and each demonstration, held or not by the harness
+    at the start and after each round; shedding takes the prefill first, then the nearest demonstration."""
+    from coevo.harness.scaffold import retire_outer_scaffold, without_outer_scaffold
+    from coevo.report.figures import scaffold_lanes
+
+    full = Harness.load(SCAFFOLDED)
+    no_prefill = without_outer_scaffold(full)
+    one_demo = without_outer_scaffold(no_prefill)
+    assert [e.op for e in retire_outer_scaffold(full)] == ["remove"]
+    lanes = dict(scaffold_lanes([None, full, full, no_prefill, one_demo]))
+    demos = demonstration_count(full)
+    assert demos >= 2 and list(lanes) == ["forced prefill", *[f"demonstration {k}" for k in range(1, demos + 1)]]
+    assert lanes["forced prefill"] == [False, True, True, False, False]
+    assert lanes[f"demonstration {demos}"] == [False, True, True, True, False]  # the nearest: shed first
+    assert lanes["demonstration 1"] == [False, True, True, True, True]
+    assert scaffold_lanes([base_harness(), None]) == []
+
+
 @pytest.mark.slow
 def test_the_retire_preset_runs_on_the_tiny_model(tmp_path):
     """``experiment=retire`` with only the model and the sizes shrunk (its schedule, gate and

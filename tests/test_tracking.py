@@ -108,7 +108,7 @@ EXPECTED_FLAT = {
     "seconds/rollout": 10.0, "seconds/grpo": 2.5, "seconds/total": 13.0, "seconds/other": 0.5,
     "generation_seconds": 0.0,  # defaults of fields the record above leaves out
     "train/pass_rate": 0.5, "train/mean_reward": 0.25, "train/n_traces": 16, "train/tokens": 0,
-    "train/tool_use_rate": 0.0,
+    "train/tool_use_rate": 0.0, "train/prompt_tokens": 0,
     "val/pass_at_1": 0.75, "val/pass_at_k": 1.0, "val/k": 2, "val/tool_use_rate": 0.0,
     "variants/base": "c1", "variants/v1": "h-v1",
     "by_variant/base/pass_rate": 0.5, "by_variant/base/n_traces": 12,

@@ -75,6 +75,7 @@ def train_stats(traces: Sequence[Trace]) -> TrainStats:
     return TrainStats(pass_rate=sum(t.passed for t in traces) / len(traces),
                       mean_reward=sum(t.reward for t in traces) / len(traces),
                       n_traces=len(traces), tool_use_rate=tool_use_rate(traces), tokens=trace_tokens(traces),
+                      prompt_tokens=int(sum(t.cost.get("prompt_tokens", 0) for t in traces)),
                       outcomes=task_outcomes(traces))
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from coevo.harness.harness import Harness
-from coevo.harness.scaffold import scaffold_layers
+from coevo.harness.scaffold import demonstration_count
 from coevo.report.data import TIME_KEYS, Run, lineage_layout, matrix_source, short, task_matrix
 from coevo.report.result import run_result
 from coevo.rundir.records import LINEAGE_HOWS
@@ -103,15 +103,19 @@ def _draw_result(run: Run) -> Figure:
                    label=f"{result.split} pass@1")
         curve.plot(ends, [100 * result.start_tool_use, 100 * result.end_tool_use], "*", ms=10, color="tab:purple",
                    mfc="none", label=f"{result.split} tool use")
-    for r, edits in result.shipped:
-        curve.axvline(r + 0.5, color="tab:orange", lw=1.5, label=f"shipped after round {r}: {short(edits, 48)}")
+    marks = ["^", "v", "D", "s", "p", "h", "*", "<", ">"]
+    for i, (r, edits) in enumerate(result.shipped):  # each shipped edit its own colour and mark
+        color = f"C{(i + 3) % 10}"
+        curve.axvline(r + 0.5, color=color, lw=1.2, alpha=0.7)
+        curve.plot(r + 0.5, 104, marks[i % len(marks)], ms=9, color=color, clip_on=False,
+                   label=f"shipped after round {r}: {short(edits, 48)}")
     curve.set_ylim(-3, 108)
     curve.set_xlim(ends[0] - 0.5, ends[1] + 0.5)
     curve.set_xticks([ends[0], *rounds, ends[1]], ["start", *map(str, rounds), "end"])
     curve.set_xlabel("round")
     curve.set_ylabel("%")
     curve.grid(alpha=0.3)
-    curve.legend(loc="upper left", fontsize=7)
+    curve.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)  # beside the axes, off the curves
     curve.set_title("by round (train) and at both ends (held-out)", fontsize=10)
     return fig
 
@@ -234,45 +238,70 @@ def _draw_time(run: Run) -> Figure:
     return fig
 
 
+def scaffold_lanes(harnesses: Sequence[Harness | None]) -> list[tuple[str, list[bool]]]:
+    """(layer, held by each harness) for every scaffold layer any of ``harnesses`` (the base harness
+    at the start and after each round; None where its file is missing) held: the forced prefill, then
+    demonstration 1, 2, ... (the nearest the task last: the one shed first)."""
+    prefill = [h is not None and any(p.kind == "tool_choice" for p in h.processors) for h in harnesses]
+    demos = [demonstration_count(h) if h is not None else 0 for h in harnesses]
+    lanes = [("forced prefill", prefill)] if any(prefill) else []
+    return lanes + [(f"demonstration {k}", [n >= k for n in demos]) for k in range(1, max(demos, default=0) + 1)]
+
+
 def _draw_scaffold(run: Run) -> Figure:
-    """Scaffold retirement by round: how many scaffold layers (prefills, demonstrations) the base
-    harness held after each round (edits that added or removed them marked), beside the tool use
-    and pass rate of the round's episodes with the scaffolding and without its outermost layer."""
-    fig = _figure(12, 4.5)
-    layers, curve = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    """The scaffold lineage on the round axis: each layer the base harness held (the forced prefill,
+    each demonstration) as a lane from the round that added it to the round that shed it; below, how
+    the model behaved without the outermost layer (tool use, pass rate: the weights taking the
+    layer over) beside the scaffolded pass rate, and the prompt tokens an episode cost on a second
+    axis. Each shipped edit has its own mark and legend entry."""
+    fig = _figure(12, 6.5)
+    lanes_ax, curve = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 2.2]})
     rounds = run.rounds
-    held = []
-    for r in run.records:
-        path = run.run_dir / "lineage" / f"{r.variants.get('base', '')}.yaml"
-        held.append(scaffold_layers(Harness.load(path)) if path.is_file() else math.nan)
-    layers.step(rounds, held, where="mid", color="tab:purple")
-    layers.plot(rounds, held, "o", color="tab:purple")
-    for r, n in zip(run.records, held, strict=True):
-        for v in r.verdicts:
-            if v.ship:
-                layers.annotate(short(v.describe_edits(), 40), (r.round, n), xytext=(4, 8), textcoords="offset points",
-                                fontsize=7)
-    top = int(max([n for n in held if not math.isnan(n)], default=0))
-    layers.set_ylim(-0.3, top + 0.7)
-    layers.set_yticks(range(top + 1))
-    layers.set_ylabel("scaffold layers (prefills, demonstrations)")
-    layers.set_title("scaffolding in the harness after each round (shipped edits marked)", fontsize=10)
-    round_axis(layers, rounds)
-    layers.grid(alpha=0.3)
-    pts = [(r.round, r.train, r.unscaffolded) for r in run.records]
-    curve.plot(rounds, [100 * t.tool_use_rate for _, t, _ in pts], "-o", color="tab:purple",
-               label="tool use, scaffolded")
-    curve.plot(rounds, [100 * t.pass_rate for _, t, _ in pts], "-o", color="tab:blue", label="pass, scaffolded")
-    bare = [(n, u) for n, _, u in pts if u is not None]
+    ids = [run.start.variants.get("base", "") if run.start is not None else ""]  # the start, then each round's
+    ids += [r.variants.get("base", "") for r in run.records]
+    paths = [run.run_dir / "lineage" / f"{i}.yaml" for i in ids]
+    lanes = scaffold_lanes([Harness.load(p) if p.is_file() else None for p in paths])
+    for y, (_, held) in enumerate(reversed(lanes)):  # held[0]: the start; held[k + 1]: after round k
+        for r, before, h in zip(rounds, held[:-1], held[1:], strict=True):
+            if h:
+                lanes_ax.barh(y, 1.0, left=r - 0.5, height=0.5, color="tab:purple", alpha=0.35)
+            if h and not before:
+                lanes_ax.plot(r - 0.5, y, "P", ms=9, color="tab:purple")
+            if before and not h:
+                lanes_ax.plot(r - 0.5, y, "X", ms=9, color="tab:red")
+    lanes_ax.set_yticks(range(len(lanes)), [name for name, _ in reversed(lanes)], fontsize=8)
+    lanes_ax.set_ylim(-0.7, max(len(lanes), 1) - 0.3)
+    lanes_ax.set_title("scaffold layers the harness held after each round (+ added, x shed)", fontsize=10)
+    lanes_ax.grid(alpha=0.3, axis="x")
+    marks = ["^", "v", "D", "s", "p", "h", "*", "<", ">"]
+    shipped = [(r.round, v) for r in run.records for v in r.verdicts if v.ship]
+    for i, (n, v) in enumerate(shipped):
+        color = f"C{(i + 3) % 10}"
+        for ax in (lanes_ax, curve):
+            ax.axvline(n + 0.5, color=color, lw=1, alpha=0.6)
+        curve.plot(n + 0.5, 102, marks[i % len(marks)], ms=9, color=color, clip_on=False,
+                   label=f"shipped after round {n}: {short(v.describe_edits(), 44)}")
+    train = [r.train for r in run.records]
+    curve.plot(rounds, [100 * t.pass_rate for t in train], "-o", color="tab:blue", label="pass, scaffolded")
+    bare = [(r.round, r.unscaffolded) for r in run.records if r.unscaffolded is not None]
     if bare:
-        curve.plot([n for n, _ in bare], [100 * u.tool_use_rate for _, u in bare], "--s", color="tab:purple",
-                   label="tool use, without the outer layer")
         curve.plot([n for n, _ in bare], [100 * u.pass_rate for _, u in bare], "--s", color="tab:blue",
-                   label="pass, without the outer layer")
+                   label="pass, without the outermost layer")
+        curve.plot([n for n, _ in bare], [100 * u.tool_use_rate for _, u in bare], "--s", color="tab:purple",
+                   label="tool use, without the outermost layer")
     curve.set_ylim(-5, 105)
     curve.set_ylabel("% of the round's train episodes")
-    round_axis(curve, rounds)
     curve.grid(alpha=0.3)
-    curve.legend(loc="upper left", fontsize=7)
-    curve.set_title("the model with and without the outermost scaffold layer", fontsize=10)
+    tokens = curve.twinx()
+    prompts = all(t.prompt_tokens for t in train)
+    per_episode = [(t.prompt_tokens if prompts else t.tokens) / t.n_traces for t in train]
+    tokens.plot(rounds, per_episode, ":", color="0.35", marker=".",
+                label="prompt tokens per episode" if prompts else "tokens per episode (prompt + completion)")
+    tokens.set_ylim(0, 1.15 * max(per_episode, default=1.0))
+    tokens.set_ylabel("prompt tokens per episode" if prompts else "tokens per episode")
+    handles = curve.get_legend_handles_labels()[0] + tokens.get_legend_handles_labels()[0]
+    labels = curve.get_legend_handles_labels()[1] + tokens.get_legend_handles_labels()[1]
+    curve.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.08, 1.0))  # off the data
+    round_axis(curve, rounds)
+    curve.set_title("the weights taking the outermost layer over, and what an episode's prompt costs", fontsize=10)
     return fig

@@ -48,6 +48,7 @@ class TrainStats(Record):
     outcomes: Outcomes
     tool_use_rate: Float = 0.0  # absent in records written before it existed
     tokens: Int = 0  # prompt + completion tokens of the round's episodes (0 in records written before it)
+    prompt_tokens: Int = 0  # of them, the prompts' (0 in records written before it): what scaffolding costs
 
 
 @dataclass
