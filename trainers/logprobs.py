@@ -11,12 +11,15 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from coevo.trainers import zero
 from coevo.trainers.batch import TrainSequence, collate
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import DynamicLayer
 
 Query = tuple[Sequence[int], Sequence[int]] | tuple[Sequence[int], Sequence[int], float | None]
 """What ``logprob_fn``'s function scores: a ``LogprobQuery`` (prompt ids, completion ids, temperature or
@@ -94,17 +97,18 @@ def completion_hidden(model: torch.nn.Module, input_ids: torch.Tensor, attention
         inner(input_ids=input_ids[:1, :shared], use_cache=True, logits_to_keep=1, **{key: cache})
     cache.batch_repeat_interleave(input_ids.shape[0])  # [1, heads, S, d] -> [B, heads, S, d] per layer
     for layer in cache.layers:  # the rows only read the prefix: a recomputed (checkpointed) layer reads it alike
-        layer.update = partial(_read_prefix, layer)  # type: ignore[method-assign,union-attr]  # this cache only
+        layer.update = partial(_read_prefix, layer)  # type: ignore[method-assign,union-attr,arg-type]  # this cache
     out = model(input_ids=input_ids[:, shared:], attention_mask=attention_mask, output_hidden_states=True,
                 logits_to_keep=1, use_cache=False, **{key: cache})  # read only: nothing to return
     return out.hidden_states[-1][rows, positions - shared]  # [N, H]
 
 
-def _read_prefix(layer: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _read_prefix(layer: DynamicLayer, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+                 **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
     """A cache layer's ``update`` that returns the prefix's keys and values followed by the new ones
     [B, heads, S + s, d] without storing them, so a layer run twice (forward, then its checkpointed
     recompute) sees the same prefix both times."""
+    assert layer.keys is not None and layer.values is not None  # the prefix pass filled them
     return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
 
 

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.metadata
 import logging
 import os
 import socket
 import sys
 import threading
+import typing
 from collections.abc import Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from coevo.config.imports import import_object, is_import_path
@@ -47,6 +50,13 @@ from coevo.programs.channel import ModelChannel
 
 if TYPE_CHECKING:
     import verifiers.v1 as vf_types
+    from verifiers.v1.clients.client import Client as VfClient
+    from verifiers.v1.configs.client import BaseClientConfig
+    from verifiers.v1.dialects.base import Dialect
+    from verifiers.v1.graph import PendingTurn
+    from verifiers.v1.types import SamplingConfig
+
+    from coevo.programs.channel import TokenRecord
 
 CLASSIC_API = ("verifiers 0.4 removed the classic environment API (vf.Environment, MultiTurnEnv, ToolEnv) that "
                "env.args.environment loaded; coevo runs v1 tasksets: env.args.taskset=ID or package.module:Taskset "
@@ -58,18 +68,18 @@ UNUSED_URL = "http://127.0.0.1:9/v1"
 """The model address verifiers' config asks for; coevo's client answers instead, so nothing is sent there."""
 
 
-def _vf() -> Any:
+def _vf() -> ModuleType:
     """``verifiers.v1``, or a one-line error naming the installed version that lacks it."""
-    verifiers = require("verifiers", "verifiers")
+    require("verifiers", "verifiers")
     try:
         import verifiers.v1 as vf
     except ModuleNotFoundError:
         raise UsageError(f"env 'verifiers' runs verifiers 0.4 tasksets (verifiers.v1); verifiers "
-                         f"{getattr(verifiers, '__version__', '?')} is installed: pip install 'coevo[envs]'") from None
+                         f"{importlib.metadata.version('verifiers')} is installed: pip install 'coevo[envs]'") from None
     return vf
 
 
-def _taskset(vf: Any, taskset: str, args: Mapping[str, Any]) -> Any:
+def _taskset(vf: ModuleType, taskset: str, args: Mapping[str, Any]) -> vf_types.Taskset:
     if is_import_path(taskset):
         cls = import_object(taskset, "verifiers taskset")
         if not (isinstance(cls, type) and issubclass(cls, vf.Taskset)):
@@ -79,7 +89,7 @@ def _taskset(vf: Any, taskset: str, args: Mapping[str, Any]) -> Any:
     return vf.load_taskset(config)
 
 
-def _loaded(vf: Any, taskset: str, args: Mapping[str, Any]) -> list[Any]:
+def _loaded(vf: ModuleType, taskset: str, args: Mapping[str, Any]) -> list[Any]:
     """The taskset's tasks; a resource it cannot fetch offline is a one-line error naming it."""
     try:
         return list(_taskset(vf, taskset, args))
@@ -111,10 +121,11 @@ def unreachable(err: BaseException) -> BaseException | None:
     return None
 
 
-def _config_type(cls: type, vf: Any) -> type:
+def _config_type(cls: type, vf: ModuleType) -> type:
     """The config class a taskset class declares (``Taskset[TaskT, ConfigT]``), else ``vf.TasksetConfig``."""
-    for base in getattr(cls, "__orig_bases__", ()):
-        for arg in getattr(base, "__args__", ()):
+    bases = [base for klass in cls.__mro__ for base in vars(klass).get("__orig_bases__", ())]
+    for base in bases:
+        for arg in typing.get_args(base):
             if isinstance(arg, type) and issubclass(arg, vf.TasksetConfig):
                 return arg
     return vf.TasksetConfig
@@ -127,8 +138,8 @@ def _instruction(prompt: str | list[Any] | None) -> str:
     if isinstance(prompt, str):
         return prompt
     parts = []
-    for m in prompt:  # typed messages
-        content = getattr(m, "content", "")
+    for m in prompt:  # typed messages (verifiers.v1's: each has its content) or their dicts
+        content = m.get("content", "") if isinstance(m, dict) else m.content
         parts.append(content if isinstance(content, str) else str(content))
     return "\n".join(parts)
 
@@ -137,12 +148,13 @@ class VerifiersClient:
     """Builds the v1 ``Client`` that hands each chat request of a rollout to its episode's channel."""
 
     @staticmethod
-    def for_channel(vf: Any, channel: ModelChannel) -> Any:
+    def for_channel(vf: Any, channel: ModelChannel) -> VfClient:  # Any: its Client is a base class here
         from verifiers.v1.dialects import ChatDialect
 
         class Client(vf.Client):
-            async def get_response(self, dialect: Any, body: dict, sampling: Any, session_id: str | None = None,
-                                   turn: Any = None, headers: Mapping[str, str] | None = None) -> Any:
+            async def get_response(self, dialect: Dialect, body: dict, sampling: SamplingConfig,
+                                   session_id: str | None = None, turn: PendingTurn | None = None,
+                                   headers: Mapping[str, str] | None = None) -> vf_types.Response:
                 if not isinstance(dialect, ChatDialect):
                     raise vf.ProviderError(f"coevo answers chat completions only, not {type(dialect).__name__}",
                                            status_code=400)
@@ -169,7 +181,7 @@ def _set_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> 
     loop.call_soon_threadsafe(future.set_result, None)
 
 
-def _response(vf: Any, raw: dict[str, Any], tokens: Any) -> Any:
+def _response(vf: ModuleType, raw: dict[str, Any], tokens: TokenRecord | None) -> vf_types.Response:
     """A v1 ``Response`` from coevo's chat-completions answer, with the turn's exact tokens."""
     choice = raw["choices"][0]
     message = choice["message"]
@@ -239,11 +251,11 @@ class VerifiersEnv(ProgramEnv):
                                 client=vf.TrainClientConfig(base_url=UNUSED_URL, api_key_var="COEVO_UNUSED_KEY"))
         client = VerifiersClient.for_channel(vf, channel)
 
-        async def rollout() -> Any:
+        async def rollout() -> vf_types.Trace:
             from verifiers.v1.interception import InterceptionServer
 
             class Interception(InterceptionServer):  # the rollout's model requests go to coevo's client
-                def _client(self, config: Any) -> Any:
+                def _client(self, config: BaseClientConfig) -> VfClient:
                     return client
 
             async with Interception() as server:

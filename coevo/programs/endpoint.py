@@ -16,6 +16,7 @@ connection; the episode answers on the runtime's own threads. One endpoint serve
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,7 +88,7 @@ def shared_endpoint() -> ModelEndpoint:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: object) -> None:
         """A program killed while it waited (its episode failed or timed out) leaves a broken pipe:
         nothing to report, the episode already says why."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
@@ -98,7 +99,7 @@ class _Handler(BaseHTTPRequestHandler):
     owner: ModelEndpoint
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's name
         """Quiet: one line per request would drown the run's progress."""
 
     def _route(self) -> tuple[str | None, str]:

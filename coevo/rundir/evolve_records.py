@@ -136,7 +136,7 @@ class Outcome(StrEnum):
     UNDECIDED = "undecided"
 
 
-def _outcome_from_flags(data: Any) -> Any:
+def _outcome_from_flags(data: object) -> object:
     """A verdict as the run directory holds it (``ship`` and ``undecided``, two booleans) with its
     ``outcome``; a verdict already holding one, or anything else, as it is."""
     if not isinstance(data, dict) or "outcome" in data:

@@ -118,7 +118,7 @@ class StepMetrics(Record):
     tis_truncated_fraction: Float | None = None  # of those, the share whose weight trainer.tis_cap cut (None: off)
 
 
-def _nest_steps(data: Any) -> Any:
+def _nest_steps(data: object) -> object:
     """A round's GRPO record as ``rounds.jsonl`` holds it (the last step's figures at the top level,
     the round's reward and zero-variance share over them, every step's but staleness in ``steps``)
     in ``GRPOMetrics``' nested form; anything else as it is."""

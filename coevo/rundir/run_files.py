@@ -49,7 +49,7 @@ def read_lineage(path: Path) -> list[LineageRow]:
     return [_read(LineageRow, row, f"{path}:{line}") for line, row in (read_jsonl(path) if path.is_file() else [])]
 
 
-def _read(record: type[R], row: Any, where: str) -> R:
+def _read(record: type[R], row: object, where: str) -> R:
     """``row`` as a ``record`` (its ``from_dict``), a ``DamagedFileError`` naming ``where`` when it is not one."""
     try:
         return record.from_dict(row, where)
