@@ -2,6 +2,7 @@
 
     python scripts/grpo_step_memory.py runs/distill_s0/buffer --micro-batch-tokens none
     python scripts/grpo_step_memory.py runs/distill_s0/buffer --micro-batch-tokens 2048
+    python scripts/grpo_step_memory.py runs/dn_s0/buffer --distill-demos nearest --gradient-checkpointing
 
 Run each value in its own process: the figure is the process's peak RSS (``ru_maxrss``). The model is
 the embedded SmolLM2-135M with the runs' LoRA shape (r 16), fp32; the traces are the buffer's first
@@ -23,7 +24,10 @@ def main() -> None:
     ap.add_argument("buffer", help="a run's replay buffer directory (it is copied first)")
     ap.add_argument("--micro-batch-tokens", default="2048", help="an integer, or none (rows only)")
     ap.add_argument("--traces", type=int, default=48)
-    ap.add_argument("--distill-demos", action="store_true", help="train the distilled copies as the run did")
+    ap.add_argument("--distill-demos", nargs="?", const="all", choices=("all", "nearest"),
+                    help="train the distilled copies as the run did (under the prompt without every "
+                         "demonstration, or without the nearest: trainer.distill_prompt)")
+    ap.add_argument("--gradient-checkpointing", action="store_true", help="trainer.gradient_checkpointing=true")
     args = ap.parse_args()
 
     from bench_grpo_step import spread_traces  # scripts/ is on the path of a script run from it
@@ -39,12 +43,15 @@ def main() -> None:
     model, tok = load_model("smollm2", dtype="float32")
     model = apply_lora(model, r=16, alpha=32, dropout=0.0)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    cfg = TrainerConfig(lr=1e-5, micro_batch_tokens=tokens, distill_demos=args.distill_demos)
+    cfg = TrainerConfig(lr=1e-5, micro_batch_tokens=tokens, distill_demos=args.distill_demos is not None,
+                        distill_prompt=args.distill_demos or "all", credit_prefill=True,
+                        gradient_checkpointing=args.gradient_checkpointing)
     trainer = GRPOTrainer(model, cfg, pad_id=tok.pad_token_id, total_steps=10, loss_horizon=None)
     start = time.perf_counter()
     trainer.step(chosen)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"micro_batch_tokens={tokens}: {len(chosen)} traces, step {time.perf_counter() - start:.1f} s, "
+    print(f"micro_batch_tokens={tokens}, gradient_checkpointing={args.gradient_checkpointing}: {len(chosen)} traces, "
+          f"step {time.perf_counter() - start:.1f} s, "
           f"peak RSS {peak:.0f} MB (before the step {before:.0f} MB)", flush=True)
 
 
