@@ -130,7 +130,10 @@ class GRPOTrainer:
         self.accelerator = accelerator or Accelerator()
         self.strategy = strategy_for(c.sharding, self.accelerator, max_grad_norm=c.max_grad_norm)
         if c.gradient_checkpointing:  # non-reentrant: LoRA's frozen inputs need no requires_grad hook
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.2x on
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             allow_prefix_reads(model)
         self.strategy.prepare_model(model, reshard_after_forward=reshard_after_forward)  # before the optimizer
         params = [p for p in model.parameters() if p.requires_grad]

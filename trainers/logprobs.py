@@ -134,6 +134,9 @@ def allow_prefix_reads(model: torch.nn.Module) -> None:
     Without it transformers drops the cache under checkpointing and the rows would lose their prefix."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
+    if not hasattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache"):  # before transformers 5.x
+        raise ValueError("trainer.gradient_checkpointing needs transformers >= 5.19: older checkpointed layers drop "
+                         "the shared prompt's KV cache, and the rows would be read without their prompt")
     for m in model.modules():
         if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing:
             m._can_checkpoint_with_cache = True
