@@ -169,9 +169,9 @@ class TrainerConfig:
     micro_batch_tokens: int | None = opt(2048, "at most this many padded tokens (rows x the longest) per "
                                          "forward/backward as well; a longer row goes alone (None: rows only)",
                                          ge=1, none="rows only")
-    gradient_checkpointing: bool = opt(False, "recompute each decoder layer's activations in the backward instead of "
-                                       "keeping them: a step's activations shrink to about one layer's, for ~a third "
-                                       "more step compute")
+    gradient_checkpointing: bool = opt(False, "recompute the rows' decoder layers in the backward instead of keeping "
+                                       "their activations (the shared-prompt pass is kept whole); where that pass "
+                                       "holds most tokens it saves little (docs/PERF.md)")
     # Activations set a step's peak memory (~1.3 MB a token for SmolLM2 in fp32: 48 retire traces
     # peaked at 5.8 GB with rows only, 4.2 GB at 2048); the step loss is a sum over its tokens, so
     # how its rows are split into micro-batches leaves it unchanged (docs/PERF.md, "Memory").
