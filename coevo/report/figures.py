@@ -262,16 +262,16 @@ def _draw_scaffold(run: Run) -> Figure:
     paths = [run.run_dir / "lineage" / f"{i}.yaml" for i in ids]
     lanes = scaffold_lanes([Harness.load(p) if p.is_file() else None for p in paths])
     for y, (_, held) in enumerate(reversed(lanes)):  # held[0]: the start; held[k + 1]: after round k
-        for r, before, h in zip(rounds, held[:-1], held[1:], strict=True):
-            if h:
-                lanes_ax.barh(y, 1.0, left=r - 0.5, height=0.5, color="tab:purple", alpha=0.35)
-            if h and not before:
-                lanes_ax.plot(r - 0.5, y, "P", ms=9, color="tab:purple")
-            if before and not h:
-                lanes_ax.plot(r - 0.5, y, "X", ms=9, color="tab:red")
+        for k, (before, h) in enumerate(zip(held[:-1], held[1:], strict=True)):
+            if before and k < len(rounds):  # the harness round k ran with
+                lanes_ax.barh(y, 1.0, left=rounds[k] - 0.5, height=0.5, color="tab:purple", alpha=0.35)
+            if h != before:  # shipped after round k, between it and the next
+                lanes_ax.plot(rounds[k] + 0.5, y, "P" if h else "X", ms=9, color="tab:purple" if h else "tab:red",
+                              clip_on=False)
     lanes_ax.set_yticks(range(len(lanes)), [name for name, _ in reversed(lanes)], fontsize=8)
     lanes_ax.set_ylim(-0.7, max(len(lanes), 1) - 0.3)
-    lanes_ax.set_title("scaffold layers the harness held after each round (+ added, x shed)", fontsize=10)
+    lanes_ax.set_title("scaffold layers of the harness each round ran with (+ added, x shed after the round)",
+                       fontsize=10)
     lanes_ax.grid(alpha=0.3, axis="x")
     marks = ["^", "v", "D", "s", "p", "h", "*", "<", ">"]
     shipped = [(r.round, v) for r in run.records for v in r.verdicts if v.ship]
