@@ -39,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,6 +52,7 @@ from coevo.harness.defaults import base_harness
 from coevo.harness.events import SamplingParams
 from coevo.harness.harness import Harness
 from coevo.harness.library import FewShotDemos, SelfVerification
+from coevo.policy.heap import reset_high_water, status_kib
 from coevo.policy.hf import TransformersPolicy
 from coevo.policy.load import load_model
 
@@ -80,21 +80,23 @@ def tool_demo_harness() -> Harness:
 
 
 def peak_rss_reset() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+    if not reset_high_water():  # VmHWM restarts at the current resident size
+        raise RuntimeError("/proc/self/clear_refs cannot be written: no exact peak to measure")
+
+
+def _mib(field: str) -> float:
+    kib = status_kib(field)
+    if kib is None:
+        raise RuntimeError(f"no {field} in /proc/self/status")
+    return kib / 1024
 
 
 def peak_rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    return _mib("VmHWM")
 
 
 def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    return _mib("VmRSS")
 
 
 def run_workload(policy: Any, harness: Harness, tasks: list, env: Any, passes: int) -> dict:

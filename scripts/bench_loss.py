@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from coevo.policy.heap import reset_high_water, status_kib
+
 SHAPES = {
     "main": (4, 256, 896, 151936),  # Qwen2.5-0.5B's LM head
     "large": (8, 256, 896, 151936),  # twice the rows: naive grows with N, the chunked paths do not
@@ -209,20 +211,10 @@ METHODS: dict[str, Callable[[Inputs], torch.Tensor]] = {
 
 
 def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+    kib = status_kib(field)
+    if kib is None:
+        raise RuntimeError(f"{field} not in /proc/self/status")
+    return kib
 
 
 def fwd_bwd(method: Callable[[Inputs], torch.Tensor], x: Inputs) -> float:
@@ -244,7 +236,7 @@ def worker(method_name: str, shape: tuple[int, int, int, int]) -> dict[str, Any]
     x = make_inputs(b, t, h, v)
     gc.collect()
     baseline_kib = _rss_kib("VmRSS")
-    exact_peak = _reset_peak()
+    exact_peak = reset_high_water()
     if not exact_peak:
         baseline_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()

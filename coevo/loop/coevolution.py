@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coevo.agent.rollouts import Rollout, RolloutService
 from coevo.agent.trace import Trace
-from coevo.buffers.logprobs import sampler_first
 from coevo.config.mode import Mode
 from coevo.envs.base import Task
 from coevo.evolution.engine import AEGIS
@@ -45,9 +44,6 @@ from coevo.harness.harness import Harness
 from coevo.harness.scaffold import without_outer_scaffold
 from coevo.loop.round_grpo import (
     UNSCAFFOLDED,
-    buffered_rollouts,
-    critic_task_ids,
-    critic_traces_to_store,
     dynamic_sample,
     grpo_record,
     step_batches,
@@ -68,7 +64,6 @@ from coevo.safety.secrets import contains_secret
 
 if TYPE_CHECKING:
     from coevo.agent.policy import Policy
-    from coevo.buffers import ReplayBuffer
 
 log = logging.getLogger("coevo.loop.coevolution")
 
@@ -130,11 +125,6 @@ class Coevolution:
     def version(self) -> int:
         """The model version the next episodes sample from: optimizer steps so far (0 without training)."""
         return self.training.trainer.version if self.training is not None else 0
-
-    def _buffer(self) -> ReplayBuffer:
-        """The replay buffer (rank 0 of a training run: the only place that calls this)."""
-        assert self.training is not None and self.training.buffer is not None
-        return self.training.buffer
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
@@ -221,7 +211,7 @@ class Coevolution:
         grpo = None
         if self.training is not None:
             with clock("grpo"):
-                grpo = self._train(self.processes.share(training_batch(self._buffer(), train_ids)), r)
+                grpo = self._train(self.processes.share(training_batch(self.training.replay, train_ids)), r)
             grpo.extra_tasks = len(extra_ids) if self.signal_groups else None
         val, test = self._evaluate_round(r, clock)
         if evolved is not None:  # the trend monitor: train pass rate up while validation goes down
@@ -232,7 +222,7 @@ class Coevolution:
         record = round_record(r, self.mode.name, version, traces, clock.seconds, unscaffolded=bare, val=val, test=test,
                               evolved=evolved, grpo=grpo, variants={n: h.id for n, h in self.aegis.current().items()},
                               meta_tokens=self.aegis.meta_tokens(),
-                              buffer=BufferStats(len(self._buffer()), self._buffer().lag(self.version))
+                              buffer=BufferStats(len(self.training.replay), self.training.replay.lag(self.version))
                               if self.training is not None else None)
         # inside rollout, critic and eval: the share spent in the model's generate() (not a phase of its own)
         record.generation_seconds = self.policy.seconds - generating
@@ -254,7 +244,7 @@ class Coevolution:
         """The round's episodes (with dynamic sampling's extra tasks) and those without the
         scaffolding, stored in the buffer with their behaviour log-probs; a killed round's from the
         buffer instead."""
-        buffered = self._buffered(r)
+        buffered = self.training.buffered(r) if self.training is not None else None
         if buffered is not None:
             return buffered
         with clock("rollout"):
@@ -263,8 +253,7 @@ class Coevolution:
             bare = self._unscaffolded(batch, r)
         if self.training is not None:
             with clock("logprobs"):
-                stored = traces + bare
-                self._buffer().add(stored, round=r, model_version=version, logprob_fn=self._logprob_fn(stored))
+                self.training.store(traces + bare, r, version)
         return traces, bare
 
     def _evolve(self, traces: list[Trace], bare: list[Trace], r: int, version: int, clock: PhaseClock
@@ -279,7 +268,7 @@ class Coevolution:
         critic_ids: set[str] = set()
         if self.training is not None and self.training.critic_traces:
             with clock("logprobs"):
-                critic_ids = self._buffer_critic_traces(r, version, withheld)
+                critic_ids = self.training.store_critic(self.rollouts.critic_traces(), r, version, withheld)
         for key in ("digest", "plan", "critic"):
             clock.seconds[key] += evolved.seconds.get(key, 0.0)
         self._lineage(events)
@@ -335,19 +324,6 @@ class Coevolution:
                                  trace_id=lambda t, a: f"u{r:04d}-{t.task_id}-{a}")
         return done.traces
 
-    def _buffered(self, r: int) -> tuple[list[Trace], list[Trace]] | None:
-        return None if self.training is None else buffered_rollouts(self._buffer(), r)
-
-    def _buffer_critic_traces(self, r: int, version: int, withheld: set[str]) -> set[str]:
-        """Store the round's Critic re-runs with their behaviour log-probs (the model has not changed
-        since they ran: exact; ``round_grpo.critic_traces_to_store`` says which) and return the tasks
-        whose groups they joined."""
-        buffer = self._buffer()
-        kept = critic_traces_to_store(self.rollouts.critic_traces(), buffer, r, withheld)
-        if kept:
-            buffer.add(kept, round=r, model_version=version, logprob_fn=self._logprob_fn(kept))
-        return critic_task_ids(buffer, r)
-
     def _top_up(self, traces: list[Trace], r: int) -> list[Trace]:
         """Round ``r``'s extra tasks from its reserve (``rollout.signal_groups``: dynamic sampling), on
         a stream of their own seeded once ("extra"), so the rest of the round samples as without them."""
@@ -375,13 +351,6 @@ class Coevolution:
             self._train(self.processes.share(None), r)
         self.state.next_round = r + 1
         self._commit()
-
-    def _logprob_fn(self, traces: Sequence[Trace]) -> Callable:
-        """The buffer's LogprobFn for ``traces``: the sampler's own log-probs where the run trusts them
-        (``buffer.sampler_logprobs``), else a forward pass of the current model."""
-        t = self.training
-        assert t is not None and t.logprob_fn is not None
-        return sampler_first(traces, t.logprob_fn) if t.sampler_logprobs else t.logprob_fn
 
     def _train(self, batch: tuple[list[Trace], list[int]], r: int) -> GRPOMetrics:
         """``steps_per_round`` GRPO steps on ``batch`` (traces, the model version of each): passes

@@ -8,7 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from coevo.agent.trace import Trace
+from coevo.buffers.logprobs import sampler_first
 from coevo.envs.base import Task
+from coevo.loop.round_grpo import buffered_rollouts, critic_task_ids, critic_traces_to_store
 
 if TYPE_CHECKING:
     from coevo.buffers import ReplayBuffer
@@ -66,13 +69,38 @@ class Training:
     behaviour log-probs of what enters the buffer) on rank 0 only. ``sampler_logprobs``: store the
     policy's own sampling log-probs as behaviour log-probs (``buffers.logprobs.sampler_first``)
     instead of recomputing them. ``critic_traces``: the Critic's paired re-runs join their tasks'
-    GRPO groups (the gate's evidence trains too)."""
+    GRPO groups (the gate's evidence trains too). The methods below run on rank 0."""
 
     trainer: GRPOTrainer
     buffer: ReplayBuffer | None = None
     logprob_fn: Callable | None = None
     sampler_logprobs: bool = False
     critic_traces: bool = False
+
+    @property
+    def replay(self) -> ReplayBuffer:
+        """The replay buffer (rank 0 holds it)."""
+        assert self.buffer is not None, "the replay buffer lives on rank 0"
+        return self.buffer
+
+    def store(self, traces: Sequence[Trace], r: int, version: int) -> None:
+        """``traces`` into the buffer as round ``r``'s, sampled by ``version``, with their behaviour
+        log-probs: the sampler's own where the run trusts them, else a forward pass of the model."""
+        assert self.logprob_fn is not None
+        fn = sampler_first(traces, self.logprob_fn) if self.sampler_logprobs else self.logprob_fn
+        self.replay.add(traces, round=r, model_version=version, logprob_fn=fn)
+
+    def buffered(self, r: int) -> tuple[list[Trace], list[Trace]] | None:
+        """Round ``r``'s episodes and those without the scaffolding, when a killed run stored them."""
+        return buffered_rollouts(self.replay, r)
+
+    def store_critic(self, reruns: Sequence[Trace], r: int, version: int, withheld: set[str]) -> set[str]:
+        """Store the round's Critic re-runs (the model has not changed since they ran: exact;
+        ``round_grpo.critic_traces_to_store`` says which) and return the tasks whose groups they joined."""
+        kept = critic_traces_to_store(reruns, self.replay, r, withheld)
+        if kept:
+            self.store(kept, r, version)
+        return critic_task_ids(self.replay, r)
 
 
 def _identity(obj: T) -> T:

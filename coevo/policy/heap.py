@@ -37,16 +37,22 @@ def trim_heap() -> None:
 _STATUS, _CLEAR_REFS = "/proc/self/status", "/proc/self/clear_refs"
 
 
-def high_water_mb() -> float | None:
-    """The process's peak resident memory since the last ``reset_high_water`` (Linux's ``VmHWM``,
-    which the kernel keeps exactly: no sampling misses a short spike), in MB (10^6 bytes); None
-    where /proc does not say."""
+def status_kib(field: str) -> int | None:
+    """A memory figure of ``/proc/self/status`` in KiB (``VmRSS``: resident now; ``VmHWM``: the peak
+    since the last ``reset_high_water``, which the kernel keeps exactly: no sampling misses a short
+    spike); None where /proc does not say."""
     try:
         with open(_STATUS) as f:
-            line = next((x for x in f if x.startswith("VmHWM:")), None)
+            line = next((x for x in f if x.startswith(field + ":")), None)
     except OSError:
         return None
-    return int(line.split()[1]) * 1024 / 1e6 if line else None
+    return int(line.split()[1]) if line else None
+
+
+def high_water_mb() -> float | None:
+    """The peak resident memory since the last ``reset_high_water`` in MB (10^6 bytes), or None."""
+    kib = status_kib("VmHWM")
+    return kib * 1024 / 1e6 if kib is not None else None
 
 
 def reset_high_water() -> bool:

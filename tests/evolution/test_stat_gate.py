@@ -378,8 +378,9 @@ def test_noninferiority_decisions_by_hand():
     noisy = {"a": [(True, False)] * 3 + [(False, True)] * 2 + [(True, True)] * 5}  # 10 pairs: too few to bound
     assert noninferiority_gate(noisy).outcome == "undecided"
     assert noninferiority_gate(noisy, exhausted=True).outcome == "reject"
-    assert seesaw_gate({"a": [True], "b": [False]}, {"a": [True], "b": [False]}, scope=["b"], need_gain=False).outcome == "ship"
-    assert seesaw_gate({"a": [True], "b": [False]}, {"a": [True], "b": [False]}, scope=["b"]).outcome == "reject"
+    unchanged = {"a": [True], "b": [False]}
+    assert seesaw_gate(unchanged, unchanged, scope=["b"], need_gain=False).outcome == "ship"
+    assert seesaw_gate(unchanged, unchanged, scope=["b"]).outcome == "reject"
     assert seesaw_gate({"a": [True]}, {"a": [False]}, scope=[], need_gain=False).outcome == "reject"
 
 
