@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("buffer", help="a run's replay buffer directory (it is copied first)")
     ap.add_argument("--micro-batch-tokens", default="2048", help="an integer, or none (rows only)")
     ap.add_argument("--traces", type=int, default=48)
-    ap.add_argument("--distill-demos", nargs="?", const="all", choices=("all", "nearest"),
+    ap.add_argument("--distill-demos", nargs="?", const="all", choices=("all", "nearest", "both"),
                     help="train the distilled copies as the run did (under the prompt without every "
                          "demonstration, or without the nearest: trainer.distill_prompt)")
     ap.add_argument("--gradient-checkpointing", action="store_true", help="trainer.gradient_checkpointing=true")

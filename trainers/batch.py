@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from coevo.agent.trace import Trace
+from coevo.agent.trace import ModelCall, Trace
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,13 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
     ``distill_demos``: each call of a trace with a positive advantage whose prompt held the harness's
     demonstrations (``ModelCall.demo_span``) is trained a second time under the prompt without them
     (``distilled``), after the trace's own calls (so chained calls still pack); ``distill_prompt``:
-    without every demonstration (``all``, ``ModelCall.demo_span``) or without the one nearest the
-    task (``nearest``, ``ModelCall.nearest_demo_span``: what the retirement's next shed shows)."""
-    if distill_prompt not in ("all", "nearest"):
-        raise ValueError(f"distill_prompt={distill_prompt!r}; choose all or nearest")
+    without every demonstration (``all``, ``ModelCall.demo_span``), without the one nearest the
+    task (``nearest``, ``ModelCall.nearest_demo_span``: what the retirement's next shed shows), or
+    a copy under each (``both``: the next shed's prompt and the last one's, so the weights are
+    learning the prompt without any demonstration before the last shed asks for it; one copy when
+    the two prompts are the same)."""
+    if distill_prompt not in DISTILL_PROMPTS:
+        raise ValueError(f"distill_prompt={distill_prompt!r}; choose one of {', '.join(DISTILL_PROMPTS)}")
     out: list[TrainSequence] = []
     for i, (trace, adv) in enumerate(zip(traces, advantages.tolist(), strict=True)):
         if not trace.trainable:
@@ -83,10 +86,25 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
                                 temperature)
             seq = credit_forced(seq, call.prefix_tokens) if credit_prefill and adv > 0 else seq
             out.append(seq)
-            span = call.demo_span if distill_prompt == "all" else call.nearest_demo_span
-            if distill_demos and adv > 0 and span is not None:
-                copies.append(distilled(seq, span))
+            if distill_demos and adv > 0:
+                copies += [distilled(seq, span) for span in _distill_spans(call, distill_prompt)]
         out.extend(copies)
+    return out
+
+
+DISTILL_PROMPTS = ("all", "nearest", "both")
+"""What ``training_sequences``' distilled copies leave out of the prompt (``trainer.distill_prompt``)."""
+
+
+def _distill_spans(call: ModelCall, distill_prompt: str) -> list[tuple[int, int]]:
+    """The demonstration spans a call's distilled copies leave out, each once: none when its prompt
+    held no demonstration."""
+    spans = {"all": [call.demo_span], "nearest": [call.nearest_demo_span],
+             "both": [call.nearest_demo_span, call.demo_span]}[distill_prompt]
+    out: list[tuple[int, int]] = []
+    for span in spans:
+        if span is not None and (span[0], span[1]) not in out:
+            out.append((span[0], span[1]))
     return out
 
 

@@ -193,9 +193,9 @@ class TrainerConfig:
     distill_demos: bool = opt(False, "train the replies of successful episodes whose prompt held the harness's "
                               "demonstrations again under the prompt without them (context distillation), so the "
                               "weights learn to act without the example in context")
-    distill_prompt: str = opt("all", "the prompt distillation trains under: without every demonstration (all) or "
+    distill_prompt: str = opt("all", "the prompt distillation trains under: without every demonstration (all), "
                               "without the one nearest the task (nearest: the prompt the retirement's next shed "
-                              "shows)", choices=("all", "nearest"))
+                              "shows), or a copy under each (both)", choices=("all", "nearest", "both"))
     aggregation: str = opt("token_mean", "token weights of the step loss: token_mean (DAPO's token-level mean over "
                            "the step) | sequence_mean (GRPO's mean of sequence means) | dr_grpo (Dr. GRPO: token "
                            "sums / (sequences x rollout.max_new_tokens))",

@@ -3,14 +3,17 @@ by telling it what exists. A forced tool-call prefill (``tool_choice``) writes t
 call for the model; demonstrations (``few_shot``) show whole worked episodes. Both cost tokens on
 every call, and a model that has learned the behaviour no longer needs them.
 
-Scaffolding comes off one layer at a time, outermost first (``SCAFFOLD_KINDS``): the forced prefill,
-then the demonstrations one by one, the one nearest the task first. ``without_outer_scaffold`` is
-the harness the loop measures the model on beside the scaffolded one: its episodes join their
-tasks' GRPO groups, so the weights learn to do unforced what the outer layer forces while the inner
-layers still show it, and AEGIS proposes removing the layer once they show the behaviour
-(``coevo.meta.retire``). Demonstrations come off singly because they are most of a scaffolded
-prompt and a model that cannot yet do without any of them can often do with one fewer: removing
-them all at once would ask for the whole step at once.
+Scaffolding comes off one layer at a time, outermost first (``SCAFFOLD_KINDS``): the
+demonstrations one by one, the one nearest the task first, then the forced prefill.
+``without_outer_scaffold`` is the harness the loop measures the model on beside the scaffolded
+one: its episodes join their tasks' GRPO groups, so the weights learn to do without the outer
+layer while the inner layers still show it, and AEGIS proposes removing the layer once they show
+the behaviour (``coevo.meta.retire``). The demonstrations go first because they are what a
+scaffolded prompt pays for: each costs about 85 tokens on every call, the prefill about 15 on the
+first, and a shed costs rounds (docs/RESULTS.md: the prefill's shed took one to four rounds a
+seed), so the tokens are saved before the cheap layer is argued over. Demonstrations come off
+singly because a model that cannot yet do without any of them can often do with one fewer:
+removing them all at once would ask for the whole step at once.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from coevo.harness.edit_record import Edit
 from coevo.harness.harness import Harness
 from coevo.harness.processor import Processor
 
-SCAFFOLD_KINDS = ("tool_choice", "few_shot")
-"""Processor kinds that force or demonstrate behaviour, outermost (retired first) first."""
+SCAFFOLD_KINDS = ("few_shot", "tool_choice")
+"""Processor kinds that demonstrate or force behaviour, outermost (retired first) first."""
 
 
 def scaffold_names(harness: Harness) -> list[str]:

@@ -95,6 +95,29 @@ def test_distilling_under_the_nearest_shed_cuts_only_that_demonstration(tok):
         training_sequences(traces, adv, distill_demos=True, distill_prompt="last")
 
 
+def test_distilling_under_both_prompts_trains_a_copy_under_each_and_one_when_they_agree(tok):
+    """``both``: each successful demonstrated reply is trained under the next shed's prompt and under
+    the prompt without any demonstration, in that order; where one demonstration is left the two
+    prompts are the same, so one copy."""
+    traces = demo_traces(tok, tiny_model(tok, seed=0))
+    last = traces[0].model_calls[0]  # a call whose prompt shows one demonstration: nearest is all
+    for t in traces:
+        for c in t.model_calls:
+            c.nearest_demo_span = list(c.demo_span) if c is last else [c.demo_span[0] + 5, c.demo_span[1]]
+    adv = torch.tensor([1.0 if t.reward > 0 else -1.0 for t in traces])
+    seqs = training_sequences(traces, adv, distill_demos=True, distill_prompt="both")
+    successes = [c for t in traces if t.reward > 0 for c in t.model_calls]
+    assert successes
+    for i, t in enumerate(traces):
+        copies = [s for s in seqs if s.trace_index == i and all(v != v for v in s.old_logp)]
+        calls = [c for c in t.model_calls if t.reward > 0]
+        expected = [call.prompt_ids[:a] + call.prompt_ids[b:] for call in calls
+                    for a, b in ([call.demo_span] if call is last else [call.nearest_demo_span, call.demo_span])]
+        assert [s.prompt_ids for s in copies] == expected
+    alone = training_sequences(traces, adv, distill_demos=True, distill_prompt="nearest")
+    assert len(seqs) - len(alone) == len(successes) - (last in successes)
+
+
 def demo_traces(tok, model, demo_len: int = 12):
     """Synthetic traces whose prompts open with the same ``demo_len`` demonstration tokens (after a
     3-token head), their behaviour log-probs from ``model`` under those prompts."""
