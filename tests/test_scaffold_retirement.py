@@ -56,16 +56,16 @@ def _trace(task: str, passed: bool, tool: bool, variant: str = "base") -> Trace:
                  variant=variant, model_version="0", reward=float(passed), passed=passed, tool_calls=calls)
 
 
-def test_scaffolding_comes_off_outermost_first_the_prefill_then_each_demonstration():
+def test_scaffolding_comes_off_outermost_first_each_demonstration_then_the_prefill():
     h = Harness.load(SCAFFOLDED)
     kinds = {p.kind for p in h.processors}
     assert {"tool_choice", "few_shot"} <= kinds and scaffold_layers(h) == 3  # the prefill, two demonstrations
-    assert outer_scaffold(h) == ["tool_choice"]
+    assert outer_scaffold(h) == ["few_shot (its last demonstration)"]
     first = without_outer_scaffold(h)
-    assert {p.kind for p in first.processors} == kinds - {"tool_choice"} and first.parent_id == h.id
-    assert outer_scaffold(first) == ["few_shot (its last demonstration)"]
+    assert {p.kind for p in first.processors} == kinds and demonstration_count(first) == 1
+    assert first.parent_id == h.id and outer_scaffold(first) == ["few_shot"]
     second = without_outer_scaffold(first)
-    assert {p.kind for p in second.processors} == kinds - {"tool_choice"} and demonstration_count(second) == 1
+    assert {p.kind for p in second.processors} == kinds - {"few_shot"} and outer_scaffold(second) == ["tool_choice"]
     third = without_outer_scaffold(second)
     assert {p.kind for p in third.processors} == kinds - {"tool_choice", "few_shot"}
     assert without_outer_scaffold(third) is third and outer_scaffold(third) == [] and scaffold_layers(third) == 0
@@ -124,7 +124,7 @@ def test_rule_agent_proposes_the_removal_only_when_the_evidence_is_ready():
                                                            h).text()
 
     # demonstrations come off one at a time: the proposal drops the one nearest the task
-    shown = without_outer_scaffold(Harness.load(SCAFFOLDED))
+    shown = Harness.load(SCAFFOLDED).remove("tool_choice")
     layer = outer_scaffold(shown)
     (fewer,) = agent.propose(_digest(ScaffoldEvidence(layer, 8, 0.9, 0.7, 1.0, 0.75), shown), shown, context)
     assert [(e.op, e.processor, e.param) for e in fewer.edits] == [("set_param", "few_shot", "turns")]
@@ -212,11 +212,11 @@ def test_a_removal_judged_by_the_statistical_gate_is_recorded_with_its_noninferi
 
 
 def test_a_demonstration_shed_is_judged_as_a_removal_and_ships_when_nothing_is_lost():
-    """With two demonstrations and no prefill the outer layer is the demonstration nearest the task;
-    a model that solves without it has the edit that drops it (a set_param of the turns) judged for
-    non-inferiority, like a removal, and shipped."""
+    """With the prefill and two demonstrations the outer layer is the demonstration nearest the
+    task; a model that solves without it has the edit that drops it (a set_param of the turns)
+    judged for non-inferiority, like a removal, and shipped, the prefill kept."""
     env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
-    start = without_outer_scaffold(Harness.load(SCAFFOLDED))  # the demonstrations, no prefill
+    start = Harness.load(SCAFFOLDED)
     aegis = _aegis(env, ScriptedPolicy(solve), gate="stat", start=start)
     report = _round(aegis, ScriptedPolicy(solve), env, env.tasks("train")[:6])
     (dig,) = report.digests
@@ -224,7 +224,7 @@ def test_a_demonstration_shed_is_judged_as_a_removal_and_ships_when_nothing_is_l
     (verdict,) = report.verdicts
     assert [(e.op, e.param) for e in verdict.proposal.edits] == [("set_param", "turns")]
     assert verdict.ship and verdict.evidence.noninferiority
-    assert demonstration_count(aegis.harness("base")) == 1
+    assert demonstration_count(aegis.harness("base")) == 1 and "tool_choice" in aegis.harness("base")
 
 
 def _buffer(run_dir: Path):
@@ -293,27 +293,27 @@ def test_the_report_draws_the_scaffold_figure_only_for_runs_with_unscaffolded_ep
 
 def test_the_lineage_lanes_follow_each_layer_from_added_to_shed():
     """The scaffold lineage's lanes: the prefill and each demonstration, held or not by the harness
-    at the start and after each round; shedding takes the prefill first, then the nearest demonstration."""
+    at the start and after each round; shedding takes the nearest demonstration first, the prefill last."""
     from coevo.harness.scaffold import retire_outer_scaffold, without_outer_scaffold
     from coevo.report.figures import scaffold_lanes
 
     full = Harness.load(SCAFFOLDED)
-    no_prefill = without_outer_scaffold(full)
-    one_demo = without_outer_scaffold(no_prefill)
-    assert [e.op for e in retire_outer_scaffold(full)] == ["remove"]
-    lanes = dict(scaffold_lanes([None, full, full, no_prefill, one_demo]))
+    one_demo = without_outer_scaffold(full)
+    prefill_only = without_outer_scaffold(one_demo)
+    assert [e.op for e in retire_outer_scaffold(full)] == ["set_param"]
+    lanes = dict(scaffold_lanes([None, full, full, one_demo, prefill_only]))
     demos = demonstration_count(full)
     assert demos >= 2 and list(lanes) == ["forced prefill", *[f"demonstration {k}" for k in range(1, demos + 1)]]
-    assert lanes["forced prefill"] == [False, True, True, False, False]
-    assert lanes[f"demonstration {demos}"] == [False, True, True, True, False]  # the nearest: shed first
-    assert lanes["demonstration 1"] == [False, True, True, True, True]
+    assert lanes["forced prefill"] == [False, True, True, True, True]
+    assert lanes[f"demonstration {demos}"] == [False, True, True, False, False]  # the nearest: shed first
+    assert lanes["demonstration 1"] == [False, True, True, True, False]
     assert scaffold_lanes([base_harness(), None]) == []
 
 
 @pytest.mark.slow
 def test_the_retire_preset_runs_on_the_tiny_model(tmp_path):
     """``experiment=retire`` with only the model and the sizes shrunk (its schedule, gate and
-    unscaffolded groups kept), from a scaffolded start so the episodes without the prefill run from
+    unscaffolded groups kept), from a scaffolded start so the episodes without a demonstration run from
     round 0: AEGIS every round, groups of scaffolded and unscaffolded episodes, the scaffold figure."""
     run_dir = Path(coevo.run(compose_cfg([
         "experiment=retire", "model=tiny", "model.lora=true", f"harness.start={SCAFFOLDED}", "rounds=2",

@@ -83,8 +83,8 @@ class RolloutConfig:
                                     ge=1, none="off")
     max_extra_tasks: int = opt(24, "dynamic sampling: at most this many extra tasks a round", ge=0)
     unscaffolded_attempts: int = opt(0, "episodes per train task per round also run on its harness without the "
-                                     "outermost scaffold layer (the forced tool-call prefill, then the "
-                                     "demonstrations): they join the task's GRPO group, so the weights learn the "
+                                     "outermost scaffold layer (each demonstration, the nearest the task first, "
+                                     "then the forced tool-call prefill): they join the task's GRPO group, so the weights learn the "
                                      "behaviour unforced, and AEGIS proposes retiring the layer once they show it "
                                      "(0: off)", ge=0)
     max_steps: int = opt(6, "model calls per episode at most; a starting harness whose step budget is lower gets "

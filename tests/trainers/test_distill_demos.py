@@ -180,10 +180,12 @@ def test_distillation_raises_the_bare_prompts_likelihood_of_successful_replies(t
 
 
 @pytest.mark.slow
-def test_the_distillation_preset_trains_distilled_replies_in_a_tiny_run(tmp_path, monkeypatch):
-    """The smoke run from a harness with demonstrations and ``trainer.distill_demos=true``: the
+@pytest.mark.parametrize("prompt", ["all", "both"])
+def test_the_distillation_preset_trains_distilled_replies_in_a_tiny_run(tmp_path, monkeypatch, prompt):
+    """The smoke run from a harness with two demonstrations and ``trainer.distill_demos=true``: the
     buffered calls carry their demonstration spans and the GRPO steps train distilled copies
-    (behaviour log-probs all FORCED, prompts without the span)."""
+    (behaviour log-probs all FORCED, prompts without the span); under ``both`` each reply twice,
+    under two prompts of different lengths (one demonstration fewer, and none)."""
     from pathlib import Path
 
     import coevo
@@ -201,7 +203,13 @@ def test_the_distillation_preset_trains_distilled_replies_in_a_tiny_run(tmp_path
         return seqs
 
     monkeypatch.setattr(grpo, "training_sequences", spy)
-    coevo.run(smoke(tmp_path / "run", f"harness.start={demos}", "trainer.distill_demos=true", "rollout.attempts=4"))
+    coevo.run(smoke(tmp_path / "run", f"harness.start={demos}", "trainer.distill_demos=true", "rollout.attempts=4",
+                    f"trainer.distill_prompt={prompt}"))
     assert trained and all(flag for flag, _ in trained)
     distilled = [s for _, seqs in trained for s in seqs]
     assert distilled and all(s.advantage > 0 for s in distilled)
+    prompts: dict[tuple, set[int]] = {}  # (step, trace, reply) -> the prompt lengths it was distilled under
+    for step, (_, seqs) in enumerate(trained):
+        for s in seqs:
+            prompts.setdefault((step, s.trace_index, tuple(s.completion_ids)), set()).add(len(s.prompt_ids))
+    assert {len(lengths) for lengths in prompts.values()} == ({1} if prompt == "all" else {2})
