@@ -52,7 +52,7 @@ from coevo.loop.round_grpo import (
 from coevo.loop.round_plan import batches_per_epoch, extra_pools, round_batches
 from coevo.loop.round_record import PhaseClock, round_record
 from coevo.loop.schedule import Processes, Schedule, Splits, Training
-from coevo.policy.heap import trim_heap
+from coevo.policy.heap import blocks_mapped
 from coevo.report.eta import RunShape, start_line, time_left_line
 from coevo.report.progress import ProgressDisplay
 from coevo.report.tracking import Tracker, edit_rows
@@ -360,12 +360,11 @@ class Coevolution:
         trainer, (traces, versions) = self.training.trainer, batch
         steps: list[StepMetrics] = []
         self.processes.release_rollout()
-        with self.progress.task("GRPO", self.schedule.steps_per_round) as advance:
+        with self.progress.task("GRPO", self.schedule.steps_per_round) as advance, blocks_mapped():
             for part, part_versions in step_batches(traces, versions, self.schedule.steps_per_round,
                                                     self.schedule.step_traces, seed=f"{self.schedule.seed}-{r}"):
                 steps.append(trainer.step(part, versions=part_versions))
                 advance()
-        trim_heap()  # the step's freed activations go back to the system, not into the next round's rollouts
         self.policy.model_version = str(trainer.version)
         self.processes.sync_weights()
         return grpo_record(steps, traces)
