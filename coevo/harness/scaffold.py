@@ -9,11 +9,12 @@ demonstrations one by one, the one nearest the task first, then the forced prefi
 one: its episodes join their tasks' GRPO groups, so the weights learn to do without the outer
 layer while the inner layers still show it, and AEGIS proposes removing the layer once they show
 the behaviour (``coevo.meta.retire``). The demonstrations go first because they are what a
-scaffolded prompt pays for: each costs about 85 tokens on every call, the prefill about 15 on the
-first, and a shed costs rounds (docs/RESULTS.md: the prefill's shed took one to four rounds a
-seed), so the tokens are saved before the cheap layer is argued over. Demonstrations come off
-singly because a model that cannot yet do without any of them can often do with one fewer:
-removing them all at once would ask for the whole step at once.
+scaffolded prompt pays for: each costs 76-87 tokens on every call, the prefill 19 on the first
+(SmolLM2's tokenizer, the reasoning env's demonstrations), and each shed costs rounds (the
+prefill's took one to four a seed: docs/RESULTS.md), so the tokens are saved before the cheap
+layer is argued over. Demonstrations come off singly because a model that cannot yet do without
+any of them can often do with one fewer: removing them all at once would ask for the whole
+step at once.
 """
 
 from __future__ import annotations
