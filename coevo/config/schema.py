@@ -84,9 +84,9 @@ class RolloutConfig:
     max_extra_tasks: int = opt(24, "dynamic sampling: at most this many extra tasks a round", ge=0)
     unscaffolded_attempts: int = opt(0, "episodes per train task per round also run on its harness without the "
                                      "outermost scaffold layer (each demonstration, the nearest the task first, "
-                                     "then the forced tool-call prefill): they join the task's GRPO group, so the weights learn the "
-                                     "behaviour unforced, and AEGIS proposes retiring the layer once they show it "
-                                     "(0: off)", ge=0)
+                                     "then the forced tool-call prefill): they join the task's GRPO group, so the "
+                                     "weights learn the behaviour unforced, and AEGIS proposes retiring the layer "
+                                     "once they show it ""(0: off)", ge=0)
     max_steps: int = opt(6, "model calls per episode at most; a starting harness whose step budget is lower gets "
                          "it raised to this", ge=1)
     batch_size: int = opt(32, "model calls per generate() batch", ge=1)
