@@ -50,7 +50,6 @@ from coevo.harness.scaffold import (
     demonstration_count,
     scaffold_layers,
     with_one_demonstration_fewer,
-    without_outer_scaffold,
 )
 from coevo.loop.builders import build_policy
 from coevo.policy.load import load_model
@@ -90,18 +89,22 @@ def harness_forms(h: Harness, before: Harness | None = None) -> dict[str, Harnes
     forms = {}
     if before is not None:
         forms["most scaffolded"] = before
-        forms["most scaffolded, without tool_choice"] = without_outer_scaffold(before)
+        forms["most scaffolded, without tool_choice"] = _without_kind(before, "tool_choice")
     for form, kind in SCAFFOLDS.items():
         names = [p.name for p in h.processors if p.kind == kind] if kind else []
         if kind and not names:
             continue  # the harness never had that scaffold
         if kind == "few_shot" and demonstration_count(h) > 1:  # the step between all and none
             forms[FEWER] = with_one_demonstration_fewer(h)
-        stripped = h
-        for name in names:
-            stripped = stripped.remove(name)
-        forms[form] = stripped
+        forms[form] = _without_kind(h, kind) if kind else h
     return forms
+
+
+def _without_kind(h: Harness, kind: str) -> Harness:
+    """``h`` without its processors of ``kind``."""
+    for name in [p.name for p in h.processors if p.kind == kind]:
+        h = h.remove(name)
+    return h
 
 
 def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: bool = False,
