@@ -40,7 +40,7 @@ M_MMAP_THRESHOLD = -3
 
 STEP_MMAP_THRESHOLD = 128 << 10
 """Bytes from which a training step's blocks are mapped on their own (``blocks_mapped``): glibc's
-own starting value. 1 MiB left a distill step at 3,468 MiB against 2,690 (docs/PERF.md): blocks of
+own starting value. 1 MiB left a distill step at 3,245 MiB against 2,413 (docs/PERF.md): blocks of
 a few hundred KiB (a row's [T, 576] states) fragment the arenas too."""
 
 HEAP_MMAP_THRESHOLD = 32 << 20
@@ -64,10 +64,11 @@ def blocks_mapped(nbytes: int = STEP_MMAP_THRESHOLD) -> Iterator[None]:
     first few activations a training step's tensors all come from the heap arenas, where the
     freed blocks of one micro-batch's sizes stay resident while the next micro-batch asks for
     other sizes. A fixed threshold turns that adjustment off. Measured on a distill run's step
-    (docs/PERF.md): its peak went from 4,824 to 2,690 MiB with 1,311 MiB of activations alive;
-    the arithmetic is untouched. Outside a step the threshold is fixed at glibc's own ceiling, so
-    decoding (whose growing caches would be mapped and faulted in anew at every token under a low
-    one) keeps the heap's reuse. Nothing changes where the C library is not glibc."""
+    (docs/PERF.md): its peak went from 3,407 to 2,413 MiB with 999 MiB of activations alive,
+    at about 25% more step time (each block is faulted in anew); the arithmetic is untouched.
+    Outside a step the threshold is fixed at glibc's own ceiling, so decoding (whose growing
+    caches would be mapped and faulted in anew at every token under a low one) keeps the heap's
+    reuse. Nothing changes where the C library is not glibc."""
     mallopt = _mallopt()
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, nbytes)
