@@ -64,7 +64,7 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
     for i, (trace, adv) in enumerate(zip(traces, advantages.tolist(), strict=True)):
         if not trace.trainable:
             continue
-        copies: list[TrainSequence] = []
+        copies: tuple[list[TrainSequence], list[TrainSequence]] = ([], [])  # under each distilled prompt
         if trace.behaviour_logprobs is None:
             raise ValueError(f"trace {trace.trace_id} has no behaviour log-probs; insert it through the replay buffer")
         for k, call in enumerate(trace.model_calls):
@@ -87,8 +87,9 @@ def training_sequences(traces: Sequence[Trace], advantages: torch.Tensor, *,
             seq = credit_forced(seq, call.prefix_tokens) if credit_prefill and adv > 0 else seq
             out.append(seq)
             if distill_demos and adv > 0:
-                copies += [distilled(seq, span) for span in _distill_spans(call, distill_prompt)]
-        out.extend(copies)
+                for under, span in zip(copies, _distill_spans(call, distill_prompt), strict=False):
+                    under.append(distilled(seq, span))
+        out.extend(copies[0] + copies[1])  # a prompt's copies side by side: its chained calls pack
     return out
 
 

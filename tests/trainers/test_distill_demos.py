@@ -111,11 +111,36 @@ def test_distilling_under_both_prompts_trains_a_copy_under_each_and_one_when_the
     for i, t in enumerate(traces):
         copies = [s for s in seqs if s.trace_index == i and all(v != v for v in s.old_logp)]
         calls = [c for c in t.model_calls if t.reward > 0]
-        expected = [call.prompt_ids[:a] + call.prompt_ids[b:] for call in calls
-                    for a, b in ([call.demo_span] if call is last else [call.nearest_demo_span, call.demo_span])]
+        spans = [[c.demo_span] if c is last else [c.nearest_demo_span, c.demo_span] for c in calls]
+        # every call under the next shed's prompt, then every call under the prompt without any
+        expected = [c.prompt_ids[: sp[j][0]] + c.prompt_ids[sp[j][1]:] for j in (0, 1)
+                    for c, sp in zip(calls, spans, strict=True) if j < len(sp)]
         assert [s.prompt_ids for s in copies] == expected
     alone = training_sequences(traces, adv, distill_demos=True, distill_prompt="nearest")
     assert len(seqs) - len(alone) == len(successes) - (last in successes)
+
+
+def test_the_copies_of_a_chained_episode_pack_into_one_row_per_prompt():
+    """A two-call episode whose second prompt continues the first: under ``both`` its four distilled
+    copies are two chains (one per prompt), so they pack into two rows, as the episode's own calls
+    pack into one."""
+    from coevo.agent.trace import ModelCall, Trace
+    from coevo.trainers.batch import PackedSequence, pack_calls
+
+    head, demos, question = [5, 6, 7], list(range(40, 52)), [60, 61]
+    first = head + demos + question
+    reply, tool = [70, 71, 72], [80, 81]
+    calls = [ModelCall(0, [], first, reply, None, "", "stop", temperature=1.0),
+             ModelCall(1, [], first + reply + tool, [90, 91], None, "", "stop", temperature=1.0)]
+    for c in calls:
+        c.demo_span, c.nearest_demo_span = [3, 15], [9, 15]  # two demonstrations of six tokens
+    trace = Trace("t", "task", "env", "train", "h", "base", "0", model_calls=calls, reward=1.0, passed=True)
+    trace.behaviour_logprobs = [[-1.0] * len(c.completion_ids) for c in calls]
+    seqs = training_sequences([trace], torch.tensor([1.0]), distill_demos=True, distill_prompt="both")
+    assert len(seqs) == 6
+    rows = pack_calls(seqs)
+    assert len(rows) == 3 and all(isinstance(r, PackedSequence) and len(r.parts) == 2 for r in rows)
+    assert [len(r.parts[0].prompt_ids) for r in rows] == [len(first), len(first) - 6, len(first) - 12]
 
 
 def demo_traces(tok, model, demo_len: int = 12):
