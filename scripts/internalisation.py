@@ -220,15 +220,21 @@ def summarise(per_seed: list[dict[str, dict[str, dict]]], seed: int = 0) -> dict
         row["prompt_tokens"] = float(_matrix(per_seed, form, "trained", "prompt_tokens", tasks).mean())
         table[form] = row | {"tasks": len(tasks)}
     out: dict = {"seeds": len(per_seed), "forms": table}
-    if all(f in forms for f in RETIRED):
-        most, unforced = (_matrix(per_seed, f, "trained", "pass", tasks) for f in RETIRED)
+    if RETIRED[0] in forms and "as run" in forms:
+        most = _matrix(per_seed, RETIRED[0], "trained", "pass", tasks)
         final = _matrix(per_seed, "as run", "trained", "pass", tasks)
+        tokens = {f: _matrix(per_seed, f, "trained", "prompt_tokens", tasks).mean(axis=1) for f in ("as run", RETIRED[0])}
         out["retirement"] = {
             "final_minus_most_scaffolded": [100 * v for v in bootstrap(final - most, rng)],
             "prompt_tokens_saved": 1 - table["as run"]["prompt_tokens"] / table[RETIRED[0]]["prompt_tokens"],
-            "unforced_tool_use": table[RETIRED[1]]["tool_use"]["trained"],
-            "unforced_pass_kept": float(unforced.mean() / most.mean()) if most.mean() else None,
+            "per_seed": [{"final_minus_most_scaffolded": 100 * float((final[k] - most[k]).mean()),
+                          "prompt_tokens": [float(tokens["as run"][k]), float(tokens[RETIRED[0]][k])]}
+                         for k in range(len(per_seed))],
         }
+        if RETIRED[1] in forms:
+            unforced = _matrix(per_seed, RETIRED[1], "trained", "pass", tasks)
+            out["retirement"] |= {"unforced_tool_use": table[RETIRED[1]]["tool_use"]["trained"],
+                                  "unforced_pass_kept": float(unforced.mean() / most.mean()) if most.mean() else None}
     return out
 
 
@@ -289,12 +295,18 @@ def report_text(summary: dict, command: str) -> str:
                              "prompt tokens per episode (trained)"], rows)]
     retired = summary.get("retirement")
     if retired is not None:
-        kept = retired["unforced_pass_kept"]
-        parts.append("Retirement (trained weights): the final harness against the most scaffolded one, pass@1 "
-                     f"{interval(retired['final_minus_most_scaffolded'], True)} points with "
-                     f"{100 * retired['prompt_tokens_saved']:.0f}% fewer prompt tokens per episode; without the "
-                     f"prefill the model calls the tool in {interval(retired['unforced_tool_use'])}% of episodes and "
-                     "keeps " + (f"{100 * kept:.0f}%" if kept is not None else "—") + " of the scaffolded pass@1.")
+        text = ("Retirement (trained weights): the final harness against the most scaffolded one, pass@1 "
+                f"{interval(retired['final_minus_most_scaffolded'], True)} points with "
+                f"{100 * retired['prompt_tokens_saved']:.1f}% fewer prompt tokens per episode")
+        seeds = "; ".join(f"{d['final_minus_most_scaffolded']:+.1f} points, {d['prompt_tokens'][0]:.0f} / "
+                          f"{d['prompt_tokens'][1]:.0f} tokens" for d in retired["per_seed"])
+        text += f" (by seed: {seeds})"
+        if "unforced_tool_use" in retired:
+            kept = retired["unforced_pass_kept"]
+            text += (f"; without the prefill the model calls the tool in {interval(retired['unforced_tool_use'])}% "
+                     "of episodes and keeps " + (f"{100 * kept:.0f}%" if kept is not None else "—")
+                     + " of the scaffolded pass@1")
+        parts.append(text + ".")
     return "\n\n".join(parts) + "\n\nIntervals: paired task bootstrap over seeds, 95%.\n"
 
 

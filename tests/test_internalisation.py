@@ -111,7 +111,11 @@ def test_a_run_that_retired_its_prefill_is_measured_against_its_most_scaffolded_
     assert retired["unforced_pass_kept"] == pytest.approx(0.5)
     assert retired["final_minus_most_scaffolded"][0] == pytest.approx(-50.0)
     assert retired["unforced_tool_use"][0] == pytest.approx(50.0)
-    assert "75% fewer prompt tokens" in internalisation.report_text(internalisation.summarise([seed]), "cmd")
+    assert "75.0% fewer prompt tokens" in internalisation.report_text(internalisation.summarise([seed]), "cmd")
+    assert retired["per_seed"] == [{"final_minus_most_scaffolded": -50.0, "prompt_tokens": [100.0, 400.0]}] * 2
+    # measured on the two forms alone (--forms 'as run' 'most scaffolded'): the comparison, without the prefill's
+    only = internalisation.summarise([{k: v for k, v in seed.items() if "without" not in k}])["retirement"]
+    assert only["final_minus_most_scaffolded"][0] == pytest.approx(-50.0) and "unforced_tool_use" not in only
 
 
 def test_transfer_evaluates_the_run_on_datasets_it_never_trained_on_with_its_starting_harness(tmp_path):
