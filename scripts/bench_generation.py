@@ -160,7 +160,8 @@ def workloads(args: argparse.Namespace) -> None:
     greedy_same = {}
     for load, (harness, passes) in loads.items():  # the exactness contract: greedy ids must be identical
         greedy = harness.set_param("sampling", "temperature", 0.0)
-        ids = [run_workload(policy, greedy, tasks[: args.tasks // 2], env, passes)["ids"] for policy in engines.values()]
+        half = tasks[: args.tasks // 2]
+        ids = [run_workload(policy, greedy, half, env, passes)["ids"] for policy in engines.values()]
         greedy_same[load] = ids[0] == ids[1]
     print(f"\nmodel=smollm2 torch={torch.__version__} threads={torch.get_num_threads()} tasks={args.tasks} x 2 "
           f"attempts, temperature 0.7, repeats={args.repeats}")

@@ -223,7 +223,8 @@ def summarise(per_seed: list[dict[str, dict[str, dict]]], seed: int = 0) -> dict
     if RETIRED[0] in forms and "as run" in forms:
         most = _matrix(per_seed, RETIRED[0], "trained", "pass", tasks)
         final = _matrix(per_seed, "as run", "trained", "pass", tasks)
-        tokens = {f: _matrix(per_seed, f, "trained", "prompt_tokens", tasks).mean(axis=1) for f in ("as run", RETIRED[0])}
+        tokens = {f: _matrix(per_seed, f, "trained", "prompt_tokens", tasks).mean(axis=1)  # [seeds]
+                  for f in ("as run", RETIRED[0])}
         out["retirement"] = {
             "final_minus_most_scaffolded": [100 * v for v in bootstrap(final - most, rng)],
             "prompt_tokens_saved": 1 - table["as run"]["prompt_tokens"] / table[RETIRED[0]]["prompt_tokens"],

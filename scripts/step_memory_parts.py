@@ -3,7 +3,7 @@
     python scripts/step_memory_parts.py runs/db_s0/buffer --distill-demos both
 
 Runs one step of ``GRPOTrainer`` on a run's buffered traces (as scripts/grpo_step_memory.py does:
-the embedded SmolLM2-135M, LoRA r16, fp32, ``trainer.*`` defaults otherwise) with a
+its ``step_trainer``: the embedded SmolLM2-135M, LoRA r16, fp32) with a
 ``saved_tensors_hooks`` pair that records every tensor saved for the backward by storage (a storage
 counts once, parameters never), labelled by the pass that saved it (the shared prompt's pass, the
 rows' own pass, or the loss) and the innermost module that ran (attention, MLP, norms, LoRA, the
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
-import tempfile
 import time
 from collections import defaultdict
 from functools import partial
@@ -37,7 +35,8 @@ class SavedTensors:
     def __init__(self, model: torch.nn.Module) -> None:
         self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self.stack: list[str] = []
-        self.pass_name = "loss"
+        self.pass_name = "loss"  # outside the decoder: the loss's own tensors
+        self.last = ""  # the decoder pass before this one
         self.micro: list[dict[int, tuple[str, str, int]]] = []
         for name, m in model.named_modules():
             m.register_forward_pre_hook(partial(self._push, name))
@@ -45,7 +44,6 @@ class SavedTensors:
         decoder = next(m for m in model.modules() if hasattr(m, "layers") and hasattr(m, "embed_tokens"))
         decoder.register_forward_pre_hook(self._enter, with_kwargs=True)
         decoder.register_forward_hook(lambda *_: setattr(self, "pass_name", "loss"))
-        self.last = ""
 
     def _push(self, name: str, _m: torch.nn.Module, _args: tuple) -> None:
         self.stack.append(name)
@@ -64,7 +62,8 @@ class SavedTensors:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr not in self.params and self.micro and ptr not in self.micro[-1]:
-            self.micro[-1][ptr] = (self.pass_name, part_of(self.stack[-1] if self.stack else ""), storage.nbytes())
+            module = self.stack[-1] if self.stack else ""
+            self.micro[-1][ptr] = (self.pass_name, part_of(module), storage.nbytes())
         return t
 
     def largest(self) -> dict[tuple[str, str], int]:
@@ -86,22 +85,13 @@ def main() -> None:
                          "glibc's own, adjusting threshold)")
     args = ap.parse_args()
 
-    from bench_grpo_step import spread_traces  # scripts/ is on the path of a script run from it
+    from grpo_step_memory import step_trainer  # scripts/ is on the path of a script run from it
 
-    from coevo.config.schema import TrainerConfig
     from coevo.policy.heap import blocks_mapped, reset_high_water, status_kib
-    from coevo.policy.load import load_model
-    from coevo.trainers.grpo import GRPOTrainer, apply_lora
 
-    copy = tempfile.mkdtemp() + "/buffer"
-    shutil.copytree(args.buffer, copy)
-    chosen = spread_traces(copy, args.traces)
-    model, tok = load_model("smollm2", dtype="float32")
-    model = apply_lora(model, r=16, alpha=32, dropout=0.0)
-    cfg = TrainerConfig(lr=1e-5, micro_batch_tokens=args.micro_batch_tokens, distill_demos=args.distill_demos is not None,
-                        distill_prompt=args.distill_demos or "all", credit_prefill=True)
-    trainer = GRPOTrainer(model, cfg, pad_id=tok.pad_token_id, total_steps=10, loss_horizon=None)
-    saved = SavedTensors(model)
+    trainer, chosen = step_trainer(args.buffer, traces=args.traces, micro_batch_tokens=args.micro_batch_tokens,
+                                   distill=args.distill_demos)
+    saved = SavedTensors(trainer.unwrapped)
     before = status_kib("VmRSS")
     reset_high_water()
     start = time.perf_counter()

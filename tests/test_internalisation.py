@@ -99,8 +99,8 @@ def test_a_run_that_retired_its_prefill_is_measured_against_its_most_scaffolded_
     assert internalisation.most_scaffolded(run) is None  # nothing was retired
 
     def form(pass_, tool, tokens):  # one seed's per-task figures, trained = frozen
-        row = {"pass": dict(zip("ab", pass_, strict=True)), "tool_use": dict(zip("ab", tool, strict=True)), "prompt_tokens": {"a": tokens,
-                                                                                                   "b": tokens}}
+        row = {"pass": dict(zip("ab", pass_, strict=True)), "tool_use": dict(zip("ab", tool, strict=True)),
+               "prompt_tokens": {"a": tokens, "b": tokens}}
         return {"trained": row, "frozen": row}
 
     seed = {"most scaffolded": form((1.0, 1.0), (1.0, 1.0), 400.0),

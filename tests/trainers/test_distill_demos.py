@@ -73,7 +73,8 @@ def test_the_nearest_demonstrations_span_is_what_the_next_shed_leaves_out(tok):
         call, shed = a.model_calls[0], b.model_calls[0]
         start, end = call.nearest_demo_span
         assert call.prompt_ids[:start] + call.prompt_ids[end:] == shed.prompt_ids
-        assert "3 + 5" in tok.decode(call.prompt_ids[start:end]) and "2 + 2" not in tok.decode(call.prompt_ids[start:end])
+        shown = tok.decode(call.prompt_ids[start:end])
+        assert "3 + 5" in shown and "2 + 2" not in shown
         assert call.demo_span[0] < start and end == call.demo_span[1]  # the last of the demonstrations' tokens
         assert shed.nearest_demo_span == shed.demo_span  # one demonstration left: nearest is all
 
