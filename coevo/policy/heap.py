@@ -57,8 +57,10 @@ def _mallopt() -> Callable[[int, int], int] | None:
 
 @contextmanager
 def blocks_mapped(nbytes: int = STEP_MMAP_THRESHOLD) -> Iterator[None]:
-    """Inside the block every allocation of ``nbytes`` or more gets pages of its own, handed back
-    the moment it is freed; after it, the heap is trimmed.
+    """Inside the block every allocation of ``nbytes`` or more that the arenas' free chunks cannot
+    hold gets pages of its own, handed back the moment it is freed; after it, the heap is trimmed
+    (glibc consults the threshold only when its bins and the heap's top are too small, so what an
+    earlier phase freed and left in the arenas is reused first).
 
     glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB), so after the
     first few activations a training step's tensors all come from the heap arenas, where the
