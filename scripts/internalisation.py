@@ -42,15 +42,18 @@ from typing import Any
 import numpy as np
 
 from coevo.agent.rollouts import RolloutService, tool_use_rate
+from coevo.buffers.replay import ReplayBuffer
 from coevo.config.schema import load_run_config
 from coevo.envs.base import skill_of, stratified
 from coevo.envs.load import make_env
+from coevo.evolution import digest
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import (
     demonstration_count,
     scaffold_layers,
     with_one_demonstration_fewer,
 )
+from coevo.harness.tool_listing import unlisting
 from coevo.loop.builders import build_policy
 from coevo.policy.load import load_model
 from coevo.report.experiment import ARMS, DIFFERENCES, markdown_table, paired_differences, write_outputs
@@ -61,6 +64,9 @@ SCAFFOLDS = {"as run": None, "without tool_choice": "tool_choice", "without demo
 """Harness form → the processor kind removed from the run's harness (None: the harness as it ran)."""
 FEWER = "one demonstration fewer"
 """The form of a harness showing several demonstrations without its last one."""
+CALLED = "as run, only the tools it called"
+"""The final harness listing only the tools the run's buffered episodes called: every tool listed
+costs its line of the system prompt on every call, whether or not the model ever calls it."""
 
 
 def most_scaffolded(run_dir: Path) -> Harness | None:
@@ -82,10 +88,25 @@ def start_harness(run_dir: Path) -> Harness:
     return Harness.load(run_dir / "lineage" / f"{start['id']}.yaml")
 
 
-def harness_forms(h: Harness, before: Harness | None = None) -> dict[str, Harness]:
+def tools_run_called(run_dir: Path) -> set[str]:
+    """The tools the episodes in the run's replay buffer (its last rounds' traces) called by a name
+    that ran (``coevo.evolution.digest.called_tools``)."""
+    with ReplayBuffer(run_dir / "buffer", capacity=1, read_only=True) as buffer:  # read-only: nothing evicted
+        return set(digest.called_tools(buffer.load(buffer.entries())))
+
+
+def only_tools(h: Harness, tools: set[str]) -> Harness | None:
+    """``h`` listing only ``tools`` (``coevo.harness.tool_listing.unlisting``); None when that
+    changes nothing or would list no tool."""
+    edit = unlisting(h, tools)
+    return None if edit is None else h.set_param(edit.processor, edit.param, edit.value)
+
+
+def harness_forms(h: Harness, before: Harness | None = None, called: set[str] | None = None) -> dict[str, Harness]:
     """The run's harness and its forms without each scaffold it holds; with ``before`` (the most
     scaffolded harness of a run that retired scaffolding), that one too, as it was and without its
-    prefill."""
+    prefill; with ``called`` (the tools the run's episodes called), the run's harness listing only
+    those."""
     forms = {}
     if before is not None:
         forms["most scaffolded"] = before
@@ -97,6 +118,9 @@ def harness_forms(h: Harness, before: Harness | None = None) -> dict[str, Harnes
         if kind == "few_shot" and demonstration_count(h) > 1:  # the step between all and none
             forms[FEWER] = with_one_demonstration_fewer(h)
         forms[form] = _without_kind(h, kind) if kind else h
+    narrowed = only_tools(h, called) if called is not None else None
+    if narrowed is not None:
+        forms[CALLED] = narrowed
     return forms
 
 
@@ -143,7 +167,7 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: b
     if arm:
         forms = {"start": start_harness(run_dir), "as run": Harness.load(variant)}
     else:
-        forms = harness_forms(Harness.load(variant), most_scaffolded(run_dir))
+        forms = harness_forms(Harness.load(variant), most_scaffolded(run_dir), tools_run_called(run_dir))
         if datasets:
             forms = {"start": start_harness(run_dir), **forms}
     if only:
@@ -201,11 +225,12 @@ def _matrix(per_seed: list[dict], form: str, weights: str, metric: str, tasks: l
     return np.asarray([[s[form][weights][metric][t] for t in tasks] for s in per_seed])
 
 
-def summarise(per_seed: list[dict[str, dict[str, dict]]], seed: int = 0) -> dict:
+def summarise(per_seed: list[dict[str, dict[str, dict]]], seed: int = 0, final: str = "as run") -> dict:
     """Per form (those every seed has): pass@1 and tool use, trained and frozen and their paired
     difference, and the trained model's prompt tokens per episode. For runs that retired
-    scaffolding, ``retirement``: the final harness against the most scaffolded one (pass@1 paired,
-    prompt tokens saved) and the trained model without the prefill (tool use, pass@1 kept)."""
+    scaffolding, ``retirement``: the ``final`` form (the harness as the run ended, or a form of it)
+    against the most scaffolded one (pass@1 paired, prompt tokens saved) and the trained model
+    without the prefill (tool use, pass@1 kept)."""
     rng = np.random.default_rng(seed)
     table = {}
     forms = [f for f in per_seed[0] if all(f in s for s in per_seed)]
@@ -220,16 +245,17 @@ def summarise(per_seed: list[dict[str, dict[str, dict]]], seed: int = 0) -> dict
         row["prompt_tokens"] = float(_matrix(per_seed, form, "trained", "prompt_tokens", tasks).mean())
         table[form] = row | {"tasks": len(tasks)}
     out: dict = {"seeds": len(per_seed), "forms": table}
-    if RETIRED[0] in forms and "as run" in forms:
+    if RETIRED[0] in forms and final in forms:
         most = _matrix(per_seed, RETIRED[0], "trained", "pass", tasks)
-        final = _matrix(per_seed, "as run", "trained", "pass", tasks)
+        ended = _matrix(per_seed, final, "trained", "pass", tasks)
         tokens = {f: _matrix(per_seed, f, "trained", "prompt_tokens", tasks).mean(axis=1)  # [seeds]
-                  for f in ("as run", RETIRED[0])}
+                  for f in (final, RETIRED[0])}
         out["retirement"] = {
-            "final_minus_most_scaffolded": [100 * v for v in bootstrap(final - most, rng)],
-            "prompt_tokens_saved": 1 - table["as run"]["prompt_tokens"] / table[RETIRED[0]]["prompt_tokens"],
-            "per_seed": [{"final_minus_most_scaffolded": 100 * float((final[k] - most[k]).mean()),
-                          "prompt_tokens": [float(tokens["as run"][k]), float(tokens[RETIRED[0]][k])]}
+            "final": final,
+            "final_minus_most_scaffolded": [100 * v for v in bootstrap(ended - most, rng)],
+            "prompt_tokens_saved": 1 - table[final]["prompt_tokens"] / table[RETIRED[0]]["prompt_tokens"],
+            "per_seed": [{"final_minus_most_scaffolded": 100 * float((ended[k] - most[k]).mean()),
+                          "prompt_tokens": [float(tokens[final][k]), float(tokens[RETIRED[0]][k])]}
                          for k in range(len(per_seed))],
         }
         if RETIRED[1] in forms:
@@ -296,7 +322,8 @@ def report_text(summary: dict, command: str) -> str:
                              "prompt tokens per episode (trained)"], rows)]
     retired = summary.get("retirement")
     if retired is not None:
-        text = ("Retirement (trained weights): the final harness against the most scaffolded one, pass@1 "
+        text = (f"Retirement (trained weights): the final harness ({retired['final']}) against the most scaffolded "
+                "one, pass@1 "
                 f"{interval(retired['final_minus_most_scaffolded'], True)} points with "
                 f"{100 * retired['prompt_tokens_saved']:.1f}% fewer prompt tokens per episode")
         seeds = "; ".join(f"{d['final_minus_most_scaffolded']:+.1f} points, {d['prompt_tokens'][0]:.0f} / "
@@ -343,12 +370,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
                          "own weights, and the starting harness with the frozen ones (static), paired over seeds")
     ap.add_argument("--forms", nargs="+", default=[], help="evaluate only these harness forms (e.g. 'as run' "
                     "'one demonstration fewer'); every form by default")
+    ap.add_argument("--final", default="as run", help="the form compared with the most scaffolded harness (e.g. "
+                    f"{CALLED!r}); the harness as the run ended by default")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or args.runs[0].parent
     command = " ".join(["python scripts/internalisation.py", *map(str, args.runs), "--limit", str(args.limit)]
                        + (["--datasets", *args.datasets] if args.datasets else []) + (["--arms"] if args.arms else [])
-                       + (["--forms", *(repr(f) for f in args.forms)] if args.forms else []))
+                       + (["--forms", *(repr(f) for f in args.forms)] if args.forms else [])
+                       + (["--final", repr(args.final)] if args.final != "as run" else []))
     name = "transfer" if args.datasets else "internalisation"
     settings = ("stratified", args.limit, args.datasets)  # "stratified": no earlier first-N evaluation is read back
     if args.arms:
@@ -370,10 +400,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     results = [kept(out, run, (*settings, args.forms), lambda run=run: evaluate_run(
                                                                               run, args.limit, args.datasets,
                                                                               only=args.forms)) for run in args.runs]
-    summary = summarise([{f: r for f, r in res.items() if f != SKILLS} for res in results])
+    summary = summarise([{f: r for f, r in res.items() if f != SKILLS} for res in results], final=args.final)
     texts = [report_text(summary, command)]
     if args.datasets:
-        summary["by_dataset"] = {d: summarise(rs) for d, rs in per_dataset(results, args.datasets).items()}
+        summary["by_dataset"] = {d: summarise(rs, final=args.final) for d, rs in per_dataset(results, args.datasets).items()}
         texts += [report_text(sub, f"dataset {d}") for d, sub in summary["by_dataset"].items()]
     write_outputs(out, name, "\n".join(texts), summary)
     return summary

@@ -26,6 +26,11 @@ def test_forms_remove_exactly_the_scaffold():
     assert list(forms) == ["as run", "without tool_choice"]  # the base harness shows no demonstrations
     assert forms["as run"] == h and "tool_choice" not in {p.kind for p in forms["without tool_choice"].processors}
     assert len(forms["without tool_choice"]) == len(h) - 1
+    # the tools the run called: the harness listing only those is a form, when that lists fewer
+    called = internalisation.harness_forms(h, called={"calculator"})[internalisation.CALLED]
+    assert [p.config["enabled"] for p in called.processors if p.kind == "tool_registry"] == [["calculator"]]
+    assert internalisation.CALLED not in internalisation.harness_forms(h, called=set())  # no tool: no form
+    assert internalisation.only_tools(called, {"calculator"}) is None  # nothing would change
 
 
 def test_tiny_run_trained_against_frozen_under_each_form(tmp_path):
@@ -35,7 +40,9 @@ def test_tiny_run_trained_against_frozen_under_each_form(tmp_path):
                                    f"harness.start={harness}", "trainer.lr=1e-2")))
     summary = internalisation.main([str(run_dir), "--limit", "4", "--out", str(tmp_path / "out")])
     forms = summary["forms"]
-    assert set(forms) == {"as run", "without tool_choice"} and forms["as run"]["tasks"] >= 1
+    # the tiny model never completes a call, so no form lists only the tools it called
+    assert internalisation.tools_run_called(run_dir) == set() and forms["as run"]["tasks"] >= 1
+    assert set(forms) == {"as run", "without tool_choice"}
     for row in forms.values():
         for metric in ("pass", "tool_use"):
             diff, trained, frozen = (row[metric][k][0] for k in ("difference", "trained", "frozen"))
@@ -116,6 +123,13 @@ def test_a_run_that_retired_its_prefill_is_measured_against_its_most_scaffolded_
     # measured on the two forms alone (--forms 'as run' 'most scaffolded'): the comparison, without the prefill's
     only = internalisation.summarise([{k: v for k, v in seed.items() if "without" not in k}])["retirement"]
     assert only["final_minus_most_scaffolded"][0] == pytest.approx(-50.0) and "unforced_tool_use" not in only
+    # a form of the final harness in its place (--final): the comparison is that form's
+    seed[internalisation.CALLED] = form((1.0, 1.0), (1.0, 1.0), 80.0)
+    narrowed = internalisation.summarise([seed], final=internalisation.CALLED)
+    assert narrowed["retirement"]["final"] == internalisation.CALLED
+    assert narrowed["retirement"]["prompt_tokens_saved"] == pytest.approx(0.8)
+    assert narrowed["retirement"]["final_minus_most_scaffolded"][0] == pytest.approx(0.0)
+    assert internalisation.CALLED in internalisation.report_text(narrowed, "cmd")
 
 
 def test_transfer_evaluates_the_run_on_datasets_it_never_trained_on_with_its_starting_harness(tmp_path):

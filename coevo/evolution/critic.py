@@ -62,6 +62,7 @@ from coevo.evolution.stat_gate import (
 )
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import without_outer_scaffold
+from coevo.harness.tool_listing import lists_fewer
 from coevo.rundir.evolve_records import Outcome, Proposal, QualityReport, Verdict
 
 log = logging.getLogger("coevo.evolution")
@@ -234,9 +235,11 @@ class Critic:
         scope = [tid for tid in proposal.target_tasks if tid in before] or failed_before
         known = {**(extra or {}), **tasks}
         shed = candidate.id == without_outer_scaffold(parent).id != parent.id
-        budget = max(self.budget, min(SHED_EPISODES, self.max_episodes)) if shed else self.budget
+        # a shed, or listing fewer tools: a loss to bound within the margin, on a shed's episodes
+        lean = shed or lists_fewer(parent, proposal.edits)
+        budget = max(self.budget, min(SHED_EPISODES, self.max_episodes)) if lean else self.budget
         if self.gate == "stat":
-            n_tasks = max(self.n_tasks, budget // (2 * self.k)) if shed else self.n_tasks
+            n_tasks = max(self.n_tasks, budget // (2 * self.k)) if lean else self.n_tasks
             evaluated = self._stat_tasks(scope, passed_before, [*before, *(extra or {})], parent, candidate, round,
                                          n_tasks)
         else:
@@ -246,12 +249,13 @@ class Critic:
         if not verdict.quality.passed:
             verdict.gate, verdict.reason = "quality", verdict.quality.reason
             return verdict, candidate
-        # a leaner harness needs no gain to ship, only no harm: processors removed, or a scaffold layer shed
-        removal = proposal.removes_only or shed
+        # a leaner harness needs no gain to ship, only no harm: processors removed, a scaffold layer
+        # shed, or fewer tools listed
+        removal = proposal.removes_only or lean
         if self.gate == "stat":
             key = f"{parent.id}>{candidate.id}" + (f"@{weights}" if shed else "")
             self._judge_stat(verdict, parent, candidate, [known[tid] for tid in evaluated], removal, key, budget,
-                             cap=budget if shed else self.max_episodes)
+                             cap=budget if lean else self.max_episodes)
             log.info("critic %s %s: %s", "ships" if verdict.ship else "rejects" if not verdict.undecided
                      else "keeps undecided", candidate.id, verdict.reason)
             return verdict, candidate

@@ -80,6 +80,12 @@ def _is_timeout(error: str | None) -> bool:
     return error is not None and _TIMEOUT_RE.search(error) is not None
 
 
+def called_tools(traces: Iterable[Trace]) -> list[str]:
+    """The tools the episodes called by a name that ran, sorted: a call that failed counts, one to
+    an unknown name or one a processor answered instead does not."""
+    return sorted({c.name for t in traces for c in t.tool_calls if not c.blocked and not _is_unknown_tool(c.error)})
+
+
 def _used_tools(steps: Iterable[Step]) -> set[str]:
     used: set[str] = set()
     for st in steps:
@@ -266,6 +272,8 @@ def digest(
     Infrastructure failures are only counted (``n_infra``): they are in no cluster, in neither
     task list, and outside ``n_failed`` and ``pass_rate``. ``scaffold``: the same tasks' episodes
     without the harness's scaffolding, summarised (``scaffold_evidence``), shown to the Planner.
+    ``tools_called``: the tools the episodes called by a name that ran (an unknown name does not
+    count), what a proposal to list only those rests on (``coevo.meta.retire``).
     """
     if not traces:
         raise ValueError("digest needs at least one trace")
@@ -302,6 +310,7 @@ def digest(
         failed_task_ids=failed,
         n_infra=len(traces) - len(judged),
         scaffold=scaffold,
+        tools_called=called_tools(judged),
     )
     result.digest_tokens = estimate_tokens(result.text())
     return result

@@ -22,7 +22,7 @@ from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import split_demos
 from coevo.meta.drafts import Draft, Template, applies, flatten
-from coevo.meta.retire import retirement
+from coevo.meta.retire import retirement, unused_tools
 from coevo.meta.templates import CATALOGUE, TEMPLATES, template_order
 from coevo.rundir.evolve_records import Cluster, Digest, Proposal
 
@@ -166,7 +166,8 @@ class RuleMetaAgent:
         passed over for the next one of the same cluster (format_error and wrong_answer share
         templates), so every cluster in a round gets a distinct proposal while any are left. When the
         digest shows the model behaving unforced as the scaffolding forces it, removing the
-        scaffolding is proposed too (``coevo.meta.retire``)."""
+        scaffolding is proposed too (``coevo.meta.retire``), and then listing only the tools the
+        episodes called."""
         if context.max_proposals < 0:
             raise ValueError(f"max_proposals must be >= 0, got {context.max_proposals}")
         self.ledger.record("plan")
@@ -177,6 +178,10 @@ class RuleMetaAgent:
         retire = retirement(digest, harness, context)
         if retire is not None:
             queues.insert(0 if retire.key() not in context.rejected else len(queues), [retire])
+        # then listing only the tools the episodes call: a leaner harness before another fix, once
+        unlist = unused_tools(digest, harness, context)
+        if unlist is not None and unlist.key() not in context.rejected:
+            queues.insert(1 if retire is not None and retire.key() not in context.rejected else 0, [unlist])
         chosen: list[Proposal] = []
         seen: set[str] = set()
         while len(chosen) < context.max_proposals and any(queues):

@@ -95,6 +95,7 @@ class Digest(Record):
     failed_task_ids: list[Str] = field(default_factory=list)
     n_infra: Int = 0  # infrastructure failures (Trace.infra_failure): counted, in no cluster, not in n_failed
     scaffold: ScaffoldEvidence | None = None  # set when the round also ran the harness without its scaffolding
+    tools_called: list[Str] = field(default_factory=list)  # tools the episodes called by a name that ran
 
     @property
     def compression(self) -> float:
@@ -120,6 +121,8 @@ class Digest(Record):
             lines.extend(f"    > {e}" for e in c.excerpts)
         if self.scaffold is not None:
             lines.append(f"- {self.scaffold.text()}")
+        if self.tools_called:
+            lines.append(f"- tools the episodes called: {', '.join(self.tools_called)}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
