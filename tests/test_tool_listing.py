@@ -119,3 +119,36 @@ def test_aegis_ships_the_unlisting_as_a_removal_when_nothing_is_lost():
     assert verdict.ship and verdict.evidence.noninferiority and verdict.evidence.losses == 0
     assert verdict.evidence.pairs > critic.budget // 2  # a shed's episodes, not an ordinary edit's
     assert _registry(aegis.harness("base")) == ["calculator"]
+
+
+def needs_python_listed(messages) -> str:
+    """Solves while the system prompt lists Python (which it never calls); answers wrongly once it
+    does not: listing fewer tools costs this model everything."""
+    listed = "python" in next((m["content"] for m in messages if m.get("role") == "system"), "")
+    reply = solve_most(messages)
+    return reply if listed or "<answer>" not in reply else "<answer>-999</answer>"
+
+
+def test_a_rejected_unlisting_stands_for_the_weights_it_was_judged_under_only():
+    """The unlisting that loses is rejected under the round's weights: proposed again under the
+    same ones, it is not; under the next version it is judged again (a change that costs nothing
+    ships only about half the time at a shed's 96 pairs, so one rejection must not end it)."""
+    env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
+    policy = ScriptedPolicy(needs_python_listed)
+    train = env.tasks("train")
+    start = base_harness().insert(PythonExecutor(), index=0)
+    critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate="stat")
+    aegis = AEGIS(start, RuleMetaAgent(), critic, tasks={t.task_id: t for t in train},
+                  references={t.task_id: gold_reference(env, t) for t in train[-4:]}, tools=["calculator", "python"])
+    aegis.max_proposals = 1
+    traces = service(policy, env).run(start, train[:6], attempts=1, phase=None, variant="base").traces
+
+    def unlisting_judged(round: int, weights: int) -> list:
+        report, _ = aegis.evolve(traces, round=round, weights=weights)
+        return [v for v in report.verdicts if v.proposal.edits[0].param == "enabled"]
+
+    (first,) = unlisting_judged(0, weights=0)
+    assert not first.ship and not first.undecided and first.evidence.losses > 0
+    assert unlisting_judged(1, weights=0) == []  # the same weights: it stands
+    (again,) = unlisting_judged(2, weights=1)  # the next version: judged anew
+    assert again.proposal.key() == first.proposal.key() and _registry(aegis.harness("base")) == ["*"]

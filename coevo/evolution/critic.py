@@ -60,6 +60,7 @@ from coevo.evolution.stat_gate import (
     stat_gate,
     stat_thresholds,
 )
+from coevo.harness.edit_record import Edit
 from coevo.harness.harness import Harness
 from coevo.harness.scaffold import without_outer_scaffold
 from coevo.harness.tool_listing import lists_fewer
@@ -137,6 +138,17 @@ def judged_outcomes(outcomes: Mapping[str, Sequence[bool | None]]) -> tuple[dict
     dropped = sum(sum(a is None for a in attempts) for attempts in outcomes.values())
     return {tid: attempts for tid, attempts in kept.items() if attempts}, dropped
 
+
+
+def judged_per_weights(parent: Harness, candidate_id: str | None, edits: Sequence[Edit]) -> bool:
+    """Whether a candidate is a leaner form of ``parent`` whose cost the weights decide: a scaffold
+    layer shed (``coevo.harness.scaffold``) or fewer tools listed (``coevo.harness.tool_listing``).
+    Such a change needs no gain, only a loss bounded within the margin on a shed's episodes
+    (``SHED_EPISODES``), judged under one model version; a rejection stands for that version only
+    (``AEGIS``), since the next one trains on episodes with and without it. At 96 pairs a change
+    that costs nothing ships about half the time, so rejected for good it would be lost as often."""
+    shed = candidate_id is not None and candidate_id == without_outer_scaffold(parent).id != parent.id
+    return shed or lists_fewer(parent, edits)
 
 @dataclass
 class Critic:
@@ -234,9 +246,7 @@ class Critic:
         failed_before = [tid for tid, outs in before.items() if not any(outs)]
         scope = [tid for tid in proposal.target_tasks if tid in before] or failed_before
         known = {**(extra or {}), **tasks}
-        shed = candidate.id == without_outer_scaffold(parent).id != parent.id
-        # a shed, or listing fewer tools: a loss to bound within the margin, on a shed's episodes
-        lean = shed or lists_fewer(parent, proposal.edits)
+        lean = judged_per_weights(parent, candidate.id, proposal.edits)
         budget = max(self.budget, min(SHED_EPISODES, self.max_episodes)) if lean else self.budget
         if self.gate == "stat":
             n_tasks = max(self.n_tasks, budget // (2 * self.k)) if lean else self.n_tasks
@@ -253,7 +263,7 @@ class Critic:
         # shed, or fewer tools listed
         removal = proposal.removes_only or lean
         if self.gate == "stat":
-            key = f"{parent.id}>{candidate.id}" + (f"@{weights}" if shed else "")
+            key = f"{parent.id}>{candidate.id}" + (f"@{weights}" if lean else "")
             self._judge_stat(verdict, parent, candidate, [known[tid] for tid in evaluated], removal, key, budget,
                              cap=budget if lean else self.max_episodes)
             log.info("critic %s %s: %s", "ships" if verdict.ship else "rejects" if not verdict.undecided

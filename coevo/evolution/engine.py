@@ -38,7 +38,7 @@ from coevo.agent.outcomes import pass_at_k
 from coevo.agent.trace import Trace
 from coevo.config.schema import EvolutionConfig
 from coevo.envs.base import Task
-from coevo.evolution.critic import Critic, RecentBatch
+from coevo.evolution.critic import Critic, RecentBatch, judged_per_weights
 from coevo.evolution.digest import digest as make_digest
 from coevo.evolution.digest import scaffold_evidence
 from coevo.evolution.meta_agent import MetaAgent, MetaAgentError, PlanContext, demo_question, shown_questions
@@ -49,7 +49,7 @@ from coevo.evolution.types import HarnessEvent
 from coevo.evolution.variants import BASE, LessonStore, RouteFn, VariantSet
 from coevo.harness.edit_record import edits_key
 from coevo.harness.harness import Harness
-from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold, without_outer_scaffold
+from coevo.harness.scaffold import outer_scaffold, retire_outer_scaffold
 from coevo.rundir.evolve_records import Digest, EvolveReport, Proposal, Verdict
 
 log = logging.getLogger("coevo.evolution")
@@ -309,17 +309,18 @@ class AEGIS:
 
     def _rejected_under(self, variant: str, weights: int) -> set[str]:
         """The variant's rejected proposal keys that stand under ``weights``: every edit's, and a
-        shed's only when it was rejected under these weights."""
+        shed's (``judged_per_weights``) only when it was rejected under these weights."""
         held, mark = self.rejected[variant], f"@{weights} "  # a key is JSON: "[..."; a shed's "@<weights> [..."
         return {k for k in held if not k.startswith("@")} | {k[len(mark):] for k in held if k.startswith(mark)}
 
     def _record_verdict(self, verdict: Verdict, parent: Harness, report: EvolveReport, weights: int) -> None:
         """The verdict in the round's report and the history; a rejection is remembered, a shed's
-        only under the weights it was judged with (another version may have learned the layer)."""
+        (``judged_per_weights``) only under the weights it was judged with (another version may
+        have learned the layer)."""
         report.verdicts.append(verdict)
         self.history.append(verdict.to_dict())
         if not verdict.ship and not verdict.undecided:
-            shed = verdict.candidate_id is not None and verdict.candidate_id == without_outer_scaffold(parent).id
+            shed = judged_per_weights(parent, verdict.candidate_id, verdict.proposal.edits)
             key = verdict.proposal.key()
             self.rejected[verdict.variant].add(f"@{weights} {key}" if shed else key)
             self.spent_demos |= shown_questions(verdict.proposal)

@@ -178,7 +178,8 @@ class RuleMetaAgent:
         retire = retirement(digest, harness, context)
         if retire is not None:
             queues.insert(0 if retire.key() not in context.rejected else len(queues), [retire])
-        # then listing only the tools the episodes call: a leaner harness before another fix, once
+        # then listing only the tools the episodes call: a leaner harness before another fix; a rejection
+        # stands for the weights it was judged under (AEGIS passes only those in context.rejected)
         unlist = unused_tools(digest, harness, context)
         if unlist is not None and unlist.key() not in context.rejected:
             queues.insert(1 if retire is not None and retire.key() not in context.rejected else 0, [unlist])
