@@ -3,6 +3,7 @@
     python scripts/grpo_step_memory.py runs/distill_s0/buffer --micro-batch-tokens none
     python scripts/grpo_step_memory.py runs/distill_s0/buffer --micro-batch-tokens 2048
     python scripts/grpo_step_memory.py runs/dn_s0/buffer --distill-demos nearest --gradient-checkpointing
+    python scripts/grpo_step_memory.py runs/tl_s1/buffer --distill-demos both --blocks-mapped --micro-batch-tokens 1024
 
 Run each value in its own process: the figure is the process's peak RSS (``ru_maxrss``). The model is
 the embedded SmolLM2-135M with the runs' LoRA shape (r 16), fp32; the traces are the buffer's first
@@ -13,10 +14,13 @@ docs/PERF.md records the figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import shutil
 import tempfile
 import time
+
+from coevo.policy import heap
 
 
 def step_trainer(buffer: str, *, traces: int, micro_batch_tokens: int | None, distill: str | None,
@@ -50,6 +54,8 @@ def main() -> None:
                     help="train the distilled copies as the run did (under the prompt without every "
                          "demonstration, without the nearest, or under both: trainer.distill_prompt)")
     ap.add_argument("--gradient-checkpointing", action="store_true", help="trainer.gradient_checkpointing=true")
+    ap.add_argument("--blocks-mapped", action="store_true",
+                    help="the step inside coevo.policy.heap.blocks_mapped, as the loop's GRPO phase runs it")
     args = ap.parse_args()
 
     tokens = None if args.micro_batch_tokens == "none" else int(args.micro_batch_tokens)
@@ -57,9 +63,11 @@ def main() -> None:
                                    distill=args.distill_demos, checkpointing=args.gradient_checkpointing)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     start = time.perf_counter()
-    trainer.step(chosen)
+    with heap.blocks_mapped() if args.blocks_mapped else contextlib.nullcontext():
+        trainer.step(chosen)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"micro_batch_tokens={tokens}, gradient_checkpointing={args.gradient_checkpointing}: {len(chosen)} traces, "
+    print(f"micro_batch_tokens={tokens}, gradient_checkpointing={args.gradient_checkpointing}, "
+          f"blocks_mapped={args.blocks_mapped}: {len(chosen)} traces, "
           f"step {time.perf_counter() - start:.1f} s, "
           f"peak RSS {peak:.0f} MB (before the step {before:.0f} MB)", flush=True)
 

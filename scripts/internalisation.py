@@ -9,8 +9,10 @@ three forms: as it is, without its ``tool_choice`` processor (the forced tool-ca
 without its ``few_shot`` demonstrations. When the run retired scaffolding (its lineage holds a
 harness with more scaffold layers, prefills and demonstrations, than the final one:
 ``experiment=retire``), that most scaffolded harness is evaluated too, as it was and without its
-prefill. Each form runs with the trained weights (the run's last checkpoint) and with the frozen
-ones (the same model with the adapter disabled): the tool-use rate says whether the model calls
+prefill; named in ``--forms``, the "most scaffolded" form of a run that shed nothing is its final
+harness, so a seed that sheds nothing pools as saving nothing. Each form runs with the trained
+weights (the run's last checkpoint) and with the frozen ones (the same model with the adapter
+disabled): the tool-use rate says whether the model calls
 the tool on its own, pass@1 whether that pays, prompt tokens per episode what the harness costs.
 Differences trained − frozen are paired task bootstraps over seeds (``coevo.report.stats.bootstrap``).
 
@@ -167,7 +169,11 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: b
     if arm:
         forms = {"start": start_harness(run_dir), "as run": Harness.load(variant)}
     else:
-        forms = harness_forms(Harness.load(variant), most_scaffolded(run_dir), tools_run_called(run_dir))
+        final = Harness.load(variant)
+        before = most_scaffolded(run_dir)
+        if before is None and RETIRED[0] in only and scaffold_layers(final):
+            before = final  # asked for by name: a run that shed nothing is its own most scaffolded harness
+        forms = harness_forms(final, before, tools_run_called(run_dir))
         if datasets:
             forms = {"start": start_harness(run_dir), **forms}
     if only:

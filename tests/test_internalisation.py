@@ -48,6 +48,10 @@ def test_tiny_run_trained_against_frozen_under_each_form(tmp_path):
             diff, trained, frozen = (row[metric][k][0] for k in ("difference", "trained", "frozen"))
             assert diff == pytest.approx(trained - frozen)
     assert "without tool_choice" in (tmp_path / "out" / "internalisation.md").read_text()
+    # the run shed nothing: asked for by name, its most scaffolded harness is its final one
+    same = internalisation.main([str(run_dir), "--limit", "4", "--forms", "as run", "most scaffolded",
+                                 "--out", str(tmp_path / "same")])["retirement"]
+    assert same["final_minus_most_scaffolded"][0] == 0.0 and same["prompt_tokens_saved"] == 0.0
     # as ablation arms, beside a run that trained nothing (static: no adapter, the frozen weights)
     static = Path(coevo.run(smoke(tmp_path / "static", "mode=static", "rounds=1", "model.lora=true",
                                   f"harness.start={harness}")))
