@@ -17,7 +17,7 @@ from coevo.harness.library import ToolChoice
 from coevo.harness.library.execution import PythonExecutor
 from coevo.harness.tool_listing import lists_fewer, unlisting
 from coevo.meta.rule import RuleMetaAgent
-from coevo.rundir.evolve_records import Digest, ScaffoldEvidence
+from coevo.rundir.evolve_records import Cluster, Component, Digest, ScaffoldEvidence
 from tests.aegis_helpers import critic_rollout, service
 from tests.evolution.test_engine import solve
 
@@ -89,6 +89,14 @@ def test_the_rule_planner_proposes_the_unlisting_after_a_ready_shed_and_not_once
     assert agent.propose(_digest(h, ["calculator"]), h, PlanContext(max_proposals=2, tools=["calculator", "python"],
                                                                      rejected={unlist.key()})) == []
     assert agent.propose(_digest(h, []), h, context) == []  # no tool called: the model is not shown fewer
+    # a harness holding no scaffolding: a failure's fix comes first, the unlisting after it
+    plain = base_harness()
+    failing = _digest(plain, ["calculator"])
+    failing.clusters = [Cluster(cause="format_error", count=3, task_ids=["a"], trace_ids=["t"], severity=1.0,
+                                component=Component(hook="after_model", dimension="parsing", processors=()),
+                                excerpts=[])]
+    fix, later = agent.propose(failing, plain, context)
+    assert fix.cluster == "format_error" and [e.param for e in later.edits] == ["enabled"]
 
 
 def solve_most(messages) -> str:
@@ -101,16 +109,17 @@ def solve_most(messages) -> str:
 
 
 def test_aegis_ships_the_unlisting_as_a_removal_when_nothing_is_lost():
-    """A model that calls only the calculator, under a harness that also offers Python: the Critic
-    judges listing only the calculator for non-inferiority, on a shed's episodes, and ships it."""
+    """A model that calls only the calculator, under a scaffolded harness that also offers Python:
+    the Critic judges listing only the calculator for non-inferiority, on a shed's episodes, and
+    ships it."""
     env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
     policy = ScriptedPolicy(solve_most)
     train = env.tasks("train")
-    start = base_harness().insert(PythonExecutor(), index=0)
+    start = base_harness().insert(PythonExecutor(), index=0).insert(ToolChoice(tool="calculator"))  # scaffolded
     critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate="stat")
     aegis = AEGIS(start, RuleMetaAgent(), critic, tasks={t.task_id: t for t in train},
                   references={t.task_id: gold_reference(env, t) for t in train[-4:]}, tools=["calculator", "python"])
-    aegis.max_proposals = 1  # the unlisting goes before the failures' fixes
+    aegis.max_proposals = 1  # while scaffolding is held, the unlisting goes before the failures' fixes
     tasks = train[:6]
     traces = service(policy, env).run(start, tasks, attempts=1, phase=None, variant="base").traces
     assert {c.name for t in traces for c in t.tool_calls} == {"calculator"} and not all(t.passed for t in traces)
@@ -136,7 +145,7 @@ def test_a_rejected_unlisting_stands_for_the_weights_it_was_judged_under_only():
     env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
     policy = ScriptedPolicy(needs_python_listed)
     train = env.tasks("train")
-    start = base_harness().insert(PythonExecutor(), index=0)
+    start = base_harness().insert(PythonExecutor(), index=0).insert(ToolChoice(tool="calculator"))  # scaffolded
     critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate="stat")
     aegis = AEGIS(start, RuleMetaAgent(), critic, tasks={t.task_id: t for t in train},
                   references={t.task_id: gold_reference(env, t) for t in train[-4:]}, tools=["calculator", "python"])

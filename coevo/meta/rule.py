@@ -21,6 +21,7 @@ from coevo.evolution.types import CAUSES, IMPLICATED
 from coevo.harness.edits import Edit
 from coevo.harness.harness import Harness
 from coevo.harness.library.context import split_demos
+from coevo.harness.scaffold import scaffold_layers
 from coevo.meta.drafts import Draft, Template, applies, flatten
 from coevo.meta.retire import retirement, unused_tools
 from coevo.meta.templates import CATALOGUE, TEMPLATES, template_order
@@ -166,8 +167,9 @@ class RuleMetaAgent:
         passed over for the next one of the same cluster (format_error and wrong_answer share
         templates), so every cluster in a round gets a distinct proposal while any are left. When the
         digest shows the model behaving unforced as the scaffolding forces it, removing the
-        scaffolding is proposed too (``coevo.meta.retire``), and then listing only the tools the
-        episodes called."""
+        scaffolding is proposed too (``coevo.meta.retire``), and listing only the tools the episodes
+        called: ahead of the failures' fixes while the harness holds scaffolding, after them
+        otherwise."""
         if context.max_proposals < 0:
             raise ValueError(f"max_proposals must be >= 0, got {context.max_proposals}")
         self.ledger.record("plan")
@@ -178,11 +180,13 @@ class RuleMetaAgent:
         retire = retirement(digest, harness, context)
         if retire is not None:
             queues.insert(0 if retire.key() not in context.rejected else len(queues), [retire])
-        # then listing only the tools the episodes call: a leaner harness before another fix; a rejection
-        # stands for the weights it was judged under (AEGIS passes only those in context.rejected)
+        # listing only the tools the episodes call: while scaffolding retires (the cheaper agent is the
+        # goal) next after a ready shed, before a failure's fix; otherwise after every cluster's first
+        # proposal. A rejection stands for the weights it was judged under (context.rejected holds those)
         unlist = unused_tools(digest, harness, context)
         if unlist is not None and unlist.key() not in context.rejected:
-            queues.insert(1 if retire is not None and retire.key() not in context.rejected else 0, [unlist])
+            ahead = 1 if retire is not None and retire.key() not in context.rejected else 0
+            queues.insert(ahead if scaffold_layers(harness) else len(queues), [unlist])
         chosen: list[Proposal] = []
         seen: set[str] = set()
         while len(chosen) < context.max_proposals and any(queues):
