@@ -409,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     summary = summarise([{f: r for f, r in res.items() if f != SKILLS} for res in results], final=args.final)
     texts = [report_text(summary, command)]
     if args.datasets:
-        summary["by_dataset"] = {d: summarise(rs, final=args.final) for d, rs in per_dataset(results, args.datasets).items()}
+        summary["by_dataset"] = {d: summarise(rs, final=args.final)
+                                 for d, rs in per_dataset(results, args.datasets).items()}
         texts += [report_text(sub, f"dataset {d}") for d, sub in summary["by_dataset"].items()]
     write_outputs(out, name, "\n".join(texts), summary)
     return summary
