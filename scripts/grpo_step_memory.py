@@ -71,5 +71,6 @@ def main() -> None:
           f"step {time.perf_counter() - start:.1f} s, "
           f"peak RSS {peak:.0f} MB (before the step {before:.0f} MB)", flush=True)
 
+
 if __name__ == "__main__":
     main()

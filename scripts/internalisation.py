@@ -12,8 +12,8 @@ harness with more scaffold layers, prefills and demonstrations, than the final o
 prefill; named in ``--forms``, the "most scaffolded" form of a run that shed nothing is its final
 harness, so a seed that sheds nothing pools as saving nothing. Each form runs with the trained
 weights (the run's last checkpoint) and with the frozen ones (the same model with the adapter
-disabled): the tool-use rate says whether the model calls
-the tool on its own, pass@1 whether that pays, prompt tokens per episode what the harness costs.
+disabled): the tool-use rate says whether the model calls the tool on its own, pass@1 whether
+that pays, prompt tokens per episode what the harness costs.
 Differences trained − frozen are paired task bootstraps over seeds (``coevo.report.stats.bootstrap``).
 
 With ``--datasets D [D ...]`` the same table is measured on the test split of other datasets of
@@ -173,7 +173,9 @@ def evaluate_run(run_dir: Path, limit: int, datasets: Sequence[str] = (), arm: b
         before = most_scaffolded(run_dir)
         if before is None and RETIRED[0] in only and scaffold_layers(final):
             before = final  # asked for by name: a run that shed nothing is its own most scaffolded harness
-        forms = harness_forms(final, before, tools_run_called(run_dir))
+        # the buffer is read only when the form that needs it is evaluated
+        called = tools_run_called(run_dir) if not only or CALLED in only else None
+        forms = harness_forms(final, before, called)
         if datasets:
             forms = {"start": start_harness(run_dir), **forms}
     if only:

@@ -108,25 +108,31 @@ def solve_most(messages) -> str:
     return "<answer>-999</answer>" if wrong else reply
 
 
+def _offering_python(solve_fn):
+    """(AEGIS with the stat gate and one proposal a round, its round-0 traces) for a scripted model
+    under a scaffolded harness that also offers Python: while scaffolding is held, the unlisting
+    goes before the failures' fixes."""
+    env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
+    policy = ScriptedPolicy(solve_fn)
+    train = env.tasks("train")
+    start = base_harness().insert(PythonExecutor(), index=0).insert(ToolChoice(tool="calculator"))
+    critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate="stat")
+    aegis = AEGIS(start, RuleMetaAgent(), critic, tasks={t.task_id: t for t in train},
+                  references={t.task_id: gold_reference(env, t) for t in train[-4:]}, tools=["calculator", "python"])
+    aegis.max_proposals = 1
+    return aegis, service(policy, env).run(start, train[:6], attempts=1, phase=None, variant="base").traces
+
+
 def test_aegis_ships_the_unlisting_as_a_removal_when_nothing_is_lost():
     """A model that calls only the calculator, under a scaffolded harness that also offers Python:
     the Critic judges listing only the calculator for non-inferiority, on a shed's episodes, and
     ships it."""
-    env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
-    policy = ScriptedPolicy(solve_most)
-    train = env.tasks("train")
-    start = base_harness().insert(PythonExecutor(), index=0).insert(ToolChoice(tool="calculator"))  # scaffolded
-    critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate="stat")
-    aegis = AEGIS(start, RuleMetaAgent(), critic, tasks={t.task_id: t for t in train},
-                  references={t.task_id: gold_reference(env, t) for t in train[-4:]}, tools=["calculator", "python"])
-    aegis.max_proposals = 1  # while scaffolding is held, the unlisting goes before the failures' fixes
-    tasks = train[:6]
-    traces = service(policy, env).run(start, tasks, attempts=1, phase=None, variant="base").traces
+    aegis, traces = _offering_python(solve_most)
     assert {c.name for t in traces for c in t.tool_calls} == {"calculator"} and not all(t.passed for t in traces)
     (verdict,) = aegis.evolve(traces, round=0)[0].verdicts
     assert [(e.param, e.value) for e in verdict.proposal.edits] == [("enabled", ["calculator"])]
     assert verdict.ship and verdict.evidence.noninferiority and verdict.evidence.losses == 0
-    assert verdict.evidence.pairs > critic.budget // 2  # a shed's episodes, not an ordinary edit's
+    assert verdict.evidence.pairs > aegis.critic.budget // 2  # a shed's episodes, not an ordinary edit's
     assert _registry(aegis.harness("base")) == ["calculator"]
 
 
@@ -142,15 +148,7 @@ def test_a_rejected_unlisting_stands_for_the_weights_it_was_judged_under_only():
     """The unlisting that loses is rejected under the round's weights: proposed again under the
     same ones, it is not; under the next version it is judged again (a change that costs nothing
     ships only about half the time at a shed's 96 pairs, so one rejection must not end it)."""
-    env = ArithmeticEnv(n_tasks=40, max_terms=2, seed=3)
-    policy = ScriptedPolicy(needs_python_listed)
-    train = env.tasks("train")
-    start = base_harness().insert(PythonExecutor(), index=0).insert(ToolChoice(tool="calculator"))  # scaffolded
-    critic = Critic(critic_rollout(policy, env, max_steps=6), k=1, gate="stat")
-    aegis = AEGIS(start, RuleMetaAgent(), critic, tasks={t.task_id: t for t in train},
-                  references={t.task_id: gold_reference(env, t) for t in train[-4:]}, tools=["calculator", "python"])
-    aegis.max_proposals = 1
-    traces = service(policy, env).run(start, train[:6], attempts=1, phase=None, variant="base").traces
+    aegis, traces = _offering_python(needs_python_listed)
 
     def unlisting_judged(round: int, weights: int) -> list:
         report, _ = aegis.evolve(traces, round=round, weights=weights)

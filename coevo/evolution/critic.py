@@ -139,7 +139,6 @@ def judged_outcomes(outcomes: Mapping[str, Sequence[bool | None]]) -> tuple[dict
     return {tid: attempts for tid, attempts in kept.items() if attempts}, dropped
 
 
-
 def judged_per_weights(parent: Harness, candidate_id: str | None, edits: Sequence[Edit]) -> bool:
     """Whether a candidate is a leaner form of ``parent`` whose cost the weights decide: a scaffold
     layer shed (``coevo.harness.scaffold``) or fewer tools listed (``coevo.harness.tool_listing``).
@@ -149,6 +148,7 @@ def judged_per_weights(parent: Harness, candidate_id: str | None, edits: Sequenc
     that costs nothing ships about half the time, so rejected for good it would be lost as often."""
     shed = candidate_id is not None and candidate_id == without_outer_scaffold(parent).id != parent.id
     return shed or lists_fewer(parent, edits)
+
 
 @dataclass
 class Critic:

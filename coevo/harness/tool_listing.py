@@ -30,9 +30,9 @@ def unlisting(harness: Harness, called: Iterable[str], offered: Sequence[str] | 
     if registry is None:
         return None
     enabled = list(registry.config["enabled"])
-    listed = (list(offered) if offered is not None else None) if "*" in enabled else enabled
+    listed = enabled if "*" not in enabled else None if offered is None else list(offered)
     keep = sorted({t for t in called if listed is None or t in listed})
-    if not keep or (listed is not None and set(keep) == set(listed)) or keep == enabled:
+    if not keep or (listed is not None and set(keep) == set(listed)):
         return None
     return Edit("set_param", registry.name, param="enabled", value=keep)
 
